@@ -1,0 +1,486 @@
+"""Stable Diffusion 2 training-throughput benchmark: Composer's Trainer around Diffusers' UNet and VAE
+and Transformers' CLIP text encoder, trained from scratch on the noise-prediction loss.
+
+    composer benchmark.py --use_ema --use_synth_data --device_train_microbatch_size 4   # published run
+    python benchmark.py --use_synth_data                                   # on a laptop: tiny model
+
+Flags default to the published run (512px, global batch 2048, AdamW lr 1e-4 wd 1e-3, constant LR).
+Without a GPU the default model is `tiny`, and the choice is printed at start.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from composer import Trainer
+from composer.callbacks import SpeedMonitor
+from composer.core import Time, TimeUnit
+from composer.loggers import InMemoryLogger, WandBLogger
+from composer.models import ComposerModel
+from composer.optim import ConstantScheduler
+from composer.utils import dist, reproducibility
+from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.data import DataLoader
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import CLIPTextConfig, CLIPTextModel
+
+from data import CAPTION_LENGTH, SyntheticImageCaptionDataset
+
+CONFIGS_DIR = Path(__file__).resolve().parent / 'configs'
+BUILTIN_MODELS = sorted(path.name for path in CONFIGS_DIR.iterdir() if path.is_dir())
+# Files a model folder must hold: the layout of Diffusers' pipelines (stabilityai/stable-diffusion-2-base).
+CONFIG_FILES = ('unet/config.json', 'vae/config.json', 'text_encoder/config.json',
+                'scheduler/scheduler_config.json')
+WEIGHT_FILES = {
+    'unet': ('diffusion_pytorch_model.safetensors', 'diffusion_pytorch_model.bin'),
+    'vae': ('diffusion_pytorch_model.safetensors', 'diffusion_pytorch_model.bin'),
+    'text_encoder': ('model.safetensors', 'pytorch_model.bin'),
+}
+# Per-model defaults for flags left unset. sd2-base is the published run: 512px, global batch 2048,
+# microbatch 4 per A100-40GB with xFormers. tiny is a CPU smoke run: a few dozen small batches.
+PRESETS = {
+    'sd2-base': {'image_size': 512, 'batch_size': 2048, 'device_train_microbatch_size': '4',
+                 'max_duration': '10ba'},
+    'tiny': {'image_size': 64, 'batch_size': 16, 'device_train_microbatch_size': None,
+             'max_duration': '40ba'},
+}
+SYNTHETIC_SAMPLES = 100_000  # one synthetic "epoch"; runs are normally bounded in batches instead
+
+
+class ConfigError(ValueError):
+    """A bad flag or model folder: reported as one line naming the problem, exit status 2."""
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description='Measure Stable Diffusion 2 training throughput (img/s, FLOP/s, MFU) with Composer.',
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    model = parser.add_argument_group('model')
+    model.add_argument('--model_name', default=None,
+                       help=f'built-in config ({", ".join(BUILTIN_MODELS)}), a local folder in the Diffusers '
+                       'layout (weights load when present, random init otherwise), or a hub id (needs network). '
+                       'Default: sd2-base on a GPU, tiny without one')
+    model.add_argument('--prediction_type', choices=['epsilon', 'v_prediction'], default=None,
+                       help="training target; default: the model's scheduler config (epsilon for SD2 base)")
+    model.add_argument('--attention', choices=['sdpa', 'xformers'], default='sdpa',
+                       help='UNet attention backend: PyTorch scaled_dot_product_attention or xFormers')
+    data = parser.add_argument_group('data')
+    data.add_argument('--use_synth_data', action='store_true', help='train on random images and captions')
+    data.add_argument('--remote', default=None, help='streaming dataset location, e.g. s3://bucket/laion/mds')
+    data.add_argument('--local', default=None, help='local cache folder for the streaming dataset')
+    data.add_argument('--image_size', type=int, default=None, help='training resolution in pixels (preset: 512)')
+    data.add_argument('--num_workers', type=int, default=None,
+                      help='dataloader workers per device (default: 8 on a GPU, 0 on CPU)')
+    train = parser.add_argument_group('training')
+    train.add_argument('--batch_size', type=int, default=None,
+                       help='global batch size over all devices (preset: 2048, the published run)')
+    train.add_argument('--device_train_microbatch_size', default=None,
+                       help="samples per forward/backward on each device, or 'auto' (GPU only); the device "
+                       'batch is accumulated over microbatches (preset: 4 for sd2-base, whole device batch for tiny)')
+    train.add_argument('--max_duration', default=None,
+                       help="run length as a Composer time string: '10ba' batches, '1ep', '20000sp' samples")
+    train.add_argument('--precision', choices=['fp32', 'amp_bf16', 'amp_fp16'], default=None,
+                       help='default: amp_bf16 on a GPU, fp32 on CPU')
+    train.add_argument('--use_ema', action='store_true', help='keep an exponential moving average of the UNet')
+    train.add_argument('--seed', type=int, default=17)
+    ckpt = parser.add_argument_group('checkpoints')
+    ckpt.add_argument('--run_name', default=None, help='run name (needed with --autoresume)')
+    ckpt.add_argument('--save_folder', default=None, help='where Composer writes checkpoints (none by default)')
+    ckpt.add_argument('--save_interval', default='1ep', help='checkpoint every this Composer time string')
+    ckpt.add_argument('--autoresume', action='store_true', help='resume from the latest checkpoint in --save_folder')
+    log = parser.add_argument_group('logging')
+    log.add_argument('--wandb_name', default=None, help='W&B run name')
+    log.add_argument('--wandb_project', default=None, help='log to this W&B project (WANDB_MODE=offline works)')
+    log.add_argument('--results_json', default=None,
+                     help='write the measured throughput, config, versions and device here at the end')
+    return parser.parse_args(argv)
+
+
+def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill unset flags from the model's preset and the device, and check every flag before any work."""
+    has_gpu = torch.cuda.is_available()
+    if args.model_name is None:
+        args.model_name = 'sd2-base' if has_gpu else 'tiny'
+        announce(f'--model_name not given: using {args.model_name!r} '
+                 f'({"a GPU is present" if has_gpu else "no GPU found; pass --model_name sd2-base for the real model"})')
+    preset = PRESETS.get(args.model_name, PRESETS['sd2-base'])
+    for flag, value in preset.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, value)
+    if args.num_workers is None:
+        args.num_workers = 8 if has_gpu else 0
+    if args.precision is None:
+        args.precision = 'amp_bf16' if has_gpu else 'fp32'
+
+    if args.image_size <= 0 or args.image_size % 8:
+        raise ConfigError(f'--image_size {args.image_size}: must be a positive multiple of 8 (the VAE downsamples 8x)')
+    if args.batch_size <= 0:
+        raise ConfigError(f'--batch_size {args.batch_size}: must be positive')
+    if args.num_workers < 0:
+        raise ConfigError(f'--num_workers {args.num_workers}: must be 0 or more')
+    world_size = dist.get_world_size()
+    if args.batch_size % world_size:
+        raise ConfigError(f'--batch_size {args.batch_size} is not divisible by the world size {world_size}: '
+                          f'pass a multiple of {world_size}')
+    args.device_batch_size = args.batch_size // world_size
+    microbatch = args.device_train_microbatch_size
+    if microbatch is None:
+        args.device_train_microbatch_size = args.device_batch_size
+    elif str(microbatch) == 'auto':
+        if not has_gpu:
+            raise ConfigError("--device_train_microbatch_size auto needs a GPU (Composer searches for the largest "
+                              'microbatch that fits in GPU memory); on CPU pass a number that divides the device batch')
+    else:
+        try:
+            microbatch = int(microbatch)
+        except ValueError:
+            raise ConfigError(f"--device_train_microbatch_size {microbatch!r}: pass a positive integer or 'auto'")
+        if microbatch <= 0 or args.device_batch_size % microbatch:
+            raise ConfigError(
+                f'--batch_size {args.batch_size} over {world_size} device(s) gives {args.device_batch_size} samples '
+                f'per device, which is not divisible by --device_train_microbatch_size {microbatch}: choose a '
+                f'microbatch that divides {args.device_batch_size}, or a batch size divisible by '
+                f'{world_size} x {microbatch} = {world_size * microbatch}')
+        args.device_train_microbatch_size = microbatch
+
+    if not has_gpu and args.precision != 'fp32':
+        raise ConfigError(f'--precision {args.precision} needs a GPU; on CPU Composer trains in fp32 only: '
+                          'pass --precision fp32 or leave it unset')
+    if has_gpu and args.precision == 'amp_bf16' and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f'--precision amp_bf16: {torch.cuda.get_device_name()} has no bf16 support; '
+                          'pass --precision amp_fp16')
+    if args.attention == 'xformers':
+        try:
+            import xformers  # noqa: F401
+        except ImportError:
+            raise ConfigError('--attention xformers: xformers is not installed; install it with '
+                              "pip install 'xformers==0.0.30' (Linux x86_64 with CUDA) or use --attention sdpa")
+        if not has_gpu:
+            raise ConfigError('--attention xformers: xFormers attention runs on CUDA GPUs only; '
+                              'use --attention sdpa on this machine')
+    if args.use_ema:
+        raise ConfigError('--use_ema is not implemented yet (see the EMA issue); run without it for now')
+    if not args.use_synth_data:
+        raise ConfigError('streaming data (--remote/--local) is not implemented yet (see the data issue); '
+                          'pass --use_synth_data')
+    if args.autoresume and not (args.save_folder and args.run_name):
+        raise ConfigError('--autoresume needs --save_folder and --run_name (Composer finds the checkpoint by both)')
+    try:
+        duration = Time.from_timestring(args.max_duration)
+    except ValueError as error:
+        raise ConfigError(f"--max_duration {args.max_duration!r}: {error} (examples: '10ba', '1ep', '20000sp')")
+    args.num_batches = num_batches(duration, args.batch_size)
+    return args
+
+
+def num_batches(duration: Time, batch_size: int) -> int:
+    if duration.unit == TimeUnit.BATCH:
+        return duration.value
+    if duration.unit == TimeUnit.SAMPLE:
+        return duration.value // batch_size
+    if duration.unit == TimeUnit.EPOCH:
+        return duration.value * (SYNTHETIC_SAMPLES // batch_size)
+    raise ConfigError(f"--max_duration {duration}: use batches, samples or epochs ('10ba', '20000sp', '1ep')")
+
+
+def announce(message: str) -> None:
+    if dist.get_global_rank() == 0:
+        print(message, flush=True)
+
+
+# -------------------------------------------------------------------------------------------- model
+
+class StableDiffusion(ComposerModel):
+    """Trains the UNet to predict the noise added to VAE latents, conditioned on CLIP text embeddings.
+
+    The VAE and text encoder are frozen: in eval mode, without gradients, outside the optimizer, and run
+    online every step, as in the published benchmark. A batch may carry 'noise', 'timesteps' and
+    'latent_noise' (the Gaussian draw that samples the latent distribution) to make a step deterministic;
+    otherwise each is drawn at random.
+    """
+
+    def __init__(self, unet: UNet2DConditionModel, vae: AutoencoderKL, text_encoder: CLIPTextModel,
+                 noise_scheduler: DDPMScheduler):
+        super().__init__()
+        self.unet = unet
+        self.vae = vae.requires_grad_(False).eval()
+        self.text_encoder = text_encoder.requires_grad_(False).eval()
+        self.noise_scheduler = noise_scheduler
+        # 0.18215 for SD2: scales latents to unit variance (the VAE config's scaling_factor).
+        self.latent_scale = vae.config.scaling_factor
+        self._flops_per_image: dict[tuple, int] = {}
+
+    def train(self, mode: bool = True):
+        # Composer calls model.train() every epoch; the frozen encoders must stay in eval mode.
+        super().train(mode)
+        self.vae.eval()
+        self.text_encoder.eval()
+        return self
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            latent_dist = self.vae.encode(batch['image']).latent_dist
+            latent_noise = batch.get('latent_noise')
+            if latent_noise is None:
+                latent_noise = torch.randn_like(latent_dist.mean)
+            latents = (latent_dist.mean + latent_dist.std * latent_noise) * self.latent_scale
+            text_embeddings = self.text_encoder(batch['input_ids'])[0]
+        noise = batch.get('noise')
+        if noise is None:
+            noise = torch.randn_like(latents)
+        timesteps = batch.get('timesteps')
+        if timesteps is None:  # uniform over all training steps
+            timesteps = torch.randint(0, self.noise_scheduler.config.num_train_timesteps, (latents.shape[0],),
+                                      device=latents.device)
+        noisy_latents = self.noise_scheduler.add_noise(latents, noise, timesteps)
+        if self.noise_scheduler.config.prediction_type == 'v_prediction':
+            target = self.noise_scheduler.get_velocity(latents, noise, timesteps)
+        else:
+            target = noise
+        prediction = self.unet(noisy_latents, timesteps, text_embeddings).sample
+        return prediction, target
+
+    def loss(self, outputs, batch) -> torch.Tensor:
+        prediction, target = outputs
+        return F.mse_loss(prediction.float(), target.float())
+
+    def flops_per_batch(self, batch: dict) -> int:
+        """Training FLOPs of this batch, for Composer's SpeedMonitor (FLOP/s and MFU)."""
+        images = batch['image']
+        return images.shape[0] * self.flops_per_image(images.shape[-2], images.shape[-1],
+                                                      batch['input_ids'].shape[-1])
+
+    def flops_per_image(self, height: int, width: int, caption_length: int = CAPTION_LENGTH) -> int:
+        key = (height, width, caption_length)
+        if key not in self._flops_per_image:
+            parts = count_forward_flops(self.unet.config, self.vae.config, self.text_encoder.config, *key)
+            # Backward costs twice the forward (gradients of activations and of weights): UNet x3.
+            # The frozen encoders run forward only.
+            self._flops_per_image[key] = 3 * parts['unet'] + parts['vae_encoder'] + parts['text_encoder']
+        return self._flops_per_image[key]
+
+
+def count_forward_flops(unet_config, vae_config, text_config, height: int, width: int,
+                        caption_length: int) -> dict[str, int]:
+    """Forward FLOPs per image of each part: matmuls and convolutions, attention included.
+
+    Counted by PyTorch's FlopCounterMode on meta-device copies (no memory, no compute, any config and
+    size) with the math attention kernel: the fused CPU flash-attention kernel is invisible to the counter.
+    """
+    counts = {}
+    with torch.device('meta'), sdpa_kernel(SDPBackend.MATH):
+        unet = UNet2DConditionModel.from_config(unet_config)
+        vae = AutoencoderKL.from_config(vae_config)
+        text_encoder = CLIPTextModel(text_config)
+        with FlopCounterMode(display=False) as counter:
+            latents = vae.encode(torch.empty(1, vae_config.in_channels, height, width)).latent_dist.mean
+        counts['vae_encoder'] = counter.get_total_flops()
+        with FlopCounterMode(display=False) as counter:
+            text_embeddings = text_encoder(torch.zeros(1, caption_length, dtype=torch.long))[0]
+        counts['text_encoder'] = counter.get_total_flops()
+        with FlopCounterMode(display=False) as counter:
+            unet(torch.empty_like(latents), torch.tensor([500]), text_embeddings)
+        counts['unet'] = counter.get_total_flops()
+    return counts
+
+
+def resolve_model_dir(model_name: str) -> Path:
+    """A built-in config, a local folder, or (only when asked for) a hub id downloaded to the HF cache."""
+    if model_name in BUILTIN_MODELS:
+        return CONFIGS_DIR / model_name
+    path = Path(model_name).expanduser()
+    if not path.is_dir():
+        looks_like_hub_id = model_name.count('/') == 1 and not model_name.startswith(('.', '/', '~'))
+        if not looks_like_hub_id:
+            raise ConfigError(f'--model_name {model_name!r}: not a built-in model ({", ".join(BUILTIN_MODELS)}) '
+                              'and no such folder')
+        if os.environ.get('HF_HUB_OFFLINE', '0') not in ('0', '', 'false'):
+            raise ConfigError(f'--model_name {model_name!r}: looks like a hub id, but HF_HUB_OFFLINE is set; '
+                              f'use a built-in model ({", ".join(BUILTIN_MODELS)}) or a local folder')
+        from huggingface_hub import snapshot_download
+        path = Path(snapshot_download(model_name, allow_patterns=[
+            *CONFIG_FILES, *(f'{part}/{name}' for part, names in WEIGHT_FILES.items() for name in names[:1])]))
+    missing = [name for name in CONFIG_FILES if not (path / name).is_file()]
+    if missing:
+        raise ConfigError(f'--model_name {model_name!r}: missing config file(s) {", ".join(missing)} in {path} '
+                          f'(expected the Diffusers layout: {", ".join(CONFIG_FILES)})')
+    return path
+
+
+def has_weights(model_dir: Path, part: str) -> bool:
+    return any((model_dir / part / name).is_file() for name in WEIGHT_FILES[part])
+
+
+def build_model(model_name: str, prediction_type: str | None = None, attention: str = 'sdpa') -> StableDiffusion:
+    model_dir = resolve_model_dir(model_name)
+    loaded = []
+    if has_weights(model_dir, 'unet'):
+        unet = UNet2DConditionModel.from_pretrained(model_dir, subfolder='unet')
+        loaded.append('unet')
+    else:
+        unet = UNet2DConditionModel.from_config(UNet2DConditionModel.load_config(model_dir, subfolder='unet'))
+    if has_weights(model_dir, 'vae'):
+        vae = AutoencoderKL.from_pretrained(model_dir, subfolder='vae')
+        loaded.append('vae')
+    else:
+        vae = AutoencoderKL.from_config(AutoencoderKL.load_config(model_dir, subfolder='vae'))
+    if has_weights(model_dir, 'text_encoder'):
+        text_encoder = CLIPTextModel.from_pretrained(model_dir, subfolder='text_encoder')
+        loaded.append('text_encoder')
+    else:
+        text_encoder = CLIPTextModel(CLIPTextConfig.from_pretrained(model_dir, subfolder='text_encoder'))
+    scheduler_config = DDPMScheduler.load_config(model_dir, subfolder='scheduler')
+    if prediction_type is not None:
+        scheduler_config['prediction_type'] = prediction_type
+    noise_scheduler = DDPMScheduler.from_config(scheduler_config)
+    if attention == 'xformers':
+        unet.enable_xformers_memory_efficient_attention()
+    announce(f'model {model_name!r} from {model_dir}: weights loaded for {", ".join(loaded) or "nothing"}, '
+             'random init for the rest')
+    return StableDiffusion(unet, vae, text_encoder, noise_scheduler)
+
+
+# --------------------------------------------------------------------------------- data and trainer
+
+def build_dataloader(args: argparse.Namespace) -> DataLoader:
+    dataset = SyntheticImageCaptionDataset(args.image_size, num_samples=SYNTHETIC_SAMPLES, seed=args.seed)
+    # Composer's sampler gives each rank its own slice of every global batch.
+    sampler = dist.get_sampler(dataset, shuffle=False, drop_last=True)
+    return DataLoader(dataset, batch_size=args.device_batch_size, sampler=sampler, drop_last=True,
+                      num_workers=args.num_workers, pin_memory=torch.cuda.is_available(),
+                      persistent_workers=args.num_workers > 0)
+
+
+def build_trainer(args: argparse.Namespace, model: StableDiffusion, dataloader: DataLoader) -> Trainer:
+    optimizer = torch.optim.AdamW(model.unet.parameters(), lr=1e-4, weight_decay=1e-3)
+    # Throughput is a rolling mean over this many batches (100 as published, fewer on short runs),
+    # so the first batch, which holds one-off setup costs, is never inside a window.
+    speed_window = max(1, min(100, args.num_batches // 2))
+    loggers = [InMemoryLogger()]
+    if args.wandb_project:
+        loggers.append(WandBLogger(project=args.wandb_project, name=args.wandb_name))
+    return Trainer(
+        model=model,
+        train_dataloader=dataloader,
+        optimizers=optimizer,
+        schedulers=ConstantScheduler(),
+        max_duration=args.max_duration,
+        device_train_microbatch_size=args.device_train_microbatch_size,
+        precision=args.precision,
+        callbacks=[SpeedMonitor(window_size=speed_window)],
+        loggers=loggers,
+        progress_bar=True,
+        seed=args.seed,
+        run_name=args.run_name,
+        save_folder=args.save_folder,
+        save_interval=args.save_interval,
+        autoresume=args.autoresume,
+    )
+
+
+# ------------------------------------------------------------------------------------------ results
+
+def summarize(trainer: Trainer, args: argparse.Namespace) -> dict:
+    """Median of the rolling-window throughputs SpeedMonitor logged, with what is needed to compare runs."""
+    logged = next(logger for logger in trainer.logger.destinations if isinstance(logger, InMemoryLogger)).data
+
+    def median(metric):
+        values = [float(value) for _, value in logged.get(metric, [])]
+        return statistics.median(values) if values else None
+
+    model = trainer.state.model.module if hasattr(trainer.state.model, 'module') else trainer.state.model
+    has_gpu = torch.cuda.is_available()
+    mfu = median('throughput/device/mfu')
+    return {
+        'schema': 'sd2-benchmark-results/1',
+        'img_per_sec': median('throughput/samples_per_sec'),
+        'img_per_sec_per_device': median('throughput/device/samples_per_sec'),
+        'flops_per_image': model.flops_per_image(args.image_size, args.image_size),
+        'flops_per_sec': median('throughput/flops_per_sec'),
+        'mfu': mfu,
+        'throughput_windows': len(logged.get('throughput/samples_per_sec', [])),
+        'device_type': 'gpu' if has_gpu else 'cpu',
+        'device_name': torch.cuda.get_device_name() if has_gpu else cpu_name(),
+        'num_devices': dist.get_world_size(),
+        'world_size': dist.get_world_size(),
+        'image_size': args.image_size,
+        'model_name': args.model_name,
+        'config': vars(args),
+        'versions': package_versions(),
+        'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+    }
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path('/proc/cpuinfo').read_text().splitlines():
+            if line.startswith('model name'):
+                return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def package_versions() -> dict[str, str | None]:
+    versions = {'python': platform.python_version(), 'cuda': torch.version.cuda}
+    for package in ('torch', 'mosaicml', 'mosaicml-streaming', 'diffusers', 'transformers', 'xformers'):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
+def print_summary(results: dict) -> None:
+    if results['img_per_sec'] is None:
+        print('throughput: the run was too short for a throughput window (needs at least 2 batches)')
+        return
+    line = (f"throughput: {results['img_per_sec']:.2f} img/s ({results['img_per_sec_per_device']:.2f} per device, "
+            f"{results['num_devices']} x {results['device_name']})")
+    if results['flops_per_sec']:
+        line += f", {results['flops_per_sec'] / 1e12:.3g} TFLOP/s"
+    if results['mfu']:
+        line += f", MFU {100 * results['mfu']:.1f}%"
+    print(line + f"; median of {results['throughput_windows']} rolling windows", flush=True)
+
+
+# --------------------------------------------------------------------------------------------- main
+
+def main(args: argparse.Namespace) -> Trainer:
+    args = resolve_args(args)
+    microbatch = args.device_train_microbatch_size
+    accumulation = '?' if microbatch == 'auto' else args.device_batch_size // microbatch
+    announce(f'config: {json.dumps(vars(args), sort_keys=True)}')
+    announce(f'batch: global {args.batch_size} = {dist.get_world_size()} device(s) x microbatch {microbatch} '
+             f'x {accumulation} accumulation step(s)')
+    reproducibility.seed_all(args.seed)  # same random init on every run and rank
+    model = build_model(args.model_name, args.prediction_type, args.attention)
+    trainer = build_trainer(args, model, build_dataloader(args))
+    trainer.fit()
+    if dist.get_global_rank() == 0:
+        results = summarize(trainer, args)
+        print_summary(results)
+        if args.results_json:
+            Path(args.results_json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.results_json).write_text(json.dumps(results, indent=2) + '\n')
+            print(f'results written to {args.results_json}')
+    return trainer
+
+
+if __name__ == '__main__':
+    try:
+        main(parse_args())
+    except ConfigError as error:
+        print(f'error: {error}', file=sys.stderr)
+        sys.exit(2)
