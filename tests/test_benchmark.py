@@ -1,0 +1,314 @@
+"""CPU tests of the SD2 ComposerModel, its FLOP count, the CLI checks and the end-to-end entry point."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from composer.core import Callback
+from composer.utils import reproducibility
+from diffusers import DDPMScheduler
+from diffusers.models.attention_processor import Attention
+from torch.utils.data import DataLoader, Dataset
+from transformers.models.clip.modeling_clip import CLIPAttention
+
+import benchmark
+from benchmark import ConfigError, build_model, build_trainer, main, parse_args, resolve_args
+from data import SyntheticImageCaptionDataset
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ['--model_name', 'tiny', '--use_synth_data']
+
+
+def tiny_model(seed=0):
+    reproducibility.seed_all(seed)
+    return build_model('tiny')
+
+
+def synthetic_batch(n, image_size=64):
+    dataset = SyntheticImageCaptionDataset(image_size)
+    return torch.utils.data.default_collate([dataset[i] for i in range(n)])
+
+
+def fixed_randomness(batch, seed=1):
+    """Noise, timesteps and latent draw fixed per sample, so a step is a pure function of the batch."""
+    generator = torch.Generator().manual_seed(seed)
+    n, _, height, width = batch['image'].shape
+    latent_shape = (n, 4, height // 8, width // 8)
+    return {**batch,
+            'noise': torch.randn(latent_shape, generator=generator),
+            'latent_noise': torch.randn(latent_shape, generator=generator),
+            'timesteps': torch.randint(0, 1000, (n,), generator=generator)}
+
+
+# ------------------------------------------------------------------------------------------ model
+
+def test_forward_and_loss_shapes():
+    model = tiny_model()
+    batch = synthetic_batch(3)
+    prediction, target = model(batch)
+    assert prediction.shape == target.shape == (3, 4, 8, 8)
+    loss = model.loss((prediction, target), batch)
+    assert loss.shape == () and torch.isfinite(loss) and loss > 0
+
+
+def test_targets_follow_prediction_type():
+    batch = fixed_randomness(synthetic_batch(2))
+    reproducibility.seed_all(0)
+    _, epsilon_target = build_model('tiny')(batch)
+    assert torch.equal(epsilon_target, batch['noise'])
+    reproducibility.seed_all(0)
+    v_model = build_model('tiny', prediction_type='v_prediction')
+    _, v_target = v_model(batch)
+    assert not torch.allclose(v_target, batch['noise'])
+    # v = sqrt(alpha_bar) * noise - sqrt(1 - alpha_bar) * x0, so x0 recovers from (noise, v).
+    alpha_bar = v_model.noise_scheduler.alphas_cumprod[batch['timesteps']].view(-1, 1, 1, 1)
+    latents = (alpha_bar.sqrt() * batch['noise'] - v_target) / (1 - alpha_bar).sqrt()
+    with torch.no_grad():
+        dist = v_model.vae.encode(batch['image']).latent_dist
+    expected = (dist.mean + dist.std * batch['latent_noise']) * 0.18215
+    torch.testing.assert_close(latents, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_tiny_model_overfits_a_fixed_batch():
+    model = tiny_model()
+    batch = fixed_randomness(synthetic_batch(4))
+    optimizer = torch.optim.AdamW(model.unet.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(60):
+        loss = model.loss(model(batch), batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.3 * losses[0], losses[::10]
+
+
+def test_frozen_modules_are_untouched_by_training():
+    trainer = main(parse_args(TINY + ['--batch_size', '4', '--max_duration', '3ba']))
+    trained = trainer.state.model
+    fresh = tiny_model(seed=17)  # main() seeds the init with --seed 17
+    for name in ('vae', 'text_encoder'):
+        module = getattr(trained, name)
+        assert not module.training, f'{name} left eval mode'
+        for (key, value), (_, initial) in zip(module.state_dict().items(), getattr(fresh, name).state_dict().items()):
+            assert torch.equal(value, initial), f'{name}.{key} changed during training'
+        assert all(not p.requires_grad and p.grad is None for p in module.parameters())
+    changed = [not torch.equal(a, b) for a, b in zip(trained.unet.parameters(), fresh.unet.parameters())]
+    assert all(changed), 'every UNet parameter should have been updated'
+    optimized = {id(p) for group in trainer.state.optimizers[0].param_groups for p in group['params']}
+    assert optimized == {id(p) for p in trained.unet.parameters()}
+
+
+def test_sd2_base_configs_match_the_published_architecture():
+    with torch.device('meta'):
+        model = build_model('sd2-base')
+    counts = [sum(p.numel() for p in part.parameters()) for part in (model.unet, model.vae, model.text_encoder)]
+    assert counts == [865_910_724, 83_653_863, 340_387_840]
+    assert model.latent_scale == 0.18215
+    schedule = DDPMScheduler.from_pretrained(benchmark.CONFIGS_DIR / 'sd2-base', subfolder='scheduler')
+    assert schedule.config.num_train_timesteps == 1000
+    assert schedule.config.prediction_type == 'epsilon'
+    assert schedule.config.clip_sample is False
+    torch.testing.assert_close(schedule.betas[[0, -1]], torch.tensor([0.00085, 0.012]))
+    # scaled_linear: betas are squares of a linear ramp between the square roots.
+    torch.testing.assert_close(schedule.betas[500].sqrt(),
+                               (torch.tensor(0.00085).sqrt() + torch.tensor(0.012).sqrt()) / 2, rtol=2e-3, atol=0)
+
+
+def test_microbatching_gives_the_same_gradients():
+    batch = fixed_randomness(synthetic_batch(8))
+
+    class FixedBatch(Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return {key: value[i] for key, value in batch.items()}
+
+    class KeepGradients(Callback):
+        # Composer zeroes gradients at the end of fit(), so copy them right after the step's backward passes.
+        def after_train_batch(self, state, logger):
+            self.gradients = [p.grad.clone() for p in state.model.unet.parameters()]
+
+    gradients = {}
+    for microbatch in (8, 2):
+        args = resolve_args(parse_args(TINY + ['--batch_size', '8', '--max_duration', '1ba',
+                                               '--device_train_microbatch_size', str(microbatch)]))
+        model = tiny_model()
+        trainer = build_trainer(args, model, DataLoader(FixedBatch(), batch_size=8))
+        keep = KeepGradients()
+        trainer.state.callbacks.append(keep)
+        trainer.fit()
+        gradients[microbatch] = keep.gradients
+    for whole, accumulated in zip(gradients[8], gradients[2]):
+        torch.testing.assert_close(accumulated, whole, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ FLOPs
+
+def analytic_forward_flops(module, run):
+    """An independent count from module hooks: 2*MACs of every conv and linear, plus attention matmuls."""
+    total = 0
+
+    def conv(m, inputs, output):
+        nonlocal total
+        total += 2 * output.numel() * (m.in_channels // m.groups) * m.kernel_size[0] * m.kernel_size[1]
+
+    def linear(m, inputs, output):
+        nonlocal total
+        total += 2 * (output.numel() // m.out_features) * m.in_features * m.out_features
+
+    def diffusers_attention(m, args, kwargs):
+        nonlocal total
+        hidden = args[0] if args else kwargs['hidden_states']
+        queries = hidden.shape[2] * hidden.shape[3] if hidden.ndim == 4 else hidden.shape[1]
+        context = kwargs.get('encoder_hidden_states')
+        keys = queries if context is None else context.shape[1]
+        total += 2 * 2 * hidden.shape[0] * queries * keys * m.inner_dim  # QK^T and attention @ V
+
+    def clip_attention(m, args, kwargs):
+        nonlocal total
+        hidden = args[0] if args else kwargs['hidden_states']
+        total += 2 * 2 * hidden.shape[0] * hidden.shape[1] ** 2 * m.embed_dim
+
+    handles = []
+    for sub in module.modules():
+        if isinstance(sub, torch.nn.Conv2d):
+            handles.append(sub.register_forward_hook(conv))
+        elif isinstance(sub, torch.nn.Linear):
+            handles.append(sub.register_forward_hook(linear))
+        elif isinstance(sub, Attention):
+            handles.append(sub.register_forward_pre_hook(diffusers_attention, with_kwargs=True))
+        elif isinstance(sub, CLIPAttention):
+            handles.append(sub.register_forward_pre_hook(clip_attention, with_kwargs=True))
+    with torch.no_grad():
+        output = run()
+    for handle in handles:
+        handle.remove()
+    return total, output
+
+
+@pytest.mark.parametrize('image_size', [64, 128])
+def test_flops_match_an_independent_count(image_size):
+    model = tiny_model()
+    batch = synthetic_batch(1, image_size)
+    vae, latents = analytic_forward_flops(model.vae, lambda: model.vae.encode(batch['image']).latent_dist.mean)
+    text, context = analytic_forward_flops(model.text_encoder, lambda: model.text_encoder(batch['input_ids'])[0])
+    unet, _ = analytic_forward_flops(model.unet, lambda: model.unet(latents, torch.tensor([10]), context))
+    assert min(vae, text, unet) > 0
+    assert model.flops_per_image(image_size, image_size) == 3 * unet + vae + text
+    assert model.flops_per_batch(synthetic_batch(5, image_size)) == 5 * (3 * unet + vae + text)
+
+
+def test_sd2_flops_match_the_reference_figures():
+    with torch.device('meta'):
+        model = build_model('sd2-base')
+    parts = benchmark.count_forward_flops(model.unet.config, model.vae.config, model.text_encoder.config,
+                                          512, 512, 77)
+    # REFERENCE.md: UNet 0.80, VAE encoder 1.12, text encoder 0.045 TFLOP forward; 3.58 per training image.
+    assert parts['unet'] == pytest.approx(0.80e12, rel=0.01)
+    assert parts['vae_encoder'] == pytest.approx(1.12e12, rel=0.01)
+    assert parts['text_encoder'] == pytest.approx(0.045e12, rel=0.01)
+    assert model.flops_per_image(512, 512) == pytest.approx(3.58e12, rel=0.01)
+
+
+# ----------------------------------------------------------------------------------- CLI and checks
+
+def test_published_flags_keep_their_names_and_defaults():
+    args = parse_args(['--batch_size', '2048', '--image_size', '512', '--remote', 's3://b/p', '--local', '/tmp/x',
+                       '--use_synth_data', '--model_name', 'sd2-base', '--use_ema', '--wandb_name', 'n',
+                       '--wandb_project', 'p', '--device_train_microbatch_size', '4'])
+    assert (args.batch_size, args.image_size, args.device_train_microbatch_size) == (2048, 512, '4')
+    assert benchmark.PRESETS['sd2-base'] == {'image_size': 512, 'batch_size': 2048,
+                                             'device_train_microbatch_size': '4', 'max_duration': '10ba'}
+
+
+def test_cpu_defaults_to_the_tiny_preset_and_says_so(capsys):
+    args = resolve_args(parse_args(['--use_synth_data']))
+    assert (args.model_name, args.image_size, args.precision) == ('tiny', 64, 'fp32')
+    assert "using 'tiny'" in capsys.readouterr().out
+
+
+def write_model_folder(root, skip):
+    for name in benchmark.CONFIG_FILES:
+        if name != skip:
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text((benchmark.CONFIGS_DIR / 'tiny' / name).read_text())
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--batch_size', '10', '--device_train_microbatch_size', '4'], 'not divisible by --device_train_microbatch_size 4'),
+    (['--device_train_microbatch_size', 'auto'], 'auto needs a GPU'),
+    (['--device_train_microbatch_size', 'four'], "'four': pass a positive integer"),
+    (['--precision', 'amp_bf16'], '--precision amp_bf16 needs a GPU'),
+    (['--precision', 'amp_fp16'], '--precision amp_fp16 needs a GPU'),
+    (['--attention', 'xformers'], 'runs on CUDA GPUs only'),
+    (['--image_size', '100'], 'multiple of 8'),
+    (['--max_duration', 'forever'], "--max_duration 'forever'"),
+    (['--autoresume'], '--autoresume needs --save_folder and --run_name'),
+])
+def test_bad_flags_fail_fast_naming_the_flag(flags, message):
+    with pytest.raises(ConfigError, match=message.replace('(', r'\(')):
+        resolve_args(parse_args(TINY + flags))
+
+
+def test_batch_not_divisible_by_world_size(monkeypatch):
+    monkeypatch.setenv('WORLD_SIZE', '3')
+    with pytest.raises(ConfigError, match='--batch_size 16 is not divisible by the world size 3'):
+        resolve_args(parse_args(TINY + ['--batch_size', '16']))
+
+
+def test_xformers_not_installed(monkeypatch):
+    monkeypatch.setitem(sys.modules, 'xformers', None)  # makes `import xformers` raise ImportError
+    with pytest.raises(ConfigError, match='xformers is not installed'):
+        resolve_args(parse_args(TINY + ['--attention', 'xformers']))
+
+
+def test_unknown_model_and_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="--model_name 'sd3-huge': not a built-in model"):
+        build_model('sd3-huge')
+    write_model_folder(tmp_path, skip='vae/config.json')
+    with pytest.raises(ConfigError, match='missing config file.*vae/config.json'):
+        build_model(str(tmp_path))
+
+
+def test_local_folder_loads_weights_when_present(tmp_path):
+    write_model_folder(tmp_path, skip=None)
+    random_init = build_model(str(tmp_path))
+    trained = tiny_model(seed=5)
+    trained.unet.save_pretrained(tmp_path / 'unet')
+    loaded = build_model(str(tmp_path))
+    assert all(torch.equal(a, b) for a, b in zip(loaded.unet.parameters(), trained.unet.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(random_init.unet.parameters(), trained.unet.parameters()))
+
+
+# ------------------------------------------------------------------------------------ end to end
+
+def run_cli(*args, launcher=('composer',)):
+    env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
+    executable = Path(sys.executable).parent / launcher[0]
+    return subprocess.run([str(executable), *launcher[1:], str(REPO / 'benchmark.py'), *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_composer_launcher_end_to_end(tmp_path):
+    results = tmp_path / 'results.json'
+    run = run_cli(*TINY, '--batch_size', '8', '--max_duration', '6ba', '--results_json', str(results))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert 'throughput:' in run.stdout
+    summary = json.loads(results.read_text())
+    assert summary['img_per_sec'] > 0 and summary['img_per_sec_per_device'] > 0
+    assert summary['flops_per_sec'] > 0 and summary['flops_per_image'] > 0
+    assert summary['mfu'] is None  # no known peak FLOP/s on a CPU
+    assert summary['world_size'] == 1 and summary['device_type'] == 'cpu'
+    assert summary['config']['batch_size'] == 8 and summary['versions']['mosaicml'] == '0.32.1'
+
+
+def test_bad_input_exits_non_zero_with_a_message():
+    run = run_cli(*TINY, '--batch_size', '10', '--device_train_microbatch_size', '4', launcher=('python',))
+    assert run.returncode == 2
+    assert 'error: --batch_size 10' in run.stderr and 'Traceback' not in run.stderr
