@@ -64,8 +64,8 @@ class ConfigError(ValueError):
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description='Measure Stable Diffusion 2 training throughput (img/s, FLOP/s, MFU) with Composer.',
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        description='Measure Stable Diffusion 2 training throughput (img/s, FLOP/s, MFU) with Composer. '
+        'Flags left unset take the preset of the model: the published run for sd2-base, a CPU smoke run for tiny.')
     model = parser.add_argument_group('model')
     model.add_argument('--model_name', default=None,
                        help=f'built-in config ({", ".join(BUILTIN_MODELS)}), a local folder in the Diffusers '
@@ -74,30 +74,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     model.add_argument('--prediction_type', choices=['epsilon', 'v_prediction'], default=None,
                        help="training target; default: the model's scheduler config (epsilon for SD2 base)")
     model.add_argument('--attention', choices=['sdpa', 'xformers'], default='sdpa',
-                       help='UNet attention backend: PyTorch scaled_dot_product_attention or xFormers')
+                       help='UNet attention backend: PyTorch scaled_dot_product_attention or xFormers (default: %(default)s)')
     data = parser.add_argument_group('data')
     data.add_argument('--use_synth_data', action='store_true', help='train on random images and captions')
     data.add_argument('--remote', default=None, help='streaming dataset location, e.g. s3://bucket/laion/mds')
     data.add_argument('--local', default=None, help='local cache folder for the streaming dataset')
-    data.add_argument('--image_size', type=int, default=None, help='training resolution in pixels (preset: 512)')
+    data.add_argument('--image_size', type=int, default=None, help='training resolution in pixels (preset: 512; tiny: 64)')
     data.add_argument('--num_workers', type=int, default=None,
                       help='dataloader workers per device (default: 8 on a GPU, 0 on CPU)')
     train = parser.add_argument_group('training')
     train.add_argument('--batch_size', type=int, default=None,
-                       help='global batch size over all devices (preset: 2048, the published run)')
+                       help='global batch size over all devices (preset: 2048, the published run; tiny: 16)')
     train.add_argument('--device_train_microbatch_size', default=None,
                        help="samples per forward/backward on each device, or 'auto' (GPU only); the device "
                        'batch is accumulated over microbatches (preset: 4 for sd2-base, whole device batch for tiny)')
     train.add_argument('--max_duration', default=None,
-                       help="run length as a Composer time string: '10ba' batches, '1ep', '20000sp' samples")
+                       help="run length as a Composer time string: '10ba' batches, '1ep', '20000sp' samples (preset: 10ba; tiny: 40ba)")
     train.add_argument('--precision', choices=['fp32', 'amp_bf16', 'amp_fp16'], default=None,
                        help='default: amp_bf16 on a GPU, fp32 on CPU')
     train.add_argument('--use_ema', action='store_true', help='keep an exponential moving average of the UNet')
-    train.add_argument('--seed', type=int, default=17)
+    train.add_argument('--seed', type=int, default=17, help='seeds the random init and the data (default: %(default)s)')
     ckpt = parser.add_argument_group('checkpoints')
     ckpt.add_argument('--run_name', default=None, help='run name (needed with --autoresume)')
     ckpt.add_argument('--save_folder', default=None, help='where Composer writes checkpoints (none by default)')
-    ckpt.add_argument('--save_interval', default='1ep', help='checkpoint every this Composer time string')
+    ckpt.add_argument('--save_interval', default='1ep', help='checkpoint every this Composer time string (default: %(default)s)')
     ckpt.add_argument('--autoresume', action='store_true', help='resume from the latest checkpoint in --save_folder')
     log = parser.add_argument_group('logging')
     log.add_argument('--wandb_name', default=None, help='W&B run name')
