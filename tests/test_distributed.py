@@ -1,0 +1,108 @@
+"""Two ranks on CPU through Composer's launcher (gloo): DDP sync, batch split, throughput, checkpoints,
+failures, and the mcloud.yaml check."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mcloud
+from benchmark import ConfigError, parse_args, resolve_args
+
+REPO = Path(__file__).resolve().parent.parent
+COMPOSER = str(Path(sys.executable).parent / 'composer')
+TINY = ['--model_name', 'tiny', '--use_synth_data', '--image_size', '32', '--batch_size', '8']
+
+
+def launch(tmp_path, name, *flags, fail_rank=None, timeout=300):
+    probe_dir = tmp_path / name
+    probe_dir.mkdir()
+    # One thread per rank: two ranks share this machine's cores.
+    env = {**os.environ, 'PROBE_DIR': str(probe_dir), 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1',
+           'WANDB_MODE': 'offline'}
+    if fail_rank is not None:
+        env['PROBE_FAIL_RANK'] = str(fail_rank)
+    run = subprocess.run([COMPOSER, '-n', '2', str(REPO / 'tests' / 'two_rank_probe.py'), *TINY, *flags],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    ranks = [json.loads(path.read_text()) for path in sorted(probe_dir.glob('rank*.json'))]
+    return run, ranks
+
+
+def test_two_ranks_train_one_model_on_disjoint_halves_and_resume(tmp_path):
+    results = tmp_path / 'results.json'
+    checkpoints = tmp_path / 'checkpoints'
+    run, ranks = launch(tmp_path, 'first', '--max_duration', '3ba', '--save_folder', str(checkpoints),
+                        '--save_interval', '3ba', '--run_name', 'two-ranks', '--results_json', str(results))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(ranks) == 2 and ranks[0]['world_size'] == 2
+    # DDP keeps the replicas identical.
+    assert ranks[0]['unet'] == ranks[1]['unet']
+    # Global batch 8 = 2 ranks x 4, each rank a different half of every global batch.
+    for batch0, batch1 in zip(ranks[0]['batches'], ranks[1]['batches'], strict=True):
+        assert len(batch0) == len(batch1) == 4
+        assert not set(batch0) & set(batch1)
+    assert 'global 8 = 2 device(s) x microbatch 4 x 1 accumulation' in run.stdout
+    # Throughput counts the samples of both ranks.
+    summary = json.loads(results.read_text())
+    assert summary['world_size'] == 2
+    assert summary['img_per_sec'] == pytest.approx(2 * summary['img_per_sec_per_device'])
+    # One checkpoint file for the save (written by rank 0 under DDP), plus Composer's 'latest' symlink.
+    saved = [path for path in checkpoints.iterdir() if not path.is_symlink()]
+    assert [path.name for path in saved] == ['ep0-ba3-rank0.pt']
+
+    run, resumed = launch(tmp_path, 'resumed', '--max_duration', '5ba', '--save_folder', str(checkpoints),
+                          '--save_interval', '5ba', '--run_name', 'two-ranks', '--autoresume')
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [rank['first_batch'] for rank in resumed] == [3, 3]
+    run, straight = launch(tmp_path, 'straight', '--max_duration', '5ba')
+    assert run.returncode == 0, run.stderr[-3000:]
+    # The resumed run trains the batches the uninterrupted run trains after batch 3, to the same weights.
+    for rank in range(2):
+        assert resumed[rank]['batches'] == straight[rank]['batches'][3:]
+    assert resumed[0]['unet'] == resumed[1]['unet'] == straight[0]['unet']
+
+
+def test_a_failing_rank_ends_the_job_with_an_error(tmp_path):
+    run, ranks = launch(tmp_path, 'failing', '--max_duration', '4ba', fail_rank=1, timeout=240)
+    assert run.returncode != 0
+    assert 'probe: simulated failure on this rank' in run.stdout + run.stderr
+    assert ranks == []  # neither rank finished
+
+
+def test_fsdp_needs_a_gpu():
+    with pytest.raises(ConfigError, match='--fsdp full_shard: Composer shards with FSDP on CUDA GPUs only'):
+        resolve_args(parse_args(TINY + ['--fsdp', 'full_shard']))
+
+
+# ------------------------------------------------------------------------------------ mcloud.yaml
+
+def test_mcloud_yaml_is_valid_for_mcli():
+    assert mcloud.check(REPO / 'mcloud.yaml') == []
+
+
+@pytest.mark.parametrize('original, broken, reported', [
+    ('  gpu_type: a100_40gb', '  gpu_typ: a100_40gb', "'compute.gpu_typ' (did you mean 'gpu_type'?)"),
+    ('command: |', 'comand: |', 'unknown fields comand'),
+    ('  git_branch: main', '  git_brnach: main', "unknown git_repo field 'git_brnach'"),
+    ('compute:', 'gpu_num: 8\ncompute:', "field 'gpu_num' is deprecated"),
+    ('image: mosaicml/pytorch:2.7.0_cu128', 'image: mosaicml/pytorch:2.4.0_cu124', 'does not carry torch 2.7.0'),
+    ('compute:', 'compute: [', 'cannot be parsed'),
+])
+def test_mcloud_check_reports_a_broken_copy(tmp_path, original, broken, reported):
+    text = (REPO / 'mcloud.yaml').read_text()
+    assert original in text
+    copy = tmp_path / 'mcloud.yaml'
+    copy.write_text(text.replace(original, broken, 1))
+    problems = mcloud.check(copy)
+    assert any(reported in problem for problem in problems), problems
+    assert mcloud.main(['check', str(copy)]) == 1
+
+
+def test_mcloud_sweep_makes_one_run_per_gpu_count():
+    configs = mcloud.sweep_configs(REPO / 'mcloud.yaml', [8, 16, 128], 'h100_80gb')
+    assert [config.compute['gpus'] for config in configs] == [8, 16, 128]
+    assert all(config.compute['gpu_type'] == 'h100_80gb' for config in configs)
+    assert len({config.name for config in configs}) == 3
