@@ -14,9 +14,10 @@ $(VENV)/.installed: requirements.txt requirements-test.txt
 	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements-test.txt
 	touch $@
 
-# SD2 base with the published settings on a GPU (all GPUs of this machine), the tiny model on a CPU.
+# Streams a generated sample MDS dataset of real JPEGs (built on first use): SD2 base with the published
+# settings on a GPU (all GPUs of this machine), the tiny model on a CPU. --use_synth_data: random tensors.
 bench: install
-	$(VENV)/bin/composer benchmark.py --use_synth_data --results_json results/default.json
+	$(VENV)/bin/composer benchmark.py --results_json results/default.json
 
 test: install
 	$(VENV)/bin/python -m pytest

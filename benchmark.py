@@ -33,7 +33,12 @@ from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import CLIPTextConfig, CLIPTextModel
 
-from data import CAPTION_LENGTH, SyntheticImageCaptionDataset
+from streaming.base.util import clean_stale_shared_memory
+
+from convert import SAMPLE_DATASET, SAMPLE_SIZE, ensure_sample_dataset
+from data import (CAPTION_LENGTH, BadSampleCounter, DataError, StreamingLAIONDataset, SyntheticImageCaptionDataset,
+                  collate, unit_range)
+from ema import EMA, export_ema_unet
 
 CONFIGS_DIR = Path(__file__).resolve().parent / 'configs'
 BUILTIN_MODELS = sorted(path.name for path in CONFIGS_DIR.iterdir() if path.is_dir())
@@ -77,8 +82,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                        help='UNet attention backend: PyTorch scaled_dot_product_attention or xFormers (default: %(default)s)')
     data = parser.add_argument_group('data')
     data.add_argument('--use_synth_data', action='store_true', help='train on random images and captions')
-    data.add_argument('--remote', default=None, help='streaming dataset location, e.g. s3://bucket/laion/mds')
-    data.add_argument('--local', default=None, help='local cache folder for the streaming dataset')
+    data.add_argument('--remote', default=None, help='streaming dataset location, e.g. s3://bucket/laion/mds '
+                      '(S3-compatible servers: set S3_ENDPOINT_URL); write one with convert.py')
+    data.add_argument('--local', default=None, help='a local MDS dataset folder, or with --remote its cache folder '
+                      '(default: a fresh temporary folder per run). Without --remote, --local and --use_synth_data: '
+                      'a generated sample dataset in data/sample-mds')
+    data.add_argument('--tokenizer', default=None, help='local tokenizer folder (Transformers layout) for the captions '
+                      "(default: SD2's CLIP BPE, ids as OpenCLIP's, padded with 0)")
     data.add_argument('--image_size', type=int, default=None, help='training resolution in pixels (preset: 512; tiny: 64)')
     data.add_argument('--num_workers', type=int, default=None,
                       help='dataloader workers per device (default: 8 on a GPU, 0 on CPU)')
@@ -92,7 +102,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                        help="run length as a Composer time string: '10ba' batches, '1ep', '20000sp' samples (preset: 10ba; tiny: 40ba)")
     train.add_argument('--precision', choices=['fp32', 'amp_bf16', 'amp_fp16'], default=None,
                        help='default: amp_bf16 on a GPU, fp32 on CPU')
+    train.add_argument('--fsdp', choices=['none', 'shard_grad_op', 'full_shard'], default='none',
+                       help='shard the UNet with FSDP through Composer: shard_grad_op shards gradients and optimizer '
+                       'state, full_shard the weights too; none replicates it with DDP (default: %(default)s)')
     train.add_argument('--use_ema', action='store_true', help='keep an exponential moving average of the UNet')
+    train.add_argument('--ema_half_life', default='1000ba',
+                       help="EMA half life as a Composer time string (Composer's default, as in the published run)")
+    train.add_argument('--ema_offload', action='store_true',
+                       help='keep the EMA in host memory, updated off the training thread: no GPU memory')
+    train.add_argument('--export_ema_unet', default=None, metavar='DIR',
+                       help='after training, save the EMA UNet here (Diffusers save_pretrained layout)')
     train.add_argument('--seed', type=int, default=17, help='seeds the random init and the data (default: %(default)s)')
     ckpt = parser.add_argument_group('checkpoints')
     ckpt.add_argument('--run_name', default=None, help='run name (needed with --autoresume)')
@@ -169,11 +188,25 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
         if not has_gpu:
             raise ConfigError('--attention xformers: xFormers attention runs on CUDA GPUs only; '
                               'use --attention sdpa on this machine')
+    if (args.ema_offload or args.export_ema_unet) and not args.use_ema:
+        raise ConfigError('--ema_offload and --export_ema_unet need --use_ema')
     if args.use_ema:
-        raise ConfigError('--use_ema is not implemented yet (see the EMA issue); run without it for now')
-    if not args.use_synth_data:
-        raise ConfigError('streaming data (--remote/--local) is not implemented yet (see the data issue); '
-                          'pass --use_synth_data')
+        try:
+            EMA(half_life=args.ema_half_life)
+        except ValueError as error:
+            raise ConfigError(f'--ema_half_life: {error}')
+    if args.use_synth_data and (args.remote or args.local):
+        raise ConfigError('--use_synth_data trains on random tensors: leave out --remote/--local, or drop --use_synth_data')
+    args.sample_data = not (args.use_synth_data or args.remote or args.local)
+    if args.sample_data:
+        args.local = str(SAMPLE_DATASET)
+        announce(f'no --remote/--local given: training on the sample dataset {args.local} ({SAMPLE_SIZE} generated '
+                 'JPEGs with captions, built on first use); --use_synth_data trains on random tensors as published')
+    if args.tokenizer is not None and not Path(args.tokenizer).is_dir():
+        raise ConfigError(f'--tokenizer {args.tokenizer}: no such folder')
+    if args.fsdp != 'none' and not has_gpu:
+        raise ConfigError(f'--fsdp {args.fsdp}: Composer shards with FSDP on CUDA GPUs only; on CPU leave '
+                          '--fsdp none (each rank holds a full replica, synchronized by DDP over gloo)')
     if args.autoresume and not (args.save_folder and args.run_name):
         raise ConfigError('--autoresume needs --save_folder and --run_name (Composer finds the checkpoint by both)')
     try:
@@ -228,9 +261,16 @@ class StableDiffusion(ComposerModel):
         self.text_encoder.eval()
         return self
 
+    def fsdp_wrap_fn(self, module: torch.nn.Module) -> bool:
+        # Under --fsdp, Composer makes each module this accepts its own FSDP unit: one per UNet resolution
+        # block, so full_shard gathers one block's weights at a time, and one per frozen encoder.
+        unet = self.unet
+        return (module in (self.vae, self.text_encoder, unet.mid_block)
+                or any(module is block for block in [*unet.down_blocks, *unet.up_blocks]))
+
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            latent_dist = self.vae.encode(batch['image']).latent_dist
+            latent_dist = self.vae.encode(unit_range(batch['image'])).latent_dist
             latent_noise = batch.get('latent_noise')
             if latent_noise is None:
                 latent_noise = torch.randn_like(latent_dist.mean)
@@ -354,6 +394,8 @@ def build_model(model_name: str, prediction_type: str | None = None, attention: 
 # --------------------------------------------------------------------------------- data and trainer
 
 def build_dataloader(args: argparse.Namespace) -> DataLoader:
+    if not args.use_synth_data:
+        return build_streaming_dataloader(args)
     dataset = SyntheticImageCaptionDataset(args.image_size, num_samples=SYNTHETIC_SAMPLES, seed=args.seed)
     # Composer's sampler gives each rank its own slice of every global batch.
     sampler = dist.get_sampler(dataset, shuffle=False, drop_last=True)
@@ -362,7 +404,34 @@ def build_dataloader(args: argparse.Namespace) -> DataLoader:
                       persistent_workers=args.num_workers > 0)
 
 
-def build_trainer(args: argparse.Namespace, model: StableDiffusion, dataloader: DataLoader) -> Trainer:
+def build_streaming_dataloader(args: argparse.Namespace) -> DataLoader:
+    """MDS shards through Streaming, which splits samples over ranks and workers itself (no sampler here) and,
+    given the device batch size, lets Composer's checkpoints resume mid-epoch on exactly the remaining samples."""
+    duration = Time.from_timestring(args.max_duration)
+    epoch_size = None
+    if args.sample_data:
+        ensure_sample_dataset(Path(args.local))
+        # A few hundred images: one epoch spans the whole run (at least one global batch), repeating samples.
+        wanted = args.batch_size if duration.unit == TimeUnit.EPOCH else args.batch_size * args.num_batches
+        epoch_size = -(-max(wanted, SAMPLE_SIZE) // args.batch_size) * args.batch_size
+    try:
+        dataset = StreamingLAIONDataset(remote=args.remote, local=args.local, image_size=args.image_size,
+                                        tokenizer=args.tokenizer, batch_size=args.device_batch_size, shuffle=True,
+                                        seed=args.seed, epoch_size=epoch_size)
+    except DataError as error:
+        raise ConfigError(str(error))
+    batches_per_epoch = len(dataset) // args.device_batch_size
+    if batches_per_epoch == 0:
+        raise ConfigError(f'{args.remote or args.local}: {len(dataset)} samples per device, fewer than one device '
+                          f'batch ({args.device_batch_size}): use a larger dataset or a smaller --batch_size')
+    if duration.unit == TimeUnit.EPOCH:
+        args.num_batches = duration.value * batches_per_epoch
+    return DataLoader(dataset, batch_size=args.device_batch_size, drop_last=True, num_workers=args.num_workers,
+                      collate_fn=collate, pin_memory=torch.cuda.is_available(), persistent_workers=args.num_workers > 0)
+
+
+def build_trainer(args: argparse.Namespace, model: StableDiffusion, dataloader: DataLoader,
+                  callbacks: tuple = ()) -> Trainer:
     optimizer = torch.optim.AdamW(model.unet.parameters(), lr=1e-4, weight_decay=1e-3)
     # Throughput is a rolling mean over this many batches (100 as published, fewer on short runs),
     # so the first batch, which holds one-off setup costs, is never inside a window.
@@ -378,7 +447,7 @@ def build_trainer(args: argparse.Namespace, model: StableDiffusion, dataloader: 
         max_duration=args.max_duration,
         device_train_microbatch_size=args.device_train_microbatch_size,
         precision=args.precision,
-        callbacks=[SpeedMonitor(window_size=speed_window)],
+        callbacks=[SpeedMonitor(window_size=speed_window), BadSampleCounter(), *callbacks],
         loggers=loggers,
         progress_bar=True,
         seed=args.seed,
@@ -386,6 +455,9 @@ def build_trainer(args: argparse.Namespace, model: StableDiffusion, dataloader: 
         save_folder=args.save_folder,
         save_interval=args.save_interval,
         autoresume=args.autoresume,
+        algorithms=[EMA(half_life=args.ema_half_life, offload=args.ema_offload)] if args.use_ema else [],
+        parallelism_config=None if args.fsdp == 'none' else {
+            'fsdp': {'sharding_strategy': args.fsdp.upper(), 'use_orig_params': True}},
     )
 
 
@@ -410,6 +482,7 @@ def summarize(trainer: Trainer, args: argparse.Namespace) -> dict:
         'flops_per_sec': median('throughput/flops_per_sec'),
         'mfu': mfu,
         'throughput_windows': len(logged.get('throughput/samples_per_sec', [])),
+        'bad_samples': int(logged['data/bad_samples'][-1][1]) if logged.get('data/bad_samples') else 0,
         'device_type': 'gpu' if has_gpu else 'cpu',
         'device_name': torch.cuda.get_device_name() if has_gpu else cpu_name(),
         'num_devices': dist.get_world_size(),
@@ -457,7 +530,8 @@ def print_summary(results: dict) -> None:
 
 # --------------------------------------------------------------------------------------------- main
 
-def main(args: argparse.Namespace) -> Trainer:
+def main(args: argparse.Namespace, callbacks: tuple = ()) -> Trainer:
+    """Runs the benchmark; `callbacks` lets tests and scripts watch the run."""
     args = resolve_args(args)
     microbatch = args.device_train_microbatch_size
     accumulation = '?' if microbatch == 'auto' else args.device_batch_size // microbatch
@@ -466,7 +540,9 @@ def main(args: argparse.Namespace) -> Trainer:
              f'x {accumulation} accumulation step(s)')
     reproducibility.seed_all(args.seed)  # same random init on every run and rank
     model = build_model(args.model_name, args.prediction_type, args.attention)
-    trainer = build_trainer(args, model, build_dataloader(args))
+    if not args.use_synth_data:
+        clean_stale_shared_memory()  # Streaming's shared memory left by a killed run would block this one
+    trainer = build_trainer(args, model, build_dataloader(args), callbacks)
     trainer.fit()
     if dist.get_global_rank() == 0:
         results = summarize(trainer, args)
@@ -475,6 +551,9 @@ def main(args: argparse.Namespace) -> Trainer:
             Path(args.results_json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.results_json).write_text(json.dumps(results, indent=2) + '\n')
             print(f'results written to {args.results_json}')
+    if args.export_ema_unet:
+        export_ema_unet(trainer, args.export_ema_unet)
+        announce(f'EMA UNet saved to {args.export_ema_unet}')
     return trainer
 
 

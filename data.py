@@ -1,16 +1,53 @@
-"""Datasets for the benchmark: synthetic image-caption pairs (and, later, streaming LAION shards).
+"""Datasets for the benchmark: synthetic image-caption pairs, and LAION-style Streaming (MDS) shards.
 
-Every dataset yields dicts {'image': float tensor (3, H, W) in [-1, 1], 'input_ids': long tensor (77,)}:
-images in the VAE's input range, captions as CLIP token ids padded to the text encoder's 77 positions.
+Every dataset yields dicts {'image': tensor (3, H, W), 'input_ids': long tensor (77,)}: captions as CLIP
+token ids padded to the text encoder's 77 positions. Synthetic images are floats in [-1, 1], the VAE's
+input range; real images leave the loader as uint8 in [0, 255] and the model maps them to [-1, 1] on its
+device (`unit_range`): a quarter of the bytes to batch, pin and copy, and no float conversion in the loader,
+which at 512px cost more than the JPEG decode itself. The streaming dataset adds 'sample_id' (the sample's
+position in the dataset) and 'bad_samples' (1 where a bad sample was replaced), which the model ignores
+and `BadSampleCounter` logs.
 """
 
+import atexit
+import gzip
+import hashlib
+import html
+import importlib.util
+import io
+import itertools
+import json
+import logging
+import os
+import shutil
+import tempfile
+import urllib.parse
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import ftfy
+import numpy as np
+import regex
 import torch
-from torch.utils.data import Dataset
+from composer.core import Callback
+from composer.utils import dist
+from PIL import Image
+from streaming import StreamingDataset
+from torch.utils.data import Dataset, default_collate
+from transformers import AutoTokenizer, CLIPTokenizerFast
+from transformers.models.clip.tokenization_clip import bytes_to_unicode
 
 # CLIP's text encoder has 77 positions (SD2 tokenizes every caption to exactly this length).
 CAPTION_LENGTH = 77
 # CLIP BPE vocabulary size; random ids are drawn below it so any CLIP text encoder accepts them.
 CLIP_VOCAB_SIZE = 49408
+# OpenCLIP (SD2's text tower) pads with id 0 ("!") after the end-of-text token, not with end-of-text.
+CLIP_PAD_ID = 0
+# Pillow's own decompression-bomb threshold (~89.5 megapixels): larger images are bad samples.
+MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS
+TOKENIZER_CACHE = Path(__file__).resolve().parent / 'data' / 'clip-tokenizer-v1'  # bump when the build changes
+log = logging.getLogger(__name__)
 
 
 class SyntheticImageCaptionDataset(Dataset):
@@ -38,3 +75,370 @@ class SyntheticImageCaptionDataset(Dataset):
         image = torch.rand(3, self.image_size, self.image_size, generator=generator) * 2 - 1
         input_ids = torch.randint(0, self.vocab_size, (self.caption_length,), generator=generator)
         return {'image': image, 'input_ids': input_ids}
+
+
+class DataError(RuntimeError):
+    """The data cannot be trained on: an unreachable or missing dataset, or one that is mostly bad samples."""
+
+
+class BadSample(ValueError):
+    """One sample that cannot be trained on: `kind` counts it, the message says why."""
+
+    def __init__(self, kind: str, detail: str = ''):
+        super().__init__(f'{kind}: {detail}' if detail else kind)
+        self.kind = kind
+
+
+# ----------------------------------------------------------------------------------------- captions
+
+def clean_caption(text: str) -> str:
+    """CLIP's text cleaning (its SimpleTokenizer): fix mojibake, unescape HTML twice, collapse whitespace, lowercase."""
+    text = html.unescape(html.unescape(ftfy.fix_text(text)))
+    return regex.sub(r'\s+', ' ', text).strip().lower()
+
+
+def clip_tokenizer_folder(folder: Path = TOKENIZER_CACHE) -> Path:
+    """Transformers' fast CLIP tokenizer, built once from the BPE merges that clip-anytorch ships.
+
+    The vocabulary is the 256 byte symbols, the same with the end-of-word mark, one token per merge,
+    then <|startoftext|> (49406) and <|endoftext|> (49407): 256 + 256 + 48,894 + 2 = 49,408.
+    """
+    if (folder / 'tokenizer.json').is_file():
+        return folder
+    spec = importlib.util.find_spec('clip')  # finds the package without importing it (and torchvision)
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError('the CLIP vocabulary comes from the clip-anytorch package: pip install clip-anytorch==2.6.0, '
+                        'or pass --tokenizer with a local tokenizer folder')
+    bpe_file = Path(spec.submodule_search_locations[0]) / 'bpe_simple_vocab_16e6.txt.gz'
+    merges = gzip.open(bpe_file).read().decode('utf-8').split('\n')[1:49152 - 256 - 2 + 1]
+    symbols = list(bytes_to_unicode().values())
+    vocab = symbols + [s + '</w>' for s in symbols] + [m.replace(' ', '') for m in merges]
+    vocab += ['<|startoftext|>', '<|endoftext|>']
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f'.{folder.name}-'))
+    (work / 'vocab.json').write_text(json.dumps({token: i for i, token in enumerate(vocab)}))
+    (work / 'merges.txt').write_text('#version: 0.2\n' + '\n'.join(merges) + '\n')
+    tokenizer = CLIPTokenizerFast(vocab_file=str(work / 'vocab.json'), merges_file=str(work / 'merges.txt'),
+                                  model_max_length=CAPTION_LENGTH)
+    # Captions arrive cleaned by clean_caption(); the default normalizer's NFC would recompose characters
+    # after lowercasing ('T' + combining diaeresis -> one letter) and differ from CLIP's own ids.
+    tokenizer.backend_tokenizer.normalizer = None
+    tokenizer.save_pretrained(work)
+    try:
+        work.rename(folder)  # atomic: concurrent ranks or workers never read a half-written folder
+    except OSError:  # another process got there first
+        shutil.rmtree(work, ignore_errors=True)
+    return folder
+
+
+class CaptionTokenizer:
+    """Caption -> 77 CLIP token ids: <|startoftext|>, tokens, <|endoftext|> kept last when truncating, then padding.
+
+    Built-in: ids equal OpenAI/OpenCLIP's SimpleTokenizer, padded with 0 as SD2 (OpenCLIP) does. A folder
+    (`--tokenizer`) is loaded with AutoTokenizer and pads with its own pad token. Loads lazily, so that
+    each dataloader worker builds its own after the fork.
+    """
+
+    def __init__(self, folder: str | None = None):
+        if folder is not None and not Path(folder).is_dir():
+            raise DataError(f'--tokenizer {folder}: no such folder')
+        self.folder = str(clip_tokenizer_folder()) if folder is None else folder
+        self.builtin = folder is None
+        self._encode = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, '_encode': None}  # workers started by spawn load their own
+
+    def load(self) -> None:
+        tokenizer = AutoTokenizer.from_pretrained(self.folder)
+        pad = tokenizer.pad_token_id
+        self.pad_id = CLIP_PAD_ID if self.builtin or pad is None else pad
+        if tokenizer.is_fast:  # the Rust tokenizer itself: half the time of the Python wrapper around it
+            backend = tokenizer.backend_tokenizer
+            backend.no_padding()
+            backend.enable_truncation(CAPTION_LENGTH)  # keeps room for the special tokens, so <|endoftext|> stays
+            self._encode = lambda text: backend.encode(text).ids
+        else:
+            self._encode = lambda text: tokenizer(text, truncation=True, max_length=CAPTION_LENGTH).input_ids
+
+    def __call__(self, caption: str) -> torch.Tensor:
+        if self._encode is None:
+            self.load()
+        ids = self._encode(clean_caption(caption))
+        return torch.tensor(ids + [self.pad_id] * (CAPTION_LENGTH - len(ids)), dtype=torch.long)
+
+
+# ------------------------------------------------------------------------------------------- images
+
+def unit_range(images: torch.Tensor) -> torch.Tensor:
+    """uint8 images in [0, 255] -> floats in [-1, 1] (what ToTensor + Normalize(0.5, 0.5) give); floats pass."""
+    if images.dtype != torch.uint8:
+        return images
+    return images.float().div(127.5).sub(1).contiguous()  # from `collate`'s channels-last layout
+
+
+def decode_image(data, size: int, max_pixels: int = MAX_IMAGE_PIXELS, draft: bool = True) -> torch.Tensor:
+    """Image bytes -> uint8 tensor (3, size, size): EXIF orientation applied, any mode made RGB, shorter
+    side resized to `size` and center-cropped (no aspect distortion). Raises BadSample otherwise."""
+    if isinstance(data, Image.Image):  # a column Streaming decodes itself ('jpeg', 'png', 'pil')
+        image = data
+    elif not isinstance(data, bytes):
+        raise BadSample('no image bytes', f'got {type(data).__name__}')
+    elif not data:
+        raise BadSample('empty image bytes', 'a failed download')
+    else:
+        try:
+            with warnings.catch_warnings():  # size is checked below, with a clearer message
+                warnings.simplefilter('ignore', Image.DecompressionBombWarning)
+                image = Image.open(io.BytesIO(data))
+        except Image.DecompressionBombError as error:
+            raise BadSample('decompression bomb', str(error))
+        except Image.UnidentifiedImageError:
+            raise BadSample('not an image', f'the bytes start with {data[:32]!r}')
+        except Exception as error:  # a header Pillow recognizes but cannot parse
+            raise BadSample('corrupt image', f'{type(error).__name__}: {error}')
+    width, height = image.size
+    if width * height > max_pixels:
+        raise BadSample('decompression bomb', f'{width}x{height} pixels, more than {max_pixels}')
+    try:
+        if draft and image.format == 'JPEG':
+            # DCT-domain downscaling by 1/2, 1/4 or 1/8 while decoding, as far as the shorter side stays
+            # >= size: up to 64x fewer pixels to decode and resize. A no-op below 2x the target.
+            short = min(width, height)
+            image.draft(None, (max(1, width * size // short), max(1, height * size // short)))
+        image.load()  # decodes: truncated or corrupt data raises here
+        orientation = image.getexif().get(0x0112, 1)  # EXIF Orientation
+        if orientation in ORIENTATION_TRANSPOSE:
+            image = image.transpose(ORIENTATION_TRANSPOSE[orientation])
+        image = to_rgb(image)
+    except BadSample:
+        raise
+    except Exception as error:
+        raise BadSample('corrupt image', f'{type(error).__name__}: {error}')
+    width, height = image.size
+    if (width, height) != (size, size):
+        # Resize the centered square straight to size x size: the same as resizing the shorter side,
+        # then center-cropping, in one pass over fewer pixels.
+        short = min(width, height)
+        left, top = (width - short) / 2, (height - short) / 2
+        image = image.resize((size, size), Image.BILINEAR, box=(left, top, left + short, top + short),
+                             reducing_gap=3.0)
+    with warnings.catch_warnings():
+        # A read-only view of Pillow's pixel bytes, no copy: batching copies it (a fresh copy of 0.8 MB
+        # costs about as much as the whole resize here, page faults included).
+        warnings.simplefilter('ignore', UserWarning)
+        return torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
+
+
+ORIENTATION_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+                         4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
+                         6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE, 8: Image.Transpose.ROTATE_90}
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    if image.mode == 'RGB':
+        return image
+    if image.mode.startswith('I') or image.mode == 'F':
+        # 16-bit (and 32-bit) grey: Pillow's convert() clips at 255, turning most of the image white.
+        array = np.asarray(image, dtype=np.float32)
+        scale = 257.0 if image.mode.startswith('I;16') or array.max() > 255 else 1.0
+        image = Image.fromarray(np.clip(array / scale, 0, 255).astype(np.uint8), 'L')
+    if image.mode in ('RGBA', 'LA', 'PA', 'RGBa', 'La') or 'transparency' in image.info:
+        # Transparent pixels hold arbitrary colors: composite onto white rather than dropping alpha.
+        rgba = image.convert('RGBA')
+        image = Image.alpha_composite(Image.new('RGBA', rgba.size, (255, 255, 255, 255)), rgba)
+    return image.convert('RGB')  # L, P, CMYK, YCbCr, 1, ...
+
+
+# -------------------------------------------------------------------------------- streaming dataset
+
+class StreamingLAIONDataset(StreamingDataset):
+    """LAION-style MDS shards, columns `jpg` (raw image bytes) and `caption` (str), streamed from `remote`
+    (s3://..., another Streaming remote, or a folder) through the cache folder `local`, or read from `local`.
+
+    Bad samples (empty, truncated, corrupt or non-image bytes, decompression bombs, missing or non-string
+    captions) are replaced by the next good sample in the dataset, so the same position always gets the
+    same data; each is logged once with its shard and row and counted in 'bad_samples'. More than
+    `max_bad_fraction` bad samples (after 32 reads), or 100 in a row, stop the run with DataError.
+
+    `batch_size` (per device) is what makes Streaming's mid-epoch resumption deterministic; Composer
+    saves and restores the position itself. Streaming splits samples over ranks and workers itself.
+    """
+
+    MIN_READS = 32
+    MAX_REPLACEMENTS = 100
+
+    def __init__(self, *, remote: str | None = None, local: str | None = None, image_size: int = 512,
+                 tokenizer: str | None = None, batch_size: int | None = None, shuffle: bool = True,
+                 seed: int = 17, download_retry: int = 2, download_timeout: float = 60,
+                 max_bad_fraction: float = 0.5, max_image_pixels: int = MAX_IMAGE_PIXELS, **streaming_kwargs):
+        if remote is not None and not urllib.parse.urlparse(remote).scheme and local is None:
+            remote, local = None, remote  # a folder: read it in place rather than copy it to a cache
+        if remote is None and local is None:
+            raise DataError('no dataset: pass a remote (s3://bucket/path) and/or a local folder')
+        if remote is not None and local is None:
+            local = default_cache_dir(remote)
+        check_dataset(remote, local, retries=download_retry, timeout=download_timeout)
+        self.location = remote or local
+        self.image_size = image_size
+        self.max_bad_fraction = max_bad_fraction
+        self.max_image_pixels = max_image_pixels
+        self.tokenize = CaptionTokenizer(tokenizer)
+        super().__init__(remote=remote, local=local, batch_size=batch_size, shuffle=shuffle, shuffle_seed=seed,
+                         download_retry=download_retry, download_timeout=download_timeout, **streaming_kwargs)
+        for shard in self.shards:
+            columns = getattr(shard, 'column_names', None)
+            if columns is not None and not {'jpg', 'caption'} <= set(columns):
+                raise DataError(f'{self.location}: shard {shard.raw_data.basename} has columns {columns}; '
+                                'expected jpg (image bytes) and caption (text), as convert.py writes')
+        self._reads = 0
+        self._bad = Counter()  # reason -> count, over this process's reads
+        self._reported = set()
+
+    def get_item(self, sample_id: int, retry: int = 7) -> dict:
+        failures = []
+        for offset in range(self.MAX_REPLACEMENTS + 1):
+            index = (sample_id + offset) % self.num_samples
+            try:
+                sample = self.transform(super().get_item(index, retry))
+                break
+            except BadSample as error:
+                failures.append((index, error))
+        else:
+            raise DataError(f'{self.location}: {len(failures)} bad samples in a row from sample {sample_id}, '
+                            f'e.g. {self.where(failures[0][0])}: {failures[0][1]}')
+        self._reads += 1
+        if failures:
+            self._bad[failures[0][1].kind] += 1
+            for bad, reason in failures:
+                if bad not in self._reported:
+                    self._reported.add(bad)
+                    log.warning(f'bad sample {self.where(bad)}: {reason}; trained on sample {index} instead')
+            if self._reads >= self.MIN_READS and sum(self._bad.values()) > self.max_bad_fraction * self._reads:
+                raise DataError(f'{self.location}: {sum(self._bad.values())} of the {self._reads} samples read '
+                                f'are bad ({dict(self._bad)}): check the dataset (convert.py skips bad samples)')
+        sample['sample_id'] = sample_id
+        sample['bad_samples'] = int(bool(failures))
+        return sample
+
+    def transform(self, raw: dict) -> dict:
+        caption = raw.get('caption')
+        if not isinstance(caption, str):
+            raise BadSample('missing or non-string caption', f'got {type(caption).__name__}')
+        return {'image': decode_image(raw.get('jpg'), self.image_size, self.max_image_pixels),
+                'input_ids': self.tokenize(caption)}
+
+    def where(self, sample_id: int) -> str:
+        shard_id, row = self.spanner[sample_id]
+        return f'{sample_id} (shard {self.shards[shard_id].raw_data.basename}, row {row}, of {self.location})'
+
+
+def collate(samples: list[dict]) -> dict:
+    """default_collate, with images stacked in their memory order (height, width, channels): a plain copy
+    rather than a transposing one, 5-10x cheaper at 512px. The batch is still (B, 3, H, W), channels last
+    in memory; `unit_range` makes it contiguous again on the model's device."""
+    batch = default_collate([{**sample, 'image': sample['image'].permute(1, 2, 0)} for sample in samples])
+    batch['image'] = batch['image'].permute(0, 3, 1, 2)
+    return batch
+
+
+class BadSampleCounter(Callback):
+    """Logs data/bad_samples: the number of samples replaced so far, summed over ranks."""
+
+    def __init__(self):
+        self.total = 0
+
+    def after_dataloader(self, state, logger) -> None:
+        if not isinstance(state.batch, dict) or 'bad_samples' not in state.batch:
+            return
+        count = state.batch['bad_samples'].sum()  # still on the CPU at this event
+        if dist.get_world_size() > 1:
+            count = state.device.tensor_to_device(count)  # NCCL reduces GPU tensors only
+            dist.all_reduce(count)
+        self.total += int(count)
+        logger.log_metrics({'data/bad_samples': self.total})
+
+    def state_dict(self) -> dict:
+        return {'total': self.total}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.total = state['total']
+
+
+# ---------------------------------------------------------------------------------------- locations
+
+_instances = itertools.count()
+
+
+def default_cache_dir(remote: str) -> str:
+    """A fresh cache folder for a remote, one per job and dataset instance, removed at exit.
+
+    Streaming's own default (tempdir/hash(remote)) refuses to start when that folder exists, as after a
+    killed run. The ranks of a node must agree on the folder: they share the launcher (composer,
+    torchrun) as parent, so its pid names the job. Folders of jobs no longer alive are removed here.
+    """
+    job = os.getppid() if int(os.environ.get('LOCAL_WORLD_SIZE', '1')) > 1 else os.getpid()
+    root = Path(tempfile.gettempdir()) / 'sd2-streaming'
+    folder = root / f'{job}-{next(_instances)}-{hashlib.blake2s(remote.encode(), digest_size=6).hexdigest()}'
+    if int(os.environ.get('LOCAL_RANK', '0')) == 0:
+        for old in root.glob('*-*-*'):
+            if old.name.split('-')[0].isdigit() and not pid_alive(int(old.name.split('-')[0])):
+                shutil.rmtree(old, ignore_errors=True)
+        atexit.register(shutil.rmtree, folder, True)
+    return str(folder)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def s3_client(timeout: float = 60, attempts: int = 3, unsigned: bool = False):
+    """boto3 S3 client at S3_ENDPOINT_URL (any S3-compatible server) or AWS, with bounded retries."""
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+    config = Config(connect_timeout=min(timeout, 10), read_timeout=timeout,
+                    retries={'mode': 'standard', 'total_max_attempts': attempts},
+                    signature_version=UNSIGNED if unsigned else None)
+    return boto3.session.Session().client('s3', endpoint_url=os.environ.get('S3_ENDPOINT_URL') or None, config=config)
+
+
+def check_dataset(remote: str | None, local: str | None, retries: int = 2, timeout: float = 60) -> None:
+    """Fail fast with a message naming the dataset when its index.json cannot be read: a missing folder,
+    bucket or prefix, or a server that is down (after `retries` retries), rather than deep inside Streaming."""
+    if remote is None:
+        if not (Path(local) / 'index.json').is_file():
+            raise DataError(f'no Streaming dataset at {local}: {local}/index.json is missing '
+                            '(write one with convert.py)')
+        return
+    url = urllib.parse.urlparse(remote)
+    if url.scheme != 's3':
+        return  # other Streaming remotes (gs://, oci://, hf://, ...) are checked by Streaming itself
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+    bucket, key = url.netloc, '/'.join(part for part in (url.path.strip('/'), 'index.json') if part)
+    endpoint = os.environ.get('S3_ENDPOINT_URL') or 'AWS'
+    for unsigned in (False, True):
+        client = s3_client(timeout, retries + 1, unsigned)
+        try:
+            client.head_object(Bucket=bucket, Key=key)
+            return
+        except NoCredentialsError:
+            continue  # a public bucket: Streaming also falls back to unsigned requests
+        except ClientError as error:
+            code = error.response.get('Error', {}).get('Code', '')
+            if code in ('404', 'NoSuchKey', 'NotFound'):
+                try:
+                    client.head_bucket(Bucket=bucket)
+                except ClientError:
+                    raise DataError(f'{remote}: bucket {bucket!r} does not exist on {endpoint}')
+                raise DataError(f'{remote}: no index.json under this prefix on {endpoint} (wrong prefix? '
+                                'write shards with convert.py)')
+            raise DataError(f'{remote}: {endpoint} refused access ({code}): check the credentials')
+        except BotoCoreError as error:
+            raise DataError(f'{remote}: cannot reach the S3 server {endpoint} after {retries + 1} attempts: {error}')

@@ -1,0 +1,270 @@
+"""Write LAION-style Streaming (MDS) shards: `jpg` (the image file's bytes, never re-encoded) and `caption`.
+
+    python convert.py photos/ out/mds                  # images with same-name .txt captions, any depth
+    python convert.py laion/00000.tar laion/00001.tar out/mds   # img2dataset webdataset output
+    python convert.py laion/ s3://bucket/laion/mds     # a folder of .tar shards, uploaded as written
+
+S3-compatible servers: set S3_ENDPOINT_URL (and the usual AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
+Samples the training loader would reject (not a decodable image, a decompression bomb, no caption) are
+skipped and counted by reason. A non-empty output is refused unless --overwrite is given.
+Also builds the small generated dataset that benchmark.py trains on by default (`ensure_sample_dataset`).
+"""
+
+import argparse
+import io
+import json
+import os
+import random
+import shutil
+import sys
+import tarfile
+import time
+import urllib.parse
+from collections import Counter
+from pathlib import Path
+
+from PIL import Image, ImageDraw, ImageOps
+from streaming import MDSWriter
+from tqdm import tqdm
+
+from data import BadSample, decode_image, s3_client
+
+COLUMNS = {'jpg': 'bytes', 'caption': 'str'}  # the LAION convention of the published benchmark
+IMAGE_EXTENSIONS = ('jpg', 'jpeg', 'png', 'webp', 'bmp', 'gif', 'tif', 'tiff')
+SAMPLE_DATASET = Path(__file__).resolve().parent / 'data' / 'sample-mds'
+SAMPLE_SIZE = 320  # generated images: a few seconds to make, enough for 20 tiny batches per epoch
+
+
+class ConvertError(ValueError):
+    """Bad input or output: reported as one line, exit status 2."""
+
+
+# ------------------------------------------------------------------------------------------- inputs
+# Each reader yields (name, image bytes or None, caption or None, reason to skip or None).
+
+def folder_samples(folder: Path):
+    for path in sorted(p for p in folder.rglob('*') if p.suffix.lower().lstrip('.') in IMAGE_EXTENSIONS):
+        caption_file = path.with_suffix('.txt')
+        if not caption_file.is_file():
+            yield str(path), None, None, 'no caption file'
+            continue
+        yield str(path), path.read_bytes(), caption_file.read_bytes(), None
+
+
+def tar_samples(path: Path):
+    """webdataset tars (img2dataset): members {key}.jpg, {key}.txt, {key}.json, one sample's members in a row."""
+    def sample(key, members):
+        image = next((members[ext] for ext in IMAGE_EXTENSIONS if ext in members), None)
+        caption = members.get('txt')
+        if caption is None and 'json' in members:
+            try:
+                caption = json.loads(members['json']).get('caption')
+            except (ValueError, AttributeError):
+                pass
+        reason = 'no image member' if image is None else 'no caption' if caption is None else None
+        return f'{path}:{key}', image, caption, reason
+
+    key, members = None, {}
+    try:
+        with tarfile.open(path, 'r|*') as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                folder, _, base = member.name.rpartition('/')
+                stem, _, ext = base.partition('.')
+                if f'{folder}/{stem}' != key:
+                    if key is not None:
+                        yield sample(key, members)
+                    key, members = f'{folder}/{stem}', {}
+                members[ext.lower()] = tar.extractfile(member).read()
+    except (tarfile.TarError, OSError, EOFError) as error:  # the sample being read is lost with the rest
+        yield str(path), None, None, f'unreadable tar ({type(error).__name__}), rest of the file skipped'
+        return
+    if key is not None:
+        yield sample(key, members)
+
+
+def expand_inputs(inputs: list[str]) -> list[tuple[str, Path]]:
+    """Each input is a .tar file, a folder of .tar files, or a folder of images with .txt captions."""
+    sources = []
+    for name in inputs:
+        path = Path(name)
+        if path.is_file() and '.tar' in path.name:
+            sources.append(('tar', path))
+        elif path.is_dir() and sorted(path.glob('*.tar')):
+            sources += [('tar', tar) for tar in sorted(path.glob('*.tar'))]
+        elif path.is_dir():
+            sources.append(('folder', path))
+        else:
+            raise ConvertError(f'{name}: not a .tar file or a folder')
+    return sources
+
+
+# ------------------------------------------------------------------------------------------- output
+
+def check_output(out: str, overwrite: bool, inputs: list[str]) -> None:
+    url = urllib.parse.urlparse(out)
+    if url.scheme == 's3':
+        from botocore.exceptions import BotoCoreError, ClientError
+        prefix = url.path.strip('/')
+        try:
+            listing = s3_client(timeout=30).list_objects_v2(Bucket=url.netloc, Prefix=prefix + '/' if prefix else '',
+                                                            MaxKeys=1)
+        except ClientError as error:
+            raise ConvertError(f'{out}: {error.response.get("Error", {}).get("Code")} from '
+                               f'{os.environ.get("S3_ENDPOINT_URL") or "AWS"} (does bucket {url.netloc!r} exist?)')
+        except BotoCoreError as error:
+            raise ConvertError(f'{out}: cannot reach the S3 server: {error}')
+        if listing.get('KeyCount', 0) and not overwrite:
+            raise ConvertError(f'{out} is not empty; pass --overwrite to write over it')
+    elif not url.scheme:
+        path = Path(out).resolve()
+        if any(Path(name).resolve().is_relative_to(path) for name in inputs):
+            raise ConvertError(f'{out}: the output folder contains an input')
+        if path.is_dir() and any(path.iterdir()) and not overwrite:
+            raise ConvertError(f'{out} is not empty; pass --overwrite to replace its contents')
+
+
+def write_mds(samples, out: str, overwrite: bool = False, size_limit=1 << 26, total: int | None = None,
+              progress: bool = True) -> dict:
+    """Write (name, image bytes, caption, reason) samples that pass the loader's own checks; count the rest."""
+    written, skipped = 0, Counter()
+    with MDSWriter(out=out, columns=COLUMNS, size_limit=size_limit, exist_ok=overwrite) as writer:
+        for name, image, caption, reason in tqdm(samples, total=total, unit='img', disable=not progress,
+                                                 desc='converting'):
+            if reason is None:
+                reason = problem(image, caption)
+            if reason is not None:
+                skipped[reason] += 1
+                continue
+            if isinstance(caption, bytes):
+                caption = caption.decode('utf-8')
+            writer.write({'jpg': image, 'caption': caption.strip()})
+            written += 1
+        shards = len(writer.shards)
+    return {'written': written, 'skipped': dict(skipped), 'shards': shards, 'out': out}
+
+
+def problem(image: bytes, caption) -> str | None:
+    if isinstance(caption, bytes):
+        try:
+            caption = caption.decode('utf-8')
+        except UnicodeDecodeError:
+            return 'caption is not UTF-8'
+    if not isinstance(caption, str):
+        return 'caption is not text'
+    try:
+        decode_image(image, 64)  # JPEG draft mode makes this a 1/8-scale decode
+    except BadSample as error:
+        return error.kind
+    return None
+
+
+def convert(inputs: list[str], out: str, overwrite: bool = False, size_limit=1 << 26, progress: bool = True) -> dict:
+    sources = expand_inputs(inputs)
+    check_output(out, overwrite, inputs)
+    total = None
+    if all(kind == 'folder' for kind, _ in sources):
+        total = sum(1 for _, folder in sources for p in folder.rglob('*')
+                    if p.suffix.lower().lstrip('.') in IMAGE_EXTENSIONS)
+
+    def samples():
+        for kind, path in sources:
+            yield from (folder_samples if kind == 'folder' else tar_samples)(path)
+
+    return write_mds(samples(), out, overwrite, size_limit, total, progress)
+
+
+# ------------------------------------------------------------------------------- generated samples
+
+COLORS = {'red': (215, 48, 39), 'orange': (244, 140, 40), 'yellow': (250, 215, 60), 'green': (60, 160, 70),
+          'blue': (50, 100, 200), 'purple': (130, 70, 170), 'white': (245, 245, 245), 'black': (20, 20, 20),
+          'gray': (128, 128, 128)}
+SHAPES = ('circle', 'square', 'triangle')
+SIZES = ((512, 512), (640, 512), (512, 640), (768, 512), (576, 768))  # width x height, shorter side >= 512
+
+
+def generated_sample(rng: random.Random) -> tuple[bytes, str]:
+    """A JPEG of one to three colored shapes on a gradient, and a caption that describes it."""
+    width, height = rng.choice(SIZES)
+    background, shade = rng.sample(sorted(COLORS), 2)
+    image = ImageOps.colorize(Image.linear_gradient('L').resize((width, height)), COLORS[background], COLORS[shade])
+    draw = ImageDraw.Draw(image)
+    parts = []
+    for _ in range(rng.randint(1, 3)):
+        color = rng.choice([c for c in COLORS if c not in (background, shade)])
+        shape = rng.choice(SHAPES)
+        r = rng.randint(40, min(width, height) // 4)
+        x, y = rng.randint(r, width - r), rng.randint(r, height - r)
+        if shape == 'circle':
+            draw.ellipse((x - r, y - r, x + r, y + r), fill=COLORS[color])
+        elif shape == 'square':
+            draw.rectangle((x - r, y - r, x + r, y + r), fill=COLORS[color])
+        else:
+            draw.polygon([(x, y - r), (x - r, y + r), (x + r, y + r)], fill=COLORS[color])
+        parts.append(f'a {color} {shape}')
+    buffer = io.BytesIO()
+    image.save(buffer, 'JPEG', quality=90)
+    return buffer.getvalue(), f'{" and ".join(parts)} on a {background} background'
+
+
+def ensure_sample_dataset(path: Path = SAMPLE_DATASET, num_samples: int = SAMPLE_SIZE, seed: int = 0) -> Path:
+    """Build the generated dataset once (local rank 0; other ranks wait) and return its folder.
+
+    Two samples are written as they come in real crawls, an empty download and an HTML error page, so a
+    first run also exercises the bad-sample path; the loader replaces them and says so.
+    """
+    path = Path(path)
+    if (path / 'index.json').is_file():
+        return path
+    if int(os.environ.get('LOCAL_RANK', '0')) != 0:
+        deadline = time.monotonic() + 600
+        while not (path / 'index.json').is_file():
+            if time.monotonic() > deadline:
+                raise ConvertError(f'{path}: local rank 0 did not finish building the sample dataset')
+            time.sleep(0.5)
+        return path
+    work = path.parent / f'.{path.name}-{os.getpid()}'
+    rng = random.Random(seed)
+    with MDSWriter(out=str(work), columns=COLUMNS, exist_ok=True) as writer:
+        for index in range(num_samples):
+            image, caption = generated_sample(rng)
+            if index == num_samples // 3:
+                image = b''
+            elif index == 2 * num_samples // 3:
+                image = b'<!DOCTYPE html><html><body><h1>404 Not Found</h1></body></html>'
+            writer.write({'jpg': image, 'caption': caption})
+    if path.exists():
+        shutil.rmtree(path)  # a folder without index.json: left by an interrupted build
+    try:
+        work.rename(path)
+    except OSError:  # another process (another node on a shared file system) finished first
+        shutil.rmtree(work, ignore_errors=True)
+    return path
+
+
+# --------------------------------------------------------------------------------------------- main
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description='Convert images with captions to Streaming MDS shards '
+                                     '(columns jpg: image bytes as they are, caption: text).')
+    parser.add_argument('inputs', nargs='+', help='folders of images with same-name .txt captions, img2dataset '
+                        '.tar shards, or folders of .tar shards')
+    parser.add_argument('out', help='output folder, or a remote such as s3://bucket/laion/mds (uploaded as written)')
+    parser.add_argument('--overwrite', action='store_true', help='write into a non-empty output (a local one is emptied first)')
+    parser.add_argument('--size_limit', default='64mb', help='shard size before a new shard starts (default: %(default)s)')
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    stats = convert(args.inputs, args.out, args.overwrite, args.size_limit, progress=True)
+    skipped = ', '.join(f'{count} {reason}' for reason, count in sorted(stats['skipped'].items())) or 'none'
+    print(f"wrote {stats['written']} samples in {stats['shards']} shard(s) to {args.out} "
+          f'in {time.perf_counter() - start:.1f} s; skipped {sum(stats["skipped"].values())}: {skipped}')
+    return stats
+
+
+if __name__ == '__main__':
+    try:
+        main()
+    except ConvertError as error:
+        print(f'error: {error}', file=sys.stderr)
+        sys.exit(2)

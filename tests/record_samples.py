@@ -1,0 +1,30 @@
+"""Run by test_data.py under `composer -n 2`: trains through benchmark.main and writes, per rank, the
+sample ids of every batch that rank trained on to OUT/rank{N}.json.
+
+    composer -n 2 tests/record_samples.py OUT [benchmark.py flags]
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from composer.core import Callback
+from composer.utils import dist
+
+import benchmark
+
+
+class RecordSamples(Callback):
+    def __init__(self):
+        self.batches = []
+
+    def after_dataloader(self, state, logger):
+        self.batches.append(state.batch['sample_id'].tolist())
+
+
+if __name__ == '__main__':
+    out = Path(sys.argv[1])
+    record = RecordSamples()
+    benchmark.main(benchmark.parse_args(sys.argv[2:]), (record,))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f'rank{dist.get_global_rank()}.json').write_text(json.dumps(record.batches))

@@ -1,0 +1,359 @@
+"""CPU tests of the real data path: CLIP tokenization, image decoding, bad samples, and training from MDS
+shards through benchmark.py (local folder, the default sample dataset, mid-epoch resumption, two ranks)."""
+
+import io
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from composer.core import Callback
+from PIL import Image
+from streaming import MDSWriter
+
+import benchmark
+from benchmark import ConfigError, main, parse_args, resolve_args
+from data import (CAPTION_LENGTH, BadSample, CaptionTokenizer, DataError, StreamingLAIONDataset, clip_tokenizer_folder,
+                  collate, decode_image, unit_range)
+
+REPO = Path(__file__).resolve().parent.parent
+COLUMNS = {'jpg': 'bytes', 'caption': 'str'}
+
+
+def jpeg(seed=0, size=(80, 64), mode='RGB', exif=None, **save) -> bytes:
+    """A JPEG of smooth random color blobs (noise would make large, slow files)."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (4, 5, 3), dtype=np.uint8)
+    image = Image.fromarray(small).resize(size, Image.BICUBIC).convert(mode)
+    buffer = io.BytesIO()
+    image.save(buffer, 'JPEG', quality=90, **({'exif': exif} if exif else {}), **save)
+    return buffer.getvalue()
+
+
+def write_dataset(folder, samples, columns=COLUMNS, size_limit=1 << 26) -> str:
+    with MDSWriter(out=str(folder), columns=columns, size_limit=size_limit) as writer:
+        for sample in samples:
+            writer.write(sample)
+    return str(folder)
+
+
+def good_samples(n, size=(80, 64)):
+    return [{'jpg': jpeg(i, size), 'caption': f'photo number {i}'} for i in range(n)]
+
+
+def images(location, **kwargs):
+    return list(StreamingLAIONDataset(local=location, image_size=32, shuffle=False, batch_size=1, **kwargs))
+
+
+# ----------------------------------------------------------------------------------------- captions
+
+CAPTIONS = [
+    '', '   ', 'A photo of a CAT', 'Café crème brûlée à la carte, naïve façade', 'İstanbul ΣΊΣΥΦΟΣ straße',
+    '🐱 cat emoji 🚀🔥 family 👨\u200d👩\u200d👧 thumbs 👍🏽 flag 🇯🇵', '一只猫坐在沙发上，看着窗外。', '東京タワーの夜景', '서울의 밤',
+    'Ｆｕｌｌｗｉｄｔｈ １２３！？', 'fish &amp; chips &amp;amp; &lt;b&gt;bold&lt;/b&gt;', 'mojibake: CafÃ© sÃ£o paulo',
+    '“smart quotes” — dash … ellipsis ﬁne', "it's they're we've I'm you'll he'd", 'wow!? really!!', 'T\u0308 e\u0301',
+    'tab\tnew\nline \u00a0nbsp\u2003em', 'a\x00b\x1fc', '<|endoftext|> inside', 'numbers 1234567 3.14 1,000',
+    'Ελληνικά Русский עברית العربية हिन्दी ไทย', 'very long ' * 60, 'x' * 500,
+]
+
+
+def fuzz_captions(n, seed=0):
+    pools = ['abcdefghij KLMNOP ', '0123456789 .,;:!?\'"-()<>/&', 'éèçñßøÉÀ\u0301\u0308', '一只猫東京タワー서울，。！',
+             '🐱🚀👍🏽🇯🇵👨\u200d👩', ' \t\n\u00a0\u3000', 'ＡＢＣａｂ１', '&amp;&lt;&#39;', "'s 're 'll", 'ΣσςİДж', 'ﬁÃ©â€™']
+    rng = random.Random(seed)
+    return [''.join(rng.choice(rng.choice(pools)) for _ in range(rng.randint(0, 100))) for _ in range(n)]
+
+
+def test_tokenizer_ids_equal_the_reference_clip_tokenizer():
+    import clip  # clip-anytorch: OpenAI's SimpleTokenizer, the reference implementation
+    tokenize = CaptionTokenizer()
+    for caption in CAPTIONS + fuzz_captions(300):
+        # truncate=True keeps <|endoftext|> last, as OpenCLIP does for SD2; both pad with 0.
+        expected = clip.tokenize(caption, context_length=CAPTION_LENGTH, truncate=True)[0]
+        assert torch.equal(tokenize(caption), expected), repr(caption)
+    ids = tokenize('a photo of a cat')
+    assert ids.shape == (77,) and ids.dtype == torch.long
+    assert ids[:7].tolist() == [49406, 320, 1125, 539, 320, 2368, 49407] and not ids[7:].any()
+    long_ids = tokenize('very long ' * 60)
+    assert long_ids[0] == 49406 and long_ids[-1] == 49407 and long_ids.min() > 0
+
+
+def test_tokenizer_folder_is_loaded_from_disk(tmp_path):
+    from transformers import AutoTokenizer
+    # An SD2-style folder: the same BPE with pad token "!" (id 0), as stabilityai/stable-diffusion-2 ships it.
+    tokenizer = AutoTokenizer.from_pretrained(clip_tokenizer_folder())
+    tokenizer.pad_token = '!'
+    tokenizer.save_pretrained(tmp_path / 'tokenizer')
+    from_folder = CaptionTokenizer(str(tmp_path / 'tokenizer'))
+    # Except around "!": a pad token is a special token, which Transformers splits out of the text first.
+    for caption in [c for c in CAPTIONS if '!' not in c and '！' not in c]:
+        assert torch.equal(from_folder(caption), CaptionTokenizer()(caption)), repr(caption)
+    with pytest.raises(DataError, match='no such folder'):
+        CaptionTokenizer(str(tmp_path / 'missing'))
+
+
+# ------------------------------------------------------------------------------------------- images
+
+def reference_resize_crop(image: Image.Image, size: int) -> torch.Tensor:
+    """Resize the shorter side, then center-crop: the textbook pipeline (torchvision Resize + CenterCrop)."""
+    width, height = image.size
+    scale = size / min(width, height)
+    image = image.resize((round(width * scale), round(height * scale)), Image.BILINEAR)
+    left, top = (image.width - size) // 2, (image.height - size) // 2
+    array = np.asarray(image.crop((left, top, left + size, top + size)), dtype=np.float32)
+    return torch.from_numpy(array).permute(2, 0, 1) / 127.5 - 1
+
+
+@pytest.mark.parametrize('source', [(96, 72), (72, 128), (1024, 768)])
+def test_shorter_side_resize_and_center_crop(source):
+    data = jpeg(3, source)
+    image = decode_image(data, 64)
+    assert image.shape == (3, 64, 64) and image.dtype == torch.uint8
+    image = unit_range(image)
+    assert image.dtype == torch.float32 and -1 <= image.min() and image.max() <= 1
+    reference = reference_resize_crop(Image.open(io.BytesIO(data)).convert('RGB'), 64)
+    # 1024x768 goes through JPEG draft mode (decoded at 1/8 scale): close to the full decode, not equal.
+    assert (image - reference).abs().mean() < 0.02
+
+
+def test_draft_mode_decodes_large_jpegs_at_reduced_scale(monkeypatch):
+    from PIL import JpegImagePlugin
+    scales = []
+    draft = JpegImagePlugin.JpegImageFile.draft
+
+    def spy(self, mode, size):
+        result = draft(self, mode, size)
+        scales.append(self.decoderconfig[0])
+        return result
+
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, 'draft', spy)
+    for source in [(1024, 1024), (1365, 1024), (768, 512), (640, 512)]:
+        decode_image(jpeg(0, source), 512)
+    assert scales == [2, 2, 1, 1]  # never below the target: 1024 -> 512, 768 -> 768
+
+
+def encoded(image: Image.Image, format: str, **save) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format, **save)
+    return buffer.getvalue()
+
+
+def test_any_mode_becomes_rgb():
+    gray = Image.new('L', (40, 30), 128)
+    transparent = Image.new('RGBA', (40, 30), (255, 0, 0, 0))  # red, fully transparent: white once composited
+    cmyk = Image.new('CMYK', (40, 30), (0, 255, 255, 0))  # red in CMYK
+    deep = Image.fromarray(np.full((30, 40), 32768, dtype=np.uint16))  # mid-gray at 16 bits
+    palette = Image.new('P', (40, 30), 3)
+    palette.putpalette([0, 0, 0] * 3 + [0, 0, 255] + [0, 0, 0] * 252)
+    cases = {
+        'L': (encoded(gray, 'JPEG'), (128, 128, 128)),
+        'RGBA': (encoded(transparent, 'PNG'), (255, 255, 255)),
+        'CMYK': (encoded(cmyk, 'JPEG'), (255, 0, 0)),
+        'I;16': (encoded(deep, 'PNG'), (128, 128, 128)),
+        'P': (encoded(palette, 'PNG'), (0, 0, 255)),
+        'LA': (encoded(Image.new('LA', (40, 30), (0, 255)), 'PNG'), (0, 0, 0)),
+        '1': (encoded(Image.new('1', (40, 30), 1), 'PNG'), (255, 255, 255)),
+    }
+    for mode, (data, rgb) in cases.items():
+        image = decode_image(data, 16)
+        assert image.shape == (3, 16, 16), mode
+        assert image[:, 8, 8].tolist() == pytest.approx(rgb, abs=3), mode
+
+
+def test_exif_orientation_is_applied():
+    # Stored 96x64, left half red and right half blue, with Orientation 6 ("rotate 90 clockwise to view"):
+    # viewed upright it is 64x96 with red on top, so the center crop's top rows are red, bottom rows blue.
+    stored = Image.new('RGB', (96, 64), (255, 0, 0))
+    stored.paste((0, 0, 255), (48, 0, 96, 64))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    image = decode_image(encoded(stored, 'JPEG', exif=exif.tobytes()), 32)
+    top, bottom = image[:, 2, 16].tolist(), image[:, 29, 16].tolist()
+    assert top[0] > 230 and top[2] < 25, top
+    assert bottom[2] > 230 and bottom[0] < 25, bottom
+
+
+def test_collate_keeps_the_image_layout_and_values():
+    samples = [{'image': decode_image(jpeg(i), 32), 'input_ids': torch.full((77,), i), 'sample_id': i} for i in range(3)]
+    batch = collate(samples)
+    assert batch['image'].shape == (3, 3, 32, 32) and batch['image'].dtype == torch.uint8
+    assert all(torch.equal(batch['image'][i], samples[i]['image']) for i in range(3))
+    assert batch['sample_id'].tolist() == [0, 1, 2] and batch['input_ids'].shape == (3, 77)
+    assert unit_range(batch['image']).is_contiguous()
+
+
+def test_the_model_maps_uint8_images_to_the_vae_range():
+    from test_benchmark import fixed_randomness, tiny_model
+    model = tiny_model()
+    images = torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8)
+    batch = fixed_randomness({'image': images, 'input_ids': torch.zeros(2, 77, dtype=torch.long)})
+    as_float = {**batch, 'image': images.float() / 127.5 - 1}
+    torch.testing.assert_close(model(batch), model(as_float))
+
+
+# -------------------------------------------------------------------------------------- bad samples
+
+def corrupt_huffman_table(data: bytes) -> bytes:
+    start = data.find(b'\xff\xc4') + 4
+    return data[:start] + b'\xff' * 20 + data[start + 20:]
+
+
+def bomb(data: bytes) -> bytes:
+    """A small JPEG whose header claims 60000x60000 pixels: Pillow would allocate 10 GB to decode it."""
+    frame = data.find(b'\xff\xc0') + 5
+    return data[:frame] + (60000).to_bytes(2, 'big') * 2 + data[frame + 4:]
+
+
+BAD = {
+    'empty bytes': ({'jpg': b''}, 'empty image bytes'),
+    'truncated jpeg': ({'jpg': jpeg(5)[:600]}, 'corrupt image'),
+    'corrupt jpeg': ({'jpg': corrupt_huffman_table(jpeg(5))}, 'corrupt image'),
+    'html error page': ({'jpg': b'<!DOCTYPE html><html><body>403 Forbidden</body></html>'}, 'not an image'),
+    'decompression bomb': ({'jpg': bomb(jpeg(5))}, 'decompression bomb'),
+    'missing caption': ({'caption': None}, 'missing or non-string caption'),
+    'non-string caption': ({'caption': 12345}, 'missing or non-string caption'),
+}
+
+
+@pytest.mark.parametrize('kind', BAD)
+def test_bad_sample_is_replaced_counted_and_reported_once(kind, tmp_path, caplog):
+    change, reason = BAD[kind]
+    samples = good_samples(10)
+    samples[4] = {**samples[4], **change}
+    # A json caption column can hold what a str column cannot: null, numbers.
+    location = write_dataset(tmp_path / 'mds', samples, {'jpg': 'bytes', 'caption': 'json'})
+    dataset = StreamingLAIONDataset(local=location, image_size=32, shuffle=False, batch_size=1)
+    with caplog.at_level(logging.WARNING, logger='data'):
+        for _ in range(2):  # two epochs: reported once
+            seen = list(dataset)
+            assert [s['sample_id'] for s in seen] == list(range(10))
+            assert [s['bad_samples'] for s in seen] == [0] * 4 + [1] + [0] * 5
+            assert torch.equal(seen[4]['image'], seen[5]['image'])  # the next good sample, deterministically
+            assert torch.equal(seen[4]['input_ids'], seen[5]['input_ids'])
+    reports = [r.getMessage() for r in caplog.records if 'bad sample' in r.getMessage()]
+    assert len(reports) == 1, reports
+    assert f'bad sample 4 (shard shard.00000.mds, row 4, of {location}): {reason}' in reports[0]
+    assert 'trained on sample 5 instead' in reports[0]
+
+
+def test_bad_sample_lookup_is_per_shard_row(tmp_path, caplog):
+    samples = good_samples(12)
+    samples[9]['jpg'] = b''
+    location = write_dataset(tmp_path / 'mds', samples, size_limit=4 * len(samples[0]['jpg']))
+    with caplog.at_level(logging.WARNING, logger='data'):
+        images(location)
+    shard = [r.getMessage() for r in caplog.records if 'bad sample 9 ' in r.getMessage()]
+    assert len(shard) == 1 and 'shard shard.00000.mds' not in shard[0] and ', row ' in shard[0]
+
+
+def test_mostly_bad_dataset_stops_with_a_clear_error(tmp_path):
+    samples = good_samples(40)
+    for i in range(40):
+        if i % 4:
+            samples[i]['jpg'] = b''
+    location = write_dataset(tmp_path / 'mds', samples)
+    with pytest.raises(DataError, match=rf'{location}: \d+ of the 32 samples read are bad .*empty image bytes'):
+        images(location)
+
+
+def test_missing_dataset_and_wrong_columns(tmp_path):
+    with pytest.raises(DataError, match='no Streaming dataset at .*index.json is missing'):
+        StreamingLAIONDataset(local=str(tmp_path / 'nothing'))
+    location = write_dataset(tmp_path / 'mds', [{'image': b'x', 'text': 'y'}], {'image': 'bytes', 'text': 'str'})
+    with pytest.raises(DataError, match=r"columns \['image', 'text'\]; expected jpg"):
+        StreamingLAIONDataset(local=location)
+
+
+def test_bad_flag_combinations():
+    with pytest.raises(ConfigError, match='--use_synth_data trains on random tensors'):
+        resolve_args(parse_args(['--model_name', 'tiny', '--use_synth_data', '--local', '/tmp/x']))
+    with pytest.raises(ConfigError, match='--tokenizer /nowhere: no such folder'):
+        resolve_args(parse_args(['--model_name', 'tiny', '--local', '/tmp/x', '--tokenizer', '/nowhere']))
+
+
+# ----------------------------------------------------------------------------------------- training
+
+class RecordSamples(Callback):
+    """Sample ids of every batch the trainer receives."""
+
+    def __init__(self, stop_after: int | None = None):
+        self.batches = []
+        self.stop_after = stop_after
+
+    def after_dataloader(self, state, logger):
+        if self.stop_after is not None and len(self.batches) == self.stop_after:
+            raise RuntimeError('simulated crash')  # the checkpoint of batch `stop_after` is on disk
+        self.batches.append(state.batch['sample_id'].tolist())
+
+
+TINY = ['--model_name', 'tiny', '--image_size', '64']
+
+
+def test_training_from_a_local_mds_dataset_logs_bad_samples(tmp_path):
+    samples = good_samples(32)
+    samples[3]['jpg'] = samples[17]['jpg'] = b''
+    location = write_dataset(tmp_path / 'mds', samples)
+    results = tmp_path / 'results.json'
+    trainer = main(parse_args(TINY + ['--local', location, '--batch_size', '8', '--max_duration', '1ep',
+                                      '--results_json', str(results)]))
+    assert int(trainer.state.timestamp.batch) == 4
+    summary = json.loads(results.read_text())
+    assert summary['bad_samples'] == 2 and summary['img_per_sec'] > 0
+
+
+def test_default_run_builds_and_trains_on_the_sample_dataset(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(benchmark, 'SAMPLE_DATASET', tmp_path / 'sample-mds')
+    record = RecordSamples()
+    trainer = main(parse_args(['--model_name', 'tiny', '--batch_size', '8', '--max_duration', '3ba']), (record,))
+    assert "training on the sample dataset" in capfd.readouterr().out
+    assert (tmp_path / 'sample-mds' / 'index.json').is_file()
+    assert int(trainer.state.timestamp.batch) == 3 and len(record.batches) == 3
+    sample = StreamingLAIONDataset(local=str(tmp_path / 'sample-mds'), image_size=64, batch_size=1)[0]
+    assert sample['input_ids'][0] == 49406 and sample['image'].shape == (3, 64, 64)
+
+
+@pytest.mark.parametrize('workers', [0, 2])
+def test_mid_epoch_resumption_sees_exactly_the_remaining_batches(workers, tmp_path):
+    location = write_dataset(tmp_path / 'mds', good_samples(24))
+    flags = TINY + ['--local', location, '--batch_size', '4', '--max_duration', '1ep', '--num_workers', str(workers)]
+    uninterrupted = RecordSamples()
+    main(parse_args(flags), (uninterrupted,))
+    assert len(uninterrupted.batches) == 6
+    assert sorted(i for batch in uninterrupted.batches for i in batch) == list(range(24))
+
+    checkpoints = flags + ['--run_name', 'resume', '--save_folder', str(tmp_path / 'ckpt'), '--save_interval', '2ba',
+                           '--autoresume']
+    crashed = RecordSamples(stop_after=2)
+    with pytest.raises(RuntimeError, match='simulated crash'):
+        main(parse_args(checkpoints), (crashed,))
+    resumed = RecordSamples()
+    trainer = main(parse_args(checkpoints), (resumed,))
+    assert crashed.batches == uninterrupted.batches[:2]
+    assert resumed.batches == uninterrupted.batches[2:]
+    assert int(trainer.state.timestamp.batch) == 6
+
+
+def test_two_ranks_see_every_sample_of_an_epoch_exactly_once(tmp_path):
+    location = write_dataset(tmp_path / 'mds', good_samples(48))
+    env = {**os.environ, 'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
+    run = subprocess.run([str(Path(sys.executable).parent / 'composer'), '-n', '2', str(REPO / 'tests' / 'record_samples.py'),
+                          str(tmp_path / 'ids'), *TINY, '--local', location, '--batch_size', '8', '--max_duration', '1ep'],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    per_rank = [json.loads((tmp_path / 'ids' / f'rank{rank}.json').read_text()) for rank in range(2)]
+    assert all(len(batches) == 6 and all(len(batch) == 4 for batch in batches) for batches in per_rank)
+    seen = [i for batches in per_rank for batch in batches for i in batch]
+    assert sorted(seen) == list(range(48))
+    assert not set(sum(per_rank[0], [])) & set(sum(per_rank[1], []))
+
+
+def test_bad_sample_class_carries_its_kind():
+    with pytest.raises(BadSample) as error:
+        decode_image(b'', 8)
+    assert error.value.kind == 'empty image bytes' and 'failed download' in str(error.value)
