@@ -141,8 +141,8 @@ def write_mds(samples, out: str, overwrite: bool = False, size_limit=1 << 26, to
                 caption = caption.decode('utf-8')
             writer.write({'jpg': image, 'caption': caption.strip()})
             written += 1
-        shards = len(writer.shards)
-    return {'written': written, 'skipped': dict(skipped), 'shards': shards, 'out': out}
+    # Counted after the writer closes, which flushes the last shard.
+    return {'written': written, 'skipped': dict(skipped), 'shards': len(writer.shards), 'out': out}
 
 
 def problem(image: bytes, caption) -> str | None:

@@ -55,7 +55,7 @@ def make_photo_folder(root: Path) -> list[tuple[bytes, str]]:
 def test_image_folder_round_trip(tmp_path):
     expected = make_photo_folder(tmp_path / 'photos')
     stats = convert.convert([str(tmp_path / 'photos')], str(tmp_path / 'out'), progress=False)
-    assert stats['written'] == 3
+    assert stats['written'] == 3 and stats['shards'] == 1
     assert stats['skipped'] == {'no caption file': 1, 'not an image': 1, 'corrupt image': 1}
     assert read_mds(tmp_path / 'out') == expected  # bytes exactly as in the files: nothing re-encoded
 
@@ -97,8 +97,9 @@ def test_many_shards_and_refusing_a_non_empty_output(tmp_path, capsys):
         (photos / f'{i:02}.jpg').write_bytes(jpeg(i))
         (photos / f'{i:02}.txt').write_text(f'caption {i}')
     stats = convert.main([str(photos), str(tmp_path / 'out'), '--size_limit', str(3 * len(jpeg(0)))])
-    assert stats['written'] == 12 and stats['shards'] >= 4
-    assert 'wrote 12 samples in' in capsys.readouterr().out
+    shard_files = list((tmp_path / 'out').glob('shard.*.mds'))
+    assert stats['written'] == 12 and stats['shards'] == len(shard_files) >= 4
+    assert f'wrote 12 samples in {len(shard_files)} shard(s)' in capsys.readouterr().out
     assert [caption for _, caption in read_mds(tmp_path / 'out')] == [f'caption {i}' for i in range(12)]
     with pytest.raises(convert.ConvertError, match='is not empty; pass --overwrite'):
         convert.convert([str(photos)], str(tmp_path / 'out'))

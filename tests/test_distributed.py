@@ -3,6 +3,7 @@ failures, and the mcloud.yaml check."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,56 @@ def test_a_failing_rank_ends_the_job_with_an_error(tmp_path):
     assert run.returncode != 0
     assert 'probe: simulated failure on this rank' in run.stdout + run.stderr
     assert ranks == []  # neither rank finished
+
+
+def run_benchmark(command, tmp_path, env=None, timeout=300):
+    """Runs a launcher command whose benchmark.py run writes tmp_path/results.json; returns that summary."""
+    results = tmp_path / 'results.json'
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', **(env or {})}
+    run = subprocess.run([*command, *TINY, '--max_duration', '2ba', '--results_json', str(results)], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=timeout)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    return json.loads(results.read_text())
+
+
+def test_torchrun_launches_the_script(tmp_path):
+    summary = run_benchmark([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
+                             'benchmark.py'], tmp_path)
+    assert summary['world_size'] == 2 and summary['img_per_sec'] > 0
+
+
+FAKE_SRUN = """#!/bin/bash
+# srun on one machine: runs the task once per node of the job, each with its own SLURM_NODEID.
+while [[ $1 == --* ]]; do shift; done
+pids=()
+for ((node = 0; node < SLURM_NNODES; node++)); do SLURM_NODEID=$node "$@" & pids+=($!); done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+exit $status
+"""
+
+
+def test_slurm_script_starts_one_launcher_per_node(tmp_path):
+    """slurm.sbatch on a two-node job simulated on this machine: two Composer launchers, node ranks 0 and 1,
+    one process each, meet at the master address and train as one world of 2."""
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    (bin_dir / 'srun').write_text(FAKE_SRUN)
+    (bin_dir / 'scontrol').write_text('#!/bin/bash\necho 127.0.0.1\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {'PATH': f"{bin_dir}:{os.environ['PATH']}", 'SLURM_NNODES': '2', 'SLURM_JOB_NODELIST': 'node[1-2]',
+           'SLURM_JOB_ID': '42', 'SLURM_SUBMIT_DIR': str(REPO), 'GPUS_PER_NODE': '1', 'COMPOSER': COMPOSER,
+           'MASTER_PORT': str(free_port())}
+    summary = run_benchmark(['bash', str(REPO / 'slurm.sbatch')], tmp_path, env)
+    assert summary['world_size'] == 2
+    assert summary['img_per_sec'] == pytest.approx(2 * summary['img_per_sec_per_device'])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
 
 
 def test_fsdp_needs_a_gpu():
