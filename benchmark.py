@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from composer import Trainer
+from composer.algorithms import ChannelsLast, LowPrecisionGroupNorm, LowPrecisionLayerNorm
 from composer.callbacks import SpeedMonitor
 from composer.core import Time, TimeUnit
 from composer.loggers import InMemoryLogger, WandBLogger
@@ -36,8 +37,8 @@ from transformers import CLIPTextConfig, CLIPTextModel
 from streaming.base.util import clean_stale_shared_memory
 
 from convert import SAMPLE_DATASET, SAMPLE_SIZE, ensure_sample_dataset
-from data import (CAPTION_LENGTH, BadSampleCounter, DataError, StreamingLAIONDataset, SyntheticImageCaptionDataset,
-                  collate, unit_range)
+from data import (CAPTION_LENGTH, BadSampleCounter, DataError, PrecomputedLatentsDataset, StreamingLAIONDataset,
+                  SyntheticImageCaptionDataset, SyntheticLatentsDataset, collate, unit_range)
 from ema import EMA, export_ema_unet
 
 CONFIGS_DIR = Path(__file__).resolve().parent / 'configs'
@@ -58,6 +59,7 @@ PRESETS = {
     'tiny': {'image_size': 64, 'batch_size': 16, 'device_train_microbatch_size': None,
              'max_duration': '40ba'},
 }
+LATENT_DOWNSAMPLE = 8  # SD's VAE: image pixels per latent pixel along each side
 SYNTHETIC_SAMPLES = 100_000  # one synthetic "epoch"; runs are normally bounded in batches instead
 
 
@@ -87,6 +89,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     data.add_argument('--local', default=None, help='a local MDS dataset folder, or with --remote its cache folder '
                       '(default: a fresh temporary folder per run). Without --remote, --local and --use_synth_data: '
                       'a generated sample dataset in data/sample-mds')
+    data.add_argument('--precomputed_latents', action='store_true',
+                      help="train the UNet alone on precompute.py's output (--remote/--local), or with --use_synth_data "
+                      'on random latents and text embeddings: no VAE or text encoder in memory or in the step')
     data.add_argument('--tokenizer', default=None, help='local tokenizer folder (Transformers layout) for the captions '
                       "(default: SD2's CLIP BPE, ids as OpenCLIP's, padded with 0)")
     data.add_argument('--image_size', type=int, default=None, help='training resolution in pixels (preset: 512; tiny: 64)')
@@ -113,6 +118,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     train.add_argument('--export_ema_unet', default=None, metavar='DIR',
                        help='after training, save the EMA UNet here (Diffusers save_pretrained layout)')
     train.add_argument('--seed', type=int, default=17, help='seeds the random init and the data (default: %(default)s)')
+    speed = parser.add_argument_group('speed paths (off by default, pinned memory aside: none has been measured on a '
+                                      'GPU for this repo yet; benchmarks/speed_sweep.py measures them)')
+    speed.add_argument('--channels_last', action='store_true',
+                       help="convolutions in channels-last memory layout (Composer's ChannelsLast algorithm)")
+    speed.add_argument('--compile', action='store_true', help='torch.compile the model through Composer')
+    speed.add_argument('--fused_adamw', action='store_true', help="PyTorch's fused AdamW kernel (same update)")
+    speed.add_argument('--low_precision_norm', action='store_true',
+                       help="GroupNorm and LayerNorm in the autocast precision (Composer's LowPrecisionGroupNorm "
+                       'and LowPrecisionLayerNorm); needs --precision amp_bf16 or amp_fp16')
+    speed.add_argument('--encoders_bf16', action='store_true',
+                       help='keep the frozen VAE and text encoder weights in bf16 (half the memory and weight reads)')
+    speed.add_argument('--pin_memory', action=argparse.BooleanOptionalAction, default=None,
+                       help='page-locked host memory for batches, so their copy to the GPU can overlap compute '
+                       '(default: on with a GPU; --no-pin_memory turns it off)')
     ckpt = parser.add_argument_group('checkpoints')
     ckpt.add_argument('--run_name', default=None, help='run name (needed with --autoresume)')
     ckpt.add_argument('--save_folder', default=None, help='where Composer writes checkpoints (none by default)')
@@ -141,9 +160,12 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
         args.num_workers = 8 if has_gpu else 0
     if args.precision is None:
         args.precision = 'amp_bf16' if has_gpu else 'fp32'
+    if args.pin_memory is None:
+        args.pin_memory = has_gpu
 
-    if args.image_size <= 0 or args.image_size % 8:
-        raise ConfigError(f'--image_size {args.image_size}: must be a positive multiple of 8 (the VAE downsamples 8x)')
+    if args.image_size <= 0 or args.image_size % LATENT_DOWNSAMPLE:
+        raise ConfigError(f'--image_size {args.image_size}: must be a positive multiple of {LATENT_DOWNSAMPLE} '
+                          f'(the VAE downsamples {LATENT_DOWNSAMPLE}x)')
     if args.batch_size <= 0:
         raise ConfigError(f'--batch_size {args.batch_size}: must be positive')
     if args.num_workers < 0:
@@ -197,6 +219,19 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
             raise ConfigError(f'--ema_half_life: {error}')
     if args.use_synth_data and (args.remote or args.local):
         raise ConfigError('--use_synth_data trains on random tensors: leave out --remote/--local, or drop --use_synth_data')
+    if args.precomputed_latents and not (args.use_synth_data or args.remote or args.local):
+        raise ConfigError('--precomputed_latents needs a dataset written by precompute.py (--local DIR or --remote URL; '
+                          'e.g. python precompute.py --out data/sample-latents, then --local data/sample-latents), '
+                          'or --use_synth_data for random latents')
+    if args.precomputed_latents and args.encoders_bf16:
+        raise ConfigError('--encoders_bf16: with --precomputed_latents there is no VAE or text encoder to keep in bf16')
+    if args.precomputed_latents and args.tokenizer:
+        raise ConfigError('--tokenizer: precomputed captions are already embeddings (choose the tokenizer in precompute.py)')
+    if args.pin_memory and not has_gpu:
+        raise ConfigError('--pin_memory pins batches for copies to a GPU, and there is none: leave it out')
+    if args.low_precision_norm and args.precision == 'fp32':
+        raise ConfigError('--low_precision_norm runs the norms in the autocast precision: it needs --precision '
+                          'amp_bf16 or amp_fp16 (a GPU)')
     args.sample_data = not (args.use_synth_data or args.remote or args.local)
     if args.sample_data:
         args.local = str(SAMPLE_DATASET)
@@ -238,44 +273,35 @@ class StableDiffusion(ComposerModel):
     """Trains the UNet to predict the noise added to VAE latents, conditioned on CLIP text embeddings.
 
     The VAE and text encoder are frozen: in eval mode, without gradients, outside the optimizer, and run
-    online every step, as in the published benchmark. A batch may carry 'noise', 'timesteps' and
-    'latent_noise' (the Gaussian draw that samples the latent distribution) to make a step deterministic;
-    otherwise each is drawn at random.
+    online every step, as in the published benchmark. Without them (vae=None, text_encoder=None) the model
+    trains from precomputed batches: 'latent_mean', 'latent_logvar' and 'text_embedding', as precompute.py
+    writes them. A batch may carry 'noise', 'timesteps' and 'latent_noise' (the Gaussian draw that samples
+    the latent distribution) to make a step deterministic; otherwise each is drawn at random.
     """
 
-    def __init__(self, unet: UNet2DConditionModel, vae: AutoencoderKL, text_encoder: CLIPTextModel,
-                 noise_scheduler: DDPMScheduler):
+    def __init__(self, unet: UNet2DConditionModel, vae: AutoencoderKL | None, text_encoder: CLIPTextModel | None,
+                 noise_scheduler: DDPMScheduler, latent_scale: float | None = None):
         super().__init__()
         self.unet = unet
-        self.vae = vae.requires_grad_(False).eval()
-        self.text_encoder = text_encoder.requires_grad_(False).eval()
+        self.vae = None if vae is None else vae.requires_grad_(False).eval()
+        self.text_encoder = None if text_encoder is None else text_encoder.requires_grad_(False).eval()
         self.noise_scheduler = noise_scheduler
         # 0.18215 for SD2: scales latents to unit variance (the VAE config's scaling_factor).
-        self.latent_scale = vae.config.scaling_factor
+        self.latent_scale = vae.config.scaling_factor if vae is not None else latent_scale
+        if self.latent_scale is None:
+            raise ValueError('without a VAE, pass latent_scale (the VAE config\'s scaling_factor)')
         self._flops_per_image: dict[tuple, int] = {}
 
     def train(self, mode: bool = True):
         # Composer calls model.train() every epoch; the frozen encoders must stay in eval mode.
         super().train(mode)
-        self.vae.eval()
-        self.text_encoder.eval()
+        for encoder in (self.vae, self.text_encoder):
+            if encoder is not None:
+                encoder.eval()
         return self
 
-    def fsdp_wrap_fn(self, module: torch.nn.Module) -> bool:
-        # Under --fsdp, Composer makes each module this accepts its own FSDP unit: one per UNet resolution
-        # block, so full_shard gathers one block's weights at a time, and one per frozen encoder.
-        unet = self.unet
-        return (module in (self.vae, self.text_encoder, unet.mid_block)
-                or any(module is block for block in [*unet.down_blocks, *unet.up_blocks]))
-
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.no_grad():
-            latent_dist = self.vae.encode(unit_range(batch['image'])).latent_dist
-            latent_noise = batch.get('latent_noise')
-            if latent_noise is None:
-                latent_noise = torch.randn_like(latent_dist.mean)
-            latents = (latent_dist.mean + latent_dist.std * latent_noise) * self.latent_scale
-            text_embeddings = self.text_encoder(batch['input_ids'])[0]
+        latents, text_embeddings = self.encode(batch)
         noise = batch.get('noise')
         if noise is None:
             noise = torch.randn_like(latents)
@@ -291,18 +317,46 @@ class StableDiffusion(ComposerModel):
         prediction = self.unet(noisy_latents, timesteps, text_embeddings).sample
         return prediction, target
 
+    @torch.no_grad()
+    def encode(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scaled latents sampled from the VAE's latent distribution, and the text embeddings: computed by
+        the frozen encoders, or read from a precomputed batch. Both in fp32, whatever the encoders hold."""
+        if 'latent_mean' in batch:
+            mean = batch['latent_mean'].float()
+            std = torch.exp(0.5 * batch['latent_logvar'].float())  # as Diffusers' DiagonalGaussianDistribution
+            text_embeddings = batch['text_embedding'].float()
+        else:
+            if self.vae is None:
+                raise ValueError('this model has no VAE or text encoder (precomputed latents): the batch needs '
+                                 "'latent_mean', 'latent_logvar' and 'text_embedding'")
+            latent_dist = self.vae.encode(unit_range(batch['image']).to(self.vae.dtype)).latent_dist
+            mean, std = latent_dist.mean.float(), latent_dist.std.float()
+            text_embeddings = self.text_encoder(batch['input_ids'])[0].float()
+        latent_noise = batch.get('latent_noise')
+        if latent_noise is None:
+            latent_noise = torch.randn_like(mean)
+        return (mean + std * latent_noise) * self.latent_scale, text_embeddings
+
     def loss(self, outputs, batch) -> torch.Tensor:
         prediction, target = outputs
         return F.mse_loss(prediction.float(), target.float())
 
     def flops_per_batch(self, batch: dict) -> int:
         """Training FLOPs of this batch, for Composer's SpeedMonitor (FLOP/s and MFU)."""
+        if 'latent_mean' in batch:
+            latents = batch['latent_mean']
+            return latents.shape[0] * self.flops_per_image(LATENT_DOWNSAMPLE * latents.shape[-2],
+                                                           LATENT_DOWNSAMPLE * latents.shape[-1],
+                                                           batch['text_embedding'].shape[-2])
         images = batch['image']
         return images.shape[0] * self.flops_per_image(images.shape[-2], images.shape[-1],
                                                       batch['input_ids'].shape[-1])
 
     def flops_per_image(self, height: int, width: int, caption_length: int = CAPTION_LENGTH) -> int:
         key = (height, width, caption_length)
+        if key not in self._flops_per_image and self.vae is None:  # precomputed: the UNet alone
+            self._flops_per_image[key] = 3 * count_unet_forward_flops(
+                self.unet.config, height // LATENT_DOWNSAMPLE, width // LATENT_DOWNSAMPLE, caption_length)
         if key not in self._flops_per_image:
             parts = count_forward_flops(self.unet.config, self.vae.config, self.text_encoder.config, *key)
             # Backward costs twice the forward (gradients of activations and of weights): UNet x3.
@@ -335,6 +389,17 @@ def count_forward_flops(unet_config, vae_config, text_config, height: int, width
     return counts
 
 
+def count_unet_forward_flops(unet_config, latent_height: int, latent_width: int, caption_length: int) -> int:
+    """Forward FLOPs per sample of the UNet alone at a latent size, counted as in count_forward_flops."""
+    with torch.device('meta'), sdpa_kernel(SDPBackend.MATH):
+        unet = UNet2DConditionModel.from_config(unet_config)
+        latents = torch.empty(1, unet_config.in_channels, latent_height, latent_width)
+        text_embeddings = torch.empty(1, caption_length, unet_config.cross_attention_dim)
+        with FlopCounterMode(display=False) as counter:
+            unet(latents, torch.tensor([500]), text_embeddings)
+    return counter.get_total_flops()
+
+
 def resolve_model_dir(model_name: str) -> Path:
     """A built-in config, a local folder, or (only when asked for) a hub id downloaded to the HF cache."""
     if model_name in BUILTIN_MODELS:
@@ -362,7 +427,10 @@ def has_weights(model_dir: Path, part: str) -> bool:
     return any((model_dir / part / name).is_file() for name in WEIGHT_FILES[part])
 
 
-def build_model(model_name: str, prediction_type: str | None = None, attention: str = 'sdpa') -> StableDiffusion:
+def build_model(model_name: str, prediction_type: str | None = None, attention: str = 'sdpa',
+                precomputed: bool = False, encoders_bf16: bool = False) -> StableDiffusion:
+    """The model of a built-in name, folder or hub id. precomputed: the UNet alone (the batches carry the
+    encoders' outputs); encoders_bf16: the frozen VAE and text encoder weights in bf16."""
     model_dir = resolve_model_dir(model_name)
     loaded = []
     if has_weights(model_dir, 'unet'):
@@ -370,6 +438,17 @@ def build_model(model_name: str, prediction_type: str | None = None, attention: 
         loaded.append('unet')
     else:
         unet = UNet2DConditionModel.from_config(UNet2DConditionModel.load_config(model_dir, subfolder='unet'))
+    scheduler_config = DDPMScheduler.load_config(model_dir, subfolder='scheduler')
+    if prediction_type is not None:
+        scheduler_config['prediction_type'] = prediction_type
+    noise_scheduler = DDPMScheduler.from_config(scheduler_config)
+    if attention == 'xformers':
+        unet.enable_xformers_memory_efficient_attention()
+    if precomputed:
+        announce(f'model {model_name!r} from {model_dir}: UNet only ({"weights loaded" if loaded else "random init"}); '
+                 'no VAE or text encoder: the data holds their outputs')
+        latent_scale = AutoencoderKL.load_config(model_dir, subfolder='vae')['scaling_factor']
+        return StableDiffusion(unet, None, None, noise_scheduler, latent_scale)
     if has_weights(model_dir, 'vae'):
         vae = AutoencoderKL.from_pretrained(model_dir, subfolder='vae')
         loaded.append('vae')
@@ -380,12 +459,8 @@ def build_model(model_name: str, prediction_type: str | None = None, attention: 
         loaded.append('text_encoder')
     else:
         text_encoder = CLIPTextModel(CLIPTextConfig.from_pretrained(model_dir, subfolder='text_encoder'))
-    scheduler_config = DDPMScheduler.load_config(model_dir, subfolder='scheduler')
-    if prediction_type is not None:
-        scheduler_config['prediction_type'] = prediction_type
-    noise_scheduler = DDPMScheduler.from_config(scheduler_config)
-    if attention == 'xformers':
-        unet.enable_xformers_memory_efficient_attention()
+    if encoders_bf16:
+        vae, text_encoder = vae.to(torch.bfloat16), text_encoder.to(torch.bfloat16)
     announce(f'model {model_name!r} from {model_dir}: weights loaded for {", ".join(loaded) or "nothing"}, '
              'random init for the rest')
     return StableDiffusion(unet, vae, text_encoder, noise_scheduler)
@@ -393,18 +468,23 @@ def build_model(model_name: str, prediction_type: str | None = None, attention: 
 
 # --------------------------------------------------------------------------------- data and trainer
 
-def build_dataloader(args: argparse.Namespace) -> DataLoader:
+def build_dataloader(args: argparse.Namespace, model: StableDiffusion) -> DataLoader:
     if not args.use_synth_data:
-        return build_streaming_dataloader(args)
-    dataset = SyntheticImageCaptionDataset(args.image_size, num_samples=SYNTHETIC_SAMPLES, seed=args.seed)
+        return build_streaming_dataloader(args, model)
+    if args.precomputed_latents:
+        config = model.unet.config
+        dataset = SyntheticLatentsDataset(config.in_channels, args.image_size // LATENT_DOWNSAMPLE,
+                                          config.cross_attention_dim, num_samples=SYNTHETIC_SAMPLES, seed=args.seed)
+    else:
+        dataset = SyntheticImageCaptionDataset(args.image_size, num_samples=SYNTHETIC_SAMPLES, seed=args.seed)
     # Composer's sampler gives each rank its own slice of every global batch.
     sampler = dist.get_sampler(dataset, shuffle=False, drop_last=True)
     return DataLoader(dataset, batch_size=args.device_batch_size, sampler=sampler, drop_last=True,
-                      num_workers=args.num_workers, pin_memory=torch.cuda.is_available(),
+                      num_workers=args.num_workers, pin_memory=args.pin_memory,
                       persistent_workers=args.num_workers > 0)
 
 
-def build_streaming_dataloader(args: argparse.Namespace) -> DataLoader:
+def build_streaming_dataloader(args: argparse.Namespace, model: StableDiffusion) -> DataLoader:
     """MDS shards through Streaming, which splits samples over ranks and workers itself (no sampler here) and,
     given the device batch size, lets Composer's checkpoints resume mid-epoch on exactly the remaining samples."""
     duration = Time.from_timestring(args.max_duration)
@@ -415,9 +495,14 @@ def build_streaming_dataloader(args: argparse.Namespace) -> DataLoader:
         wanted = args.batch_size if duration.unit == TimeUnit.EPOCH else args.batch_size * args.num_batches
         epoch_size = -(-max(wanted, SAMPLE_SIZE) // args.batch_size) * args.batch_size
     try:
-        dataset = StreamingLAIONDataset(remote=args.remote, local=args.local, image_size=args.image_size,
-                                        tokenizer=args.tokenizer, batch_size=args.device_batch_size, shuffle=True,
-                                        seed=args.seed, epoch_size=epoch_size)
+        if args.precomputed_latents:
+            dataset = PrecomputedLatentsDataset(remote=args.remote, local=args.local, batch_size=args.device_batch_size,
+                                                shuffle=True, seed=args.seed)
+            check_precomputed_sample(dataset, model, args)
+        else:
+            dataset = StreamingLAIONDataset(remote=args.remote, local=args.local, image_size=args.image_size,
+                                            tokenizer=args.tokenizer, batch_size=args.device_batch_size, shuffle=True,
+                                            seed=args.seed, epoch_size=epoch_size)
     except DataError as error:
         raise ConfigError(str(error))
     batches_per_epoch = len(dataset) // args.device_batch_size
@@ -427,12 +512,59 @@ def build_streaming_dataloader(args: argparse.Namespace) -> DataLoader:
     if duration.unit == TimeUnit.EPOCH:
         args.num_batches = duration.value * batches_per_epoch
     return DataLoader(dataset, batch_size=args.device_batch_size, drop_last=True, num_workers=args.num_workers,
-                      collate_fn=collate, pin_memory=torch.cuda.is_available(), persistent_workers=args.num_workers > 0)
+                      collate_fn=None if args.precomputed_latents else collate, pin_memory=args.pin_memory,
+                      persistent_workers=args.num_workers > 0)
+
+
+def check_precomputed_sample(dataset: PrecomputedLatentsDataset, model: StableDiffusion, args) -> None:
+    """The stored shapes must fit this UNet; the image size is the one the data was precomputed at."""
+    sample = dataset[0]
+    channels, height, width = sample['latent_mean'].shape
+    config = model.unet.config
+    if channels != config.in_channels or sample['text_embedding'].shape[-1] != config.cross_attention_dim:
+        raise DataError(f'{dataset.location}: precomputed latents with {channels} channels and text embeddings of '
+                        f"width {sample['text_embedding'].shape[-1]}, but {args.model_name}'s UNet takes "
+                        f'{config.in_channels} and {config.cross_attention_dim}: precompute it with the same '
+                        '--model_name')
+    if height != width:
+        raise DataError(f'{dataset.location}: latents of {height}x{width}; square ones expected')
+    if height * LATENT_DOWNSAMPLE != args.image_size:
+        announce(f'--image_size {args.image_size}: the data was precomputed at {height * LATENT_DOWNSAMPLE}px, '
+                 'which is what this run trains at')
+        args.image_size = height * LATENT_DOWNSAMPLE
+
+
+def build_optimizer(args: argparse.Namespace, model: StableDiffusion) -> torch.optim.Optimizer:
+    # The published optimizer. fused=True: one kernel for all parameters, the same update.
+    return torch.optim.AdamW(model.unet.parameters(), lr=1e-4, weight_decay=1e-3, fused=args.fused_adamw or None)
+
+
+def mark_fsdp_units(model: StableDiffusion) -> None:
+    """Composer wraps each child module of the model (unet, vae, text_encoder) in FSDP, and inside it every
+    module marked _fsdp_wrap (a ComposerModel's own fsdp_wrap_fn is never consulted for its children)."""
+    unet = model.unet
+    for block in (*unet.down_blocks, unet.mid_block, *unet.up_blocks):
+        block._fsdp_wrap = True  # one unit per resolution block: full_shard gathers one block's weights at a time
+    for encoder in (model.vae, model.text_encoder):
+        if encoder is None:
+            continue
+        # The frozen encoders stay whole on every GPU (1.7 GB in fp32): FSDP gathers weights only in forward(),
+        # which encode() never calls, and their weights have no gradients or optimizer state to shard.
+        encoder._fsdp_wrap = False
+        if torch.cuda.is_available():  # under FSDP the Trainer moves only the modules FSDP wraps
+            encoder.to(torch.device('cuda', torch.cuda.current_device()))
 
 
 def build_trainer(args: argparse.Namespace, model: StableDiffusion, dataloader: DataLoader,
                   callbacks: tuple = ()) -> Trainer:
-    optimizer = torch.optim.AdamW(model.unet.parameters(), lr=1e-4, weight_decay=1e-3)
+    optimizer = build_optimizer(args, model)
+    if args.fsdp != 'none':
+        mark_fsdp_units(model)
+    algorithms = [EMA(half_life=args.ema_half_life, offload=args.ema_offload)] if args.use_ema else []
+    if args.channels_last:
+        algorithms.append(ChannelsLast())
+    if args.low_precision_norm:
+        algorithms += [LowPrecisionGroupNorm(), LowPrecisionLayerNorm()]
     # Throughput is a rolling mean over this many batches (100 as published, fewer on short runs),
     # so the first batch, which holds one-off setup costs, is never inside a window.
     speed_window = max(1, min(100, args.num_batches // 2))
@@ -455,7 +587,8 @@ def build_trainer(args: argparse.Namespace, model: StableDiffusion, dataloader: 
         save_folder=args.save_folder,
         save_interval=args.save_interval,
         autoresume=args.autoresume,
-        algorithms=[EMA(half_life=args.ema_half_life, offload=args.ema_offload)] if args.use_ema else [],
+        algorithms=algorithms,
+        compile_config={} if args.compile else None,
         parallelism_config=None if args.fsdp == 'none' else {
             'fsdp': {'sharding_strategy': args.fsdp.upper(), 'use_orig_params': True}},
     )
@@ -482,6 +615,7 @@ def summarize(trainer: Trainer, args: argparse.Namespace) -> dict:
         'flops_per_sec': median('throughput/flops_per_sec'),
         'mfu': mfu,
         'throughput_windows': len(logged.get('throughput/samples_per_sec', [])),
+        'peak_gpu_memory_gb': torch.cuda.max_memory_allocated() / 1e9 if has_gpu else None,
         'bad_samples': int(logged['data/bad_samples'][-1][1]) if logged.get('data/bad_samples') else 0,
         'device_type': 'gpu' if has_gpu else 'cpu',
         'device_name': torch.cuda.get_device_name() if has_gpu else cpu_name(),
@@ -539,10 +673,11 @@ def main(args: argparse.Namespace, callbacks: tuple = ()) -> Trainer:
     announce(f'batch: global {args.batch_size} = {dist.get_world_size()} device(s) x microbatch {microbatch} '
              f'x {accumulation} accumulation step(s)')
     reproducibility.seed_all(args.seed)  # same random init on every run and rank
-    model = build_model(args.model_name, args.prediction_type, args.attention)
+    model = build_model(args.model_name, args.prediction_type, args.attention, args.precomputed_latents,
+                        args.encoders_bf16)
     if not args.use_synth_data:
         clean_stale_shared_memory()  # Streaming's shared memory left by a killed run would block this one
-    trainer = build_trainer(args, model, build_dataloader(args), callbacks)
+    trainer = build_trainer(args, model, build_dataloader(args, model), callbacks)
     trainer.fit()
     if dist.get_global_rank() == 0:
         results = summarize(trainer, args)

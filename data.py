@@ -50,31 +50,58 @@ TOKENIZER_CACHE = Path(__file__).resolve().parent / 'data' / 'clip-tokenizer-v1'
 log = logging.getLogger(__name__)
 
 
-class SyntheticImageCaptionDataset(Dataset):
-    """Random images in [-1, 1] and random caption token ids, as in the published benchmark.
+class SyntheticDataset(Dataset):
+    """Random samples that depend only on (seed, index), so every run, worker count and rank split sees the
+    same data; the distributed sampler that splits indices across ranks comes from Composer."""
 
-    Each sample depends only on (seed, index), so every run, worker count and rank split sees the same
-    data; the distributed sampler that splits indices across ranks comes from Composer.
-    """
-
-    def __init__(self, image_size: int, num_samples: int = 100_000, seed: int = 17,
-                 vocab_size: int = CLIP_VOCAB_SIZE, caption_length: int = CAPTION_LENGTH):
-        self.image_size = image_size
+    def __init__(self, num_samples: int, seed: int):
         self.num_samples = num_samples
         self.seed = seed
-        self.vocab_size = vocab_size
-        self.caption_length = caption_length
 
     def __len__(self) -> int:
         return self.num_samples
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+    def generator(self, index: int) -> torch.Generator:
         if not 0 <= index < self.num_samples:
             raise IndexError(f'index {index} out of range for {self.num_samples} synthetic samples')
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+
+
+class SyntheticImageCaptionDataset(SyntheticDataset):
+    """Random images in [-1, 1] and random caption token ids, as in the published benchmark."""
+
+    def __init__(self, image_size: int, num_samples: int = 100_000, seed: int = 17,
+                 vocab_size: int = CLIP_VOCAB_SIZE, caption_length: int = CAPTION_LENGTH):
+        super().__init__(num_samples, seed)
+        self.image_size = image_size
+        self.vocab_size = vocab_size
+        self.caption_length = caption_length
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        generator = self.generator(index)
         image = torch.rand(3, self.image_size, self.image_size, generator=generator) * 2 - 1
         input_ids = torch.randint(0, self.vocab_size, (self.caption_length,), generator=generator)
         return {'image': image, 'input_ids': input_ids}
+
+
+class SyntheticLatentsDataset(SyntheticDataset):
+    """Random precomputed-style samples: a latent distribution (mean, log-variance) and a text embedding,
+    fp16 as precompute.py stores them. Trains the UNet alone, as from real precomputed data, with no VAE
+    or text encoder anywhere."""
+
+    def __init__(self, latent_channels: int, latent_size: int, embedding_dim: int, num_samples: int = 100_000,
+                 seed: int = 17, caption_length: int = CAPTION_LENGTH):
+        super().__init__(num_samples, seed)
+        self.shape = (latent_channels, latent_size, latent_size)
+        self.embedding_shape = (caption_length, embedding_dim)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        generator = self.generator(index)
+        # About the spread of SD's VAE latents before scaling (scaling_factor 0.18215 makes them unit variance).
+        mean = torch.randn(self.shape, generator=generator) * 5
+        logvar = torch.full(self.shape, -10.0)
+        text_embedding = torch.randn(self.embedding_shape, generator=generator)
+        return {'latent_mean': mean.half(), 'latent_logvar': logvar.half(), 'text_embedding': text_embedding.half()}
 
 
 class DataError(RuntimeError):
@@ -271,18 +298,14 @@ class StreamingLAIONDataset(StreamingDataset):
     def __init__(self, *, remote: str | None = None, local: str | None = None, image_size: int = 512,
                  tokenizer: str | None = None, batch_size: int | None = None, shuffle: bool = True,
                  seed: int = 17, download_retry: int = 2, download_timeout: float = 60,
-                 max_bad_fraction: float = 0.5, max_image_pixels: int = MAX_IMAGE_PIXELS, **streaming_kwargs):
-        if remote is not None and not urllib.parse.urlparse(remote).scheme and local is None:
-            remote, local = None, remote  # a folder: read it in place rather than copy it to a cache
-        if remote is None and local is None:
-            raise DataError('no dataset: pass a remote (s3://bucket/path) and/or a local folder')
-        if remote is not None and local is None:
-            local = default_cache_dir(remote)
-        check_dataset(remote, local, retries=download_retry, timeout=download_timeout)
+                 max_bad_fraction: float = 0.5, max_image_pixels: int = MAX_IMAGE_PIXELS, keep_caption: bool = False,
+                 **streaming_kwargs):
+        remote, local = resolve_location(remote, local, download_retry, download_timeout)
         self.location = remote or local
         self.image_size = image_size
         self.max_bad_fraction = max_bad_fraction
         self.max_image_pixels = max_image_pixels
+        self.keep_caption = keep_caption  # precompute.py stores the caption beside its embedding
         self.tokenize = CaptionTokenizer(tokenizer)
         super().__init__(remote=remote, local=local, batch_size=batch_size, shuffle=shuffle, shuffle_seed=seed,
                          download_retry=download_retry, download_timeout=download_timeout, **streaming_kwargs)
@@ -325,12 +348,43 @@ class StreamingLAIONDataset(StreamingDataset):
         caption = raw.get('caption')
         if not isinstance(caption, str):
             raise BadSample('missing or non-string caption', f'got {type(caption).__name__}')
-        return {'image': decode_image(raw.get('jpg'), self.image_size, self.max_image_pixels),
-                'input_ids': self.tokenize(caption)}
+        sample = {'image': decode_image(raw.get('jpg'), self.image_size, self.max_image_pixels),
+                  'input_ids': self.tokenize(caption)}
+        if self.keep_caption:
+            sample['caption'] = caption
+        return sample
 
     def where(self, sample_id: int) -> str:
         shard_id, row = self.spanner[sample_id]
         return f'{sample_id} (shard {self.shards[shard_id].raw_data.basename}, row {row}, of {self.location})'
+
+
+# precompute.py's output: the VAE's latent distribution and the text encoder's output, fp16, and the caption.
+PRECOMPUTED_COLUMNS = {'latent_mean': 'ndarray:float16', 'latent_logvar': 'ndarray:float16',
+                       'text_embedding': 'ndarray:float16', 'caption': 'str'}
+
+
+class PrecomputedLatentsDataset(StreamingDataset):
+    """MDS shards written by precompute.py, streamed like StreamingLAIONDataset (same remotes, caches,
+    resumption). Samples: 'latent_mean', 'latent_logvar' (C, H/8, W/8) and 'text_embedding' (77, D), fp16."""
+
+    def __init__(self, *, remote: str | None = None, local: str | None = None, batch_size: int | None = None,
+                 shuffle: bool = True, seed: int = 17, download_retry: int = 2, download_timeout: float = 60,
+                 **streaming_kwargs):
+        remote, local = resolve_location(remote, local, download_retry, download_timeout)
+        self.location = remote or local
+        super().__init__(remote=remote, local=local, batch_size=batch_size, shuffle=shuffle, shuffle_seed=seed,
+                         download_retry=download_retry, download_timeout=download_timeout, **streaming_kwargs)
+        for shard in self.shards:
+            columns = getattr(shard, 'column_names', None)
+            if columns is not None and not set(PRECOMPUTED_COLUMNS) - {'caption'} <= set(columns):
+                raise DataError(f'{self.location}: shard {shard.raw_data.basename} has columns {columns}, not '
+                                "precompute.py's latent_mean, latent_logvar and text_embedding: for images and "
+                                'captions leave out --precomputed_latents')
+
+    def get_item(self, sample_id: int, retry: int = 7) -> dict:
+        raw = super().get_item(sample_id, retry)
+        return {name: torch.tensor(raw[name]) for name in ('latent_mean', 'latent_logvar', 'text_embedding')}
 
 
 def collate(samples: list[dict]) -> dict:
@@ -407,6 +461,19 @@ def s3_client(timeout: float = 60, attempts: int = 3, unsigned: bool = False):
                     retries={'mode': 'standard', 'total_max_attempts': attempts},
                     signature_version=UNSIGNED if unsigned else None)
     return boto3.session.Session().client('s3', endpoint_url=os.environ.get('S3_ENDPOINT_URL') or None, config=config)
+
+
+def resolve_location(remote: str | None, local: str | None, retries: int, timeout: float) -> tuple[str | None, str]:
+    """(remote, local) for Streaming, checked: a bare folder is read in place rather than copied to a cache,
+    and a remote without a local folder gets a fresh cache folder of its own."""
+    if remote is not None and not urllib.parse.urlparse(remote).scheme and local is None:
+        remote, local = None, remote
+    if remote is None and local is None:
+        raise DataError('no dataset: pass a remote (s3://bucket/path) and/or a local folder')
+    if remote is not None and local is None:
+        local = default_cache_dir(remote)
+    check_dataset(remote, local, retries=retries, timeout=timeout)
+    return remote, local
 
 
 def check_dataset(remote: str | None, local: str | None, retries: int = 2, timeout: float = 60) -> None:

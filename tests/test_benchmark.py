@@ -223,8 +223,10 @@ def test_published_flags_keep_their_names_and_defaults():
                        '--use_synth_data', '--model_name', 'sd2-base', '--use_ema', '--wandb_name', 'n',
                        '--wandb_project', 'p', '--device_train_microbatch_size', '4'])
     assert (args.batch_size, args.image_size, args.device_train_microbatch_size) == (2048, 512, '4')
-    assert benchmark.PRESETS['sd2-base'] == {'image_size': 512, 'batch_size': 2048,
-                                             'device_train_microbatch_size': '4', 'max_duration': '10ba'}
+    # Left unset, they resolve to the published run: 512px, global batch 2048 in microbatches of 4.
+    published = resolve_args(parse_args(['--model_name', 'sd2-base', '--use_synth_data']))
+    assert (published.image_size, published.batch_size, published.device_train_microbatch_size) == (512, 2048, 4)
+    assert (published.attention, published.use_ema, published.fsdp) == ('sdpa', False, 'none')
 
 
 def test_cpu_defaults_to_the_tiny_preset_and_says_so(capsys):

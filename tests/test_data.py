@@ -94,6 +94,11 @@ def test_tokenizer_folder_is_loaded_from_disk(tmp_path):
     # Except around "!": a pad token is a special token, which Transformers splits out of the text first.
     for caption in [c for c in CAPTIONS if '!' not in c and '！' not in c]:
         assert torch.equal(from_folder(caption), CaptionTokenizer()(caption)), repr(caption)
+    # The folder's own settings are the ones used: SD1's tokenizer pads with <|endoftext|> (49407), not 0.
+    tokenizer.pad_token = '<|endoftext|>'
+    tokenizer.save_pretrained(tmp_path / 'sd1-tokenizer')
+    assert CaptionTokenizer(str(tmp_path / 'sd1-tokenizer'))('a cat')[-1] == 49407
+    assert CaptionTokenizer()('a cat')[-1] == 0
     with pytest.raises(DataError, match='no such folder'):
         CaptionTokenizer(str(tmp_path / 'missing'))
 

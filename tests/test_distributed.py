@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import mcloud
 from benchmark import ConfigError, parse_args, resolve_args
@@ -18,7 +19,7 @@ COMPOSER = str(Path(sys.executable).parent / 'composer')
 TINY = ['--model_name', 'tiny', '--use_synth_data', '--image_size', '32', '--batch_size', '8']
 
 
-def launch(tmp_path, name, *flags, fail_rank=None, timeout=300):
+def launch(tmp_path, name, *flags, fail_rank=None, cpu_fsdp=False, timeout=300):
     probe_dir = tmp_path / name
     probe_dir.mkdir()
     # One thread per rank: two ranks share this machine's cores.
@@ -26,6 +27,8 @@ def launch(tmp_path, name, *flags, fail_rank=None, timeout=300):
            'WANDB_MODE': 'offline'}
     if fail_rank is not None:
         env['PROBE_FAIL_RANK'] = str(fail_rank)
+    if cpu_fsdp:
+        env['PROBE_CPU_FSDP'] = '1'
     run = subprocess.run([COMPOSER, '-n', '2', str(REPO / 'tests' / 'two_rank_probe.py'), *TINY, *flags],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
     ranks = [json.loads(path.read_text()) for path in sorted(probe_dir.glob('rank*.json'))]
@@ -46,9 +49,10 @@ def test_two_ranks_train_one_model_on_disjoint_halves_and_resume(tmp_path):
         assert len(batch0) == len(batch1) == 4
         assert not set(batch0) & set(batch1)
     assert 'global 8 = 2 device(s) x microbatch 4 x 1 accumulation' in run.stdout
-    # Throughput counts the samples of both ranks.
+    # Throughput counts the samples of both ranks: the samples SpeedMonitor divides by time are the global ones.
     summary = json.loads(results.read_text())
     assert summary['world_size'] == 2
+    assert [rank['samples'] for rank in ranks] == [3 * 8, 3 * 8]
     assert summary['img_per_sec'] == pytest.approx(2 * summary['img_per_sec_per_device'])
     # One checkpoint file for the save (written by rank 0 under DDP), plus Composer's 'latest' symlink.
     saved = [path for path in checkpoints.iterdir() if not path.is_symlink()]
@@ -121,6 +125,27 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(('127.0.0.1', 0))
         return sock.getsockname()[1]
+
+
+def test_fsdp_shards_the_unet_by_block_and_trains_with_ema_as_ddp_does(tmp_path):
+    """Composer's FSDP on two CPU ranks (the probe gives it the CPU where Composer passes the CUDA device): the
+    UNet is sharded one unit per resolution block, the frozen encoders are left whole, and full_shard training
+    with EMA ends with the weights and average that DDP gives. (Not its checkpoints: PyTorch crashes saving
+    the full state dict of FSDP units on CPU, which Composer gathers to rank 0 with CPU offload.)"""
+    flags = ('--max_duration', '3ba', '--use_ema', '--ema_half_life', '2ba')
+    run, ddp = launch(tmp_path, 'ddp', *flags)
+    assert run.returncode == 0, run.stderr[-3000:]
+    run, sharded = launch(tmp_path, 'sharded', *flags, '--fsdp', 'full_shard', cpu_fsdp=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    units = {name.replace('_fsdp_wrapped_module.', '') for name in sharded[0]['fsdp_units']}
+    assert units == {'unet', 'unet.mid_block', *(f'unet.{part}_blocks.{i}' for part in ('down', 'up') for i in range(4))}
+    assert ddp[0]['fsdp_units'] == []
+    assert sharded[0]['unet'] == sharded[1]['unet'] and sharded[0]['samples'] == 3 * 8
+    with_fsdp, with_ddp = (torch.load(tmp_path / name / 'rank0.pt') for name in ('sharded', 'ddp'))
+    for kind in ('unet', 'ema'):
+        assert with_fsdp[kind].keys() == with_ddp[kind].keys()
+        for name, tensor in with_ddp[kind].items():
+            torch.testing.assert_close(with_fsdp[kind][name], tensor, rtol=1e-4, atol=1e-6, msg=f'{kind} {name}')
 
 
 def test_fsdp_needs_a_gpu():

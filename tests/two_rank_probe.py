@@ -1,8 +1,11 @@
 """Runs benchmark.main under a launcher and records, per rank, what the distributed tests check.
 
 Writes $PROBE_DIR/rank{N}.json: the batches this rank trained (first batch index and, per batch, the
-device batch size and a digest of each image), and a digest of its final UNet weights.
+device batch size and a digest of each image), the samples Composer counted, a
+digest of its final UNet weights, and its FSDP units; and $PROBE_DIR/rank{N}.pt: the final UNet weights
+(full tensors) and, with --use_ema, the averaged ones.
 $PROBE_FAIL_RANK makes that rank raise at its second batch, to test that a failure ends the job.
+$PROBE_CPU_FSDP runs --fsdp on CPU (see cpu_fsdp).
 """
 
 import hashlib
@@ -13,10 +16,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import torch  # noqa: E402
 from composer.core import Callback  # noqa: E402
+from composer.distributed import dist_strategy  # noqa: E402
 from composer.utils import dist  # noqa: E402
+from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: E402
 
-from benchmark import main, parse_args  # noqa: E402
+import benchmark  # noqa: E402
+from ema import EMA  # noqa: E402
 
 
 def digest(tensor) -> str:
@@ -36,13 +43,48 @@ class Probe(Callback):
         self.batches.append([digest(image) for image in state.batch['image']])
 
 
+def cpu_fsdp() -> None:
+    """Composer's FSDP runs on CPU (gloo) but for one argument: it places each unit on the current CUDA device.
+    Pass the CPU there instead, and let --fsdp past benchmark.py's GPU check, so that everything else
+    (Composer's wrapping of the model, sharded training, EMA on shards, checkpoints) runs as on GPUs."""
+    class FullyShardedOnCPU(FullyShardedDataParallel):
+        def __init__(self, *args, device_id=None, **kwargs):
+            super().__init__(*args, device_id=torch.device('cpu'), **kwargs)
+    dist_strategy.FullyShardedDataParallel = FullyShardedOnCPU
+    torch.cuda.current_device = lambda: 0  # the argument's value, computed before the call
+    resolve_args = benchmark.resolve_args
+
+    def resolve_on_cpu(args):
+        fsdp, args.fsdp = args.fsdp, 'none'
+        args = resolve_args(args)
+        args.fsdp = fsdp
+        return args
+    benchmark.resolve_args = resolve_on_cpu
+
+
+def full_weights(unet) -> dict[str, torch.Tensor]:
+    """The UNet's full weights on every rank (gathered under FSDP: a collective, so every rank calls it)."""
+    return {name: tensor.detach().cpu().clone() for name, tensor in sorted(unet.state_dict().items())}
+
+
 if __name__ == '__main__':
+    if os.environ.get('PROBE_CPU_FSDP'):
+        cpu_fsdp()
     probe = Probe()
-    trainer = main(parse_args(), callbacks=(probe,))
-    unet = trainer.state.model.module.unet if hasattr(trainer.state.model, 'module') else trainer.state.model.unet
-    weights = hashlib.sha256()
-    for name, tensor in sorted(unet.state_dict().items()):
-        weights.update(name.encode() + tensor.detach().cpu().numpy().tobytes())
-    record = {'first_batch': probe.first_batch, 'batches': probe.batches, 'unet': weights.hexdigest(),
-              'world_size': dist.get_world_size()}
-    Path(os.environ['PROBE_DIR'], f'rank{dist.get_global_rank()}.json').write_text(json.dumps(record))
+    trainer = benchmark.main(benchmark.parse_args(), callbacks=(probe,))
+    model = trainer.state.model.module if hasattr(trainer.state.model, 'module') else trainer.state.model
+    weights = {'unet': full_weights(model.unet)}
+    ema = next((algorithm for algorithm in trainer.state.algorithms if isinstance(algorithm, EMA)), None)
+    if ema is not None:
+        with ema.ema_weights():
+            weights['ema'] = full_weights(model.unet)
+    unet_digest = hashlib.sha256()
+    for name, tensor in weights['unet'].items():
+        unet_digest.update(name.encode() + tensor.numpy().tobytes())
+    rank = dist.get_global_rank()
+    record = {'first_batch': probe.first_batch, 'batches': probe.batches, 'samples': int(trainer.state.timestamp.sample), 'unet': unet_digest.hexdigest(),
+              'world_size': dist.get_world_size(),
+              'fsdp_units': [name for name, module in trainer.state.model.named_modules()
+                             if isinstance(module, FullyShardedDataParallel)]}
+    Path(os.environ['PROBE_DIR'], f'rank{rank}.json').write_text(json.dumps(record))
+    torch.save(weights, Path(os.environ['PROBE_DIR'], f'rank{rank}.pt'))

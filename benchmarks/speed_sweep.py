@@ -1,0 +1,241 @@
+"""Speed paths, measured: training throughput of SD2 base on this machine's GPU with each speed flag of
+benchmark.py alone on top of a baseline, then with every flag that helped together, at 256 and 512px,
+with the encoders online and from precomputed latents. Prints a Markdown table of img/s per GPU, MFU
+and peak GPU memory, and writes it to --out.
+
+    .venv/bin/python benchmarks/speed_sweep.py                   # on a GPU: every row (about an hour on one H100)
+    .venv/bin/python benchmarks/speed_sweep.py --sizes 512 --modes precomputed --paths compile fused_adamw
+    .venv/bin/python benchmarks/speed_sweep.py --model_name tiny # on a CPU: the paths that run there, tiny model
+
+Each row is one `python benchmark.py --use_synth_data ... --results_json` in a process of its own, so
+compile caches, allocator state and the peak-memory count never carry over between rows, and a row that
+fails (out of memory, a compile error) is reported in the table instead of ending the sweep. Throughput
+is benchmark.py's: the median of SpeedMonitor's rolling windows, warm-up excluded, on one GPU.
+The baseline is the published run's choices on today's stack: bf16 autocast, PyTorch SDPA attention,
+fp32 frozen encoders run online, eager mode, AdamW's default (foreach) kernels, 8 loader workers and
+pinned memory.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+
+class SpeedPath(NamedTuple):
+    flags: tuple[str, ...]
+    gpu_only: bool = False     # needs CUDA (mixed precision, xFormers kernels, pinned memory)
+    online_only: bool = False  # acts on the VAE or text encoder, which precomputed runs do not have
+
+
+SPEED_PATHS = {
+    'baseline': SpeedPath(()),
+    'fp16': SpeedPath(('--precision', 'amp_fp16'), gpu_only=True),
+    'xformers': SpeedPath(('--attention', 'xformers'), gpu_only=True),
+    'channels_last': SpeedPath(('--channels_last',)),
+    'fused_adamw': SpeedPath(('--fused_adamw',)),
+    'low_precision_norm': SpeedPath(('--low_precision_norm',), gpu_only=True),
+    'encoders_bf16': SpeedPath(('--encoders_bf16',), online_only=True),
+    'compile': SpeedPath(('--compile',)),
+    'workers_2': SpeedPath(('--num_workers', '2')),
+    'no_pin_memory': SpeedPath(('--no-pin_memory',), gpu_only=True),
+}
+MODES = {'online': (), 'precomputed': ('--precomputed_latents',)}
+# Samples per forward/backward on one 80 GB GPU: at 512px the published A100-40GB run fit 4 with
+# xFormers, about 6 GB of activations each next to 15 GB of weights, gradients and AdamW state.
+DEFAULT_MICROBATCH = {256: 32, 512: 8}
+NOISE = 0.03  # a path "helps" when it beats the baseline by more than run-to-run noise
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    has_gpu = torch.cuda.is_available()
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--model_name', default='sd2-base' if has_gpu else 'tiny',
+                        help='as in benchmark.py (default: sd2-base on a GPU, tiny without one)')
+    parser.add_argument('--sizes', type=int, nargs='+', default=None,
+                        help='image sizes in pixels (default: 256 512; 64 for the tiny model)')
+    parser.add_argument('--modes', nargs='+', choices=list(MODES), default=list(MODES),
+                        help='encoders online, and/or precomputed latents (default: both)')
+    parser.add_argument('--paths', nargs='+', choices=list(SPEED_PATHS), default=list(SPEED_PATHS), metavar='PATH',
+                        help=f'speed paths to run (default: all): {", ".join(SPEED_PATHS)}')
+    parser.add_argument('--microbatch', type=int, default=None,
+                        help=f'samples per forward/backward (default: {DEFAULT_MICROBATCH} by size, 8 otherwise); '
+                        'the combined row is also run at twice this')
+    parser.add_argument('--accumulation', type=int, default=4,
+                        help='microbatches per optimizer step (default: %(default)s; the published run had 64, '
+                        'which makes the optimizer step a smaller share)')
+    parser.add_argument('--batches', type=int, default=30 if has_gpu else 12,
+                        help='optimizer steps per row (default: %(default)s); throughput windows are half of it')
+    parser.add_argument('--peak_tflops', type=float, default=None,
+                        help="the GPU's dense bf16 peak, for MFU on GPUs Composer does not know")
+    parser.add_argument('--out', default='results/speed_sweep', help='folder for the table, results and logs '
+                        '(default: %(default)s)')
+    args = parser.parse_args(argv)
+    if args.sizes is None:
+        args.sizes = [256, 512] if args.model_name != 'tiny' else [64]
+    for flag in ('microbatch', 'accumulation', 'batches', 'peak_tflops'):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            parser.error(f'--{flag} {value}: must be positive')
+    if args.batches < 4:
+        parser.error(f'--batches {args.batches}: at least 4 (throughput is measured on the steady half)')
+    if 'baseline' not in args.paths:
+        args.paths.insert(0, 'baseline')  # every speedup is relative to it
+    return args
+
+
+def skip_reason(path: SpeedPath, mode: str, has_gpu: bool) -> str | None:
+    if path.gpu_only and not has_gpu:
+        return 'needs a GPU'
+    if path.online_only and mode == 'precomputed':
+        return 'no encoders in a precomputed run'
+    if '--attention' in path.flags:
+        try:
+            import xformers  # noqa: F401
+        except ImportError:
+            return 'xformers is not installed'
+    return None
+
+
+def run_row(args, size: int, mode: str, name: str, flags: tuple[str, ...], microbatch: int) -> dict:
+    """One benchmark.py process; the row holds its results, or why it failed."""
+    slug = re.sub(r'[^A-Za-z0-9_.+-]', '-', f'{size}px-{mode}-{name}-mb{microbatch}')
+    results_json, log = Path(args.out) / f'{slug}.json', Path(args.out) / f'{slug}.log'
+    results_json.unlink(missing_ok=True)
+    command = [sys.executable, str(REPO / 'benchmark.py'), '--model_name', args.model_name, '--use_synth_data',
+               '--image_size', str(size), '--batch_size', str(microbatch * args.accumulation),
+               '--device_train_microbatch_size', str(microbatch), '--max_duration', f'{args.batches}ba',
+               '--results_json', str(results_json), *MODES[mode], *flags]
+    row = {'size': size, 'mode': mode, 'name': name, 'flags': ' '.join(flags), 'microbatch': microbatch}
+    start = time.perf_counter()
+    with open(log, 'w') as output:
+        finished = subprocess.run(command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT)
+    row['seconds'] = time.perf_counter() - start
+    if finished.returncode == 0 and results_json.is_file():
+        row['results'] = json.loads(results_json.read_text())
+    else:
+        row['error'] = failure_reason(log.read_text())
+    return row
+
+
+def failure_reason(output: str) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    if any('out of memory' in line.lower() for line in lines):
+        return 'out of memory'
+    errors = [line for line in lines if line.startswith('error:') or 'Error' in line.split(':')[0]]
+    return (errors or lines or ['exited with no output'])[-1][:120]
+
+
+def per_gpu(row: dict) -> float | None:
+    return row.get('results', {}).get('img_per_sec_per_device')
+
+
+def mfu(row: dict, peak_tflops: float | None) -> float | None:
+    results = row.get('results', {})
+    if results.get('mfu'):
+        return results['mfu']
+    if peak_tflops and results.get('flops_per_sec'):
+        return results['flops_per_sec'] / results['num_devices'] / (peak_tflops * 1e12)
+    return None
+
+
+def sweep(args) -> list[dict]:
+    has_gpu = torch.cuda.is_available()
+    rows = []
+    for size in args.sizes:
+        microbatch = args.microbatch or DEFAULT_MICROBATCH.get(size, 8)
+        for mode in args.modes:
+            baseline, helped = None, []
+            for name in args.paths:
+                path = SPEED_PATHS[name]
+                reason = skip_reason(path, mode, has_gpu)
+                if reason:
+                    rows.append({'size': size, 'mode': mode, 'name': name, 'flags': ' '.join(path.flags),
+                                 'microbatch': microbatch, 'skipped': reason})
+                    continue
+                row = run_row(args, size, mode, name, path.flags, microbatch)
+                rows.append(row)
+                report_progress(row)
+                if name == 'baseline':
+                    baseline = per_gpu(row)
+                elif baseline and per_gpu(row) and per_gpu(row) > (1 + NOISE) * baseline:
+                    helped.append(name)
+            if baseline is None:
+                continue
+            # The paths that each beat the baseline, together, at the microbatch and at twice it.
+            combined = tuple(flag for name in helped for flag in SPEED_PATHS[name].flags)
+            label = '+'.join(helped) if helped else 'baseline'
+            for batch in ((microbatch, 2 * microbatch) if helped else (2 * microbatch,)):
+                row = run_row(args, size, mode, f'combined:{label}', combined, batch)
+                rows.append(row)
+                report_progress(row)
+    return rows
+
+
+def report_progress(row: dict) -> None:
+    if 'results' in row:
+        outcome = f"{per_gpu(row):.2f} img/s per GPU"
+    else:
+        outcome = f"failed: {row['error']}"
+    print(f"[{row['size']}px {row['mode']}] {row['name']} (microbatch {row['microbatch']}): {outcome} "
+          f"({row['seconds']:.0f} s)", flush=True)
+
+
+def table(rows: list[dict], peak_tflops: float | None) -> str:
+    lines = ['| px | encoders | path | flags | microbatch | img/s per GPU | vs baseline | MFU | peak GPU memory (GB) |',
+             '|---|---|---|---|---|---|---|---|---|']
+    baselines = {(row['size'], row['mode']): per_gpu(row) for row in rows if row['name'] == 'baseline'}
+    for row in rows:
+        flags = f"`{row['flags']}`" if row['flags'] else '-'
+        start = f"| {row['size']} | {row['mode']} | {row['name']} | {flags} | {row['microbatch']} |"
+        if 'skipped' in row:
+            lines.append(f"{start} skipped: {row['skipped']} | | | |")
+        elif 'error' in row:
+            lines.append(f"{start} failed: {row['error']} | | | |")
+        else:
+            rate, baseline = per_gpu(row), baselines.get((row['size'], row['mode']))
+            ratio = f'{rate / baseline:.2f}x' if rate and baseline else '-'
+            utilization = mfu(row, peak_tflops)
+            memory = row['results'].get('peak_gpu_memory_gb')
+            lines.append(f"{start} {rate:.2f} | {ratio} | "
+                         f"{f'{100 * utilization:.1f}%' if utilization else '-'} | "
+                         f"{f'{memory:.1f}' if memory else '-'} |")
+    return '\n'.join(lines)
+
+
+def header(rows: list[dict], argv: list[str]) -> str:
+    measured = next((row['results'] for row in rows if 'results' in row), None)
+    if measured is None:
+        return 'No row ran.'
+    versions = ', '.join(f'{name} {version}' for name, version in measured['versions'].items() if version)
+    command = ' '.join(['python benchmarks/speed_sweep.py', *argv])
+    return (f"{datetime.date.today().isoformat()}, {measured['device_name']}, {measured['model_name']}, "
+            f"synthetic data; {versions}.\n\n`{command}`")
+
+
+def main(argv=None) -> list[dict]:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    rows = sweep(args)
+    report = f'{header(rows, argv)}\n\n{table(rows, args.peak_tflops)}\n'
+    (Path(args.out) / 'speed_sweep.md').write_text(report)
+    print(f'\n{report}\nwritten to {Path(args.out) / "speed_sweep.md"} (each row\'s log and results JSON beside it)')
+    return rows
+
+
+if __name__ == '__main__':
+    main()

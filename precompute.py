@@ -1,0 +1,233 @@
+"""Run the frozen VAE and text encoder over an MDS dataset once, and write what they give as a new MDS
+dataset: the latent distribution (mean and log-variance) and the text embedding, fp16, and the caption.
+`benchmark.py --precomputed_latents` then trains the UNet alone on it, with no encoder in memory or in
+the step (in the published run the VAE encoder was about a third of the compute of every step).
+
+    python precompute.py --out data/sample-latents                          # the sample dataset, this device's model
+    composer -n 8 precompute.py --remote s3://bucket/laion/mds --out s3://bucket/laion/sd2-latents-512 \\
+        --model_name sd2-base --image_size 512
+
+The samples are split into parts of --part_size, each written as its own MDS folder (part-00000, ...) and
+spread over the ranks of the launcher. A part is finished when its index.json exists, so running the
+same command again after a crash redoes only unfinished parts. Rank 0 then merges the parts' indexes into
+one dataset with Streaming's merge_index. Bad samples (see data.py) are left out, and counted.
+"""
+
+import argparse
+import json
+import shutil
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import torch
+from composer.utils import dist, get_device, reproducibility
+from streaming import MDSWriter
+from streaming.base.util import clean_stale_shared_memory, merge_index
+from torch.utils.data import DataLoader, Subset
+from tqdm import tqdm
+
+from benchmark import ConfigError, PRESETS, build_model
+from convert import SAMPLE_DATASET, ensure_sample_dataset
+from data import PRECOMPUTED_COLUMNS, DataError, StreamingLAIONDataset, collate, s3_client, unit_range
+
+SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun never mixes two settings
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='Precompute VAE latents and text embeddings of an MDS dataset '
+                                     '(images and captions, as convert.py writes) for --precomputed_latents.')
+    parser.add_argument('--remote', default=None, help='input dataset to stream, e.g. s3://bucket/laion/mds')
+    parser.add_argument('--local', default=None, help='input MDS folder, or with --remote its cache folder '
+                        '(default without either: the sample dataset data/sample-mds)')
+    parser.add_argument('--out', required=True, help='output folder, or a remote such as s3://bucket/laion/latents')
+    parser.add_argument('--model_name', default=None, help='the model whose VAE and text encoder to run: as in '
+                        'benchmark.py (default: sd2-base on a GPU, tiny without one)')
+    parser.add_argument('--image_size', type=int, default=None, help='resolution in pixels (default: the model preset)')
+    parser.add_argument('--tokenizer', default=None, help='local tokenizer folder (default: SD2\'s CLIP BPE)')
+    parser.add_argument('--batch_size', type=int, default=None, help='samples per encoder pass per device '
+                        '(default: 32 on a GPU, 16 on CPU)')
+    parser.add_argument('--num_workers', type=int, default=None, help='decoding workers per device (default: 8 on '
+                        'a GPU, 0 on CPU)')
+    parser.add_argument('--part_size', type=int, default=10_000, help='samples per part: the unit of resumption '
+                        'and of work per rank (default: %(default)s)')
+    parser.add_argument('--precision', choices=['fp32', 'bf16'], default=None,
+                        help='encoder weights and compute (default: bf16 on a GPU, fp32 on CPU); stored as fp16 either way')
+    parser.add_argument('--seed', type=int, default=17, help='seeds encoders that have no weights in the model folder '
+                        '(random init: latents for benchmarking only), as benchmark.py does (default: %(default)s)')
+    parser.add_argument('--overwrite', action='store_true', help='start over: discard an output made with other settings')
+    return parser.parse_args(argv)
+
+
+def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
+    has_gpu = torch.cuda.is_available()
+    if args.model_name is None:
+        args.model_name = 'sd2-base' if has_gpu else 'tiny'
+    if args.image_size is None:
+        args.image_size = PRESETS.get(args.model_name, PRESETS['sd2-base'])['image_size']
+    if args.batch_size is None:
+        args.batch_size = 32 if has_gpu else 16
+    if args.num_workers is None:
+        args.num_workers = 8 if has_gpu else 0
+    if args.precision is None:
+        args.precision = 'bf16' if has_gpu else 'fp32'
+    for flag in ('image_size', 'batch_size', 'part_size'):
+        if getattr(args, flag) <= 0:
+            raise ConfigError(f'--{flag} {getattr(args, flag)}: must be positive')
+    if args.image_size % 8:
+        raise ConfigError(f'--image_size {args.image_size}: must be a multiple of 8 (the VAE downsamples 8x)')
+    args.sample_data = not (args.remote or args.local)
+    if args.sample_data:
+        args.local = str(SAMPLE_DATASET)
+    return args
+
+
+# ------------------------------------------------------------------------------------ output folder
+
+def is_remote(out: str) -> bool:
+    return bool(urllib.parse.urlparse(out).scheme)
+
+
+def read_text(out: str, name: str) -> str | None:
+    """A small file of the output (local folder or s3://), or None when it does not exist."""
+    if not is_remote(out):
+        path = Path(out) / name
+        return path.read_text() if path.is_file() else None
+    url = urllib.parse.urlparse(out)
+    if url.scheme != 's3':
+        raise ConfigError(f'--out {out}: outputs are local folders or s3:// remotes')
+    client = s3_client()
+    try:
+        return client.get_object(Bucket=url.netloc, Key=f"{url.path.strip('/')}/{name}")['Body'].read().decode()
+    except client.exceptions.NoSuchKey:
+        return None
+
+
+def write_text(out: str, name: str, text: str) -> None:
+    if not is_remote(out):
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text(text)
+        return
+    url = urllib.parse.urlparse(out)
+    s3_client().put_object(Bucket=url.netloc, Key=f"{url.path.strip('/')}/{name}", Body=text.encode())
+
+
+def check_settings(args: argparse.Namespace, num_samples: int) -> None:
+    """Rank 0: the output is new, or was started by the same command (then finished parts are kept)."""
+    settings = {'input': args.remote or args.local, 'model_name': args.model_name, 'image_size': args.image_size,
+                'precision': args.precision, 'tokenizer': args.tokenizer, 'seed': args.seed, 'part_size': args.part_size,
+                'num_samples': num_samples}
+    previous = read_text(args.out, SETTINGS_FILE)
+    if previous is not None and json.loads(previous) != settings and not args.overwrite:
+        raise ConfigError(f'--out {args.out} holds a precomputation made with other settings ({previous.strip()}); '
+                          'pass --overwrite to start over, or choose another --out')
+    if previous is None and not is_remote(args.out) and Path(args.out).is_dir() and any(Path(args.out).iterdir()) \
+            and not args.overwrite:
+        raise ConfigError(f'--out {args.out} is not empty and was not made by precompute.py; pass --overwrite or '
+                          'choose another --out')
+    if args.overwrite and not is_remote(args.out) and Path(args.out).is_dir():
+        shutil.rmtree(args.out)  # a remote one is overwritten part by part
+    write_text(args.out, SETTINGS_FILE, json.dumps(settings, indent=2) + '\n')
+
+
+def part_name(part: int) -> str:
+    return f'part-{part:05d}'
+
+
+def part_out(out: str, part: int) -> str:
+    return f"{out.rstrip('/')}/{part_name(part)}"
+
+
+# ------------------------------------------------------------------------------------------ encoding
+
+@torch.no_grad()
+def encode(vae, text_encoder, batch: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The latent distribution's mean and log-variance and the text embedding of a batch, as fp16: exactly what
+    StableDiffusion.encode samples from online (the log-variance is Diffusers' clamped one)."""
+    images = unit_range(batch['image'].to(device)).to(vae.dtype)
+    latent_dist = vae.encode(images).latent_dist
+    text_embeddings = text_encoder(batch['input_ids'].to(device))[0]
+    return latent_dist.mean.half(), latent_dist.logvar.half(), text_embeddings.half()
+
+
+def precompute_part(dataset, indices: range, out: str, vae, text_encoder, device, args, progress) -> tuple[int, int]:
+    """Encode one part's samples and write them as one MDS folder; returns (written, bad samples left out)."""
+    loader = DataLoader(Subset(dataset, indices), batch_size=args.batch_size, num_workers=args.num_workers,
+                        collate_fn=collate, pin_memory=device.type == 'cuda')
+    written = bad = 0
+    with MDSWriter(out=out, columns=PRECOMPUTED_COLUMNS, exist_ok=True) as writer:
+        for batch in loader:
+            means, logvars, text_embeddings = (tensor.cpu().numpy() for tensor in
+                                               encode(vae, text_encoder, batch, device))
+            for row, replaced in enumerate(batch['bad_samples'].tolist()):
+                # A bad sample was replaced by the next good one, which has its own position too: keep it once.
+                if replaced:
+                    bad += 1
+                    continue
+                writer.write({'latent_mean': means[row], 'latent_logvar': logvars[row],
+                              'text_embedding': text_embeddings[row], 'caption': batch['caption'][row]})
+                written += 1
+            progress.update(len(batch['bad_samples']))
+    return written, bad
+
+
+def main(argv=None) -> dict:
+    args = resolve_args(parse_args(argv))
+    device = get_device(None)
+    dist.initialize_dist(device)
+    rank, world_size = dist.get_global_rank(), dist.get_world_size()
+    if args.sample_data:
+        ensure_sample_dataset(Path(args.local))
+    clean_stale_shared_memory()  # every rank calls it: local rank 0 cleans while the others wait at its barrier
+    try:
+        dataset = StreamingLAIONDataset(remote=args.remote, local=args.local, image_size=args.image_size,
+                                        tokenizer=args.tokenizer, shuffle=False, keep_caption=True)
+    except DataError as error:
+        raise ConfigError(str(error))
+    num_samples = dataset.num_samples  # the whole dataset, not this rank's share (len)
+    if rank == 0:
+        check_settings(args, num_samples)
+    dist.barrier()
+
+    reproducibility.seed_all(args.seed)  # every rank, and every rerun, gets the same encoders
+    model = build_model(args.model_name)
+    dtype = torch.bfloat16 if args.precision == 'bf16' else torch.float32
+    vae = model.vae.to(device._device, dtype)
+    text_encoder = model.text_encoder.to(device._device, dtype)
+    num_parts = -(-num_samples // args.part_size)
+    mine = [part for part in range(rank, num_parts, world_size)]
+    todo = [part for part in mine if args.overwrite or read_text(part_out(args.out, part), 'index.json') is None]
+    if rank == 0:
+        print(f'precompute: {num_samples} samples of {args.remote or args.local} in {num_parts} part(s) of '
+              f'{args.part_size} over {world_size} rank(s); {args.model_name} at {args.image_size}px, {args.precision}; '
+              f'{len(mine) - len(todo)} of this rank\'s {len(mine)} part(s) already done', flush=True)
+    start = time.perf_counter()
+    written = bad = 0
+    remaining = sum(len(range(p * args.part_size, min((p + 1) * args.part_size, num_samples))) for p in todo)
+    with tqdm(total=remaining, unit='img', desc='precompute', disable=rank != 0) as progress:
+        for part in todo:
+            indices = range(part * args.part_size, min((part + 1) * args.part_size, num_samples))
+            part_written, part_bad = precompute_part(dataset, indices, part_out(args.out, part), vae, text_encoder,
+                                                     device._device, args, progress)
+            written, bad = written + part_written, bad + part_bad
+    totals = torch.tensor([written, bad], dtype=torch.long, device=device._device)
+    dist.all_reduce(totals)
+    dist.barrier()
+    if rank == 0:
+        merge_index(args.out, keep_local=True)
+        index = json.loads(read_text(args.out, 'index.json'))
+        total = sum(shard['samples'] for shard in index['shards'])
+        print(f'precompute: encoded {int(totals[0])} samples ({int(totals[1])} bad ones left out) in '
+              f'{time.perf_counter() - start:.1f} s; {args.out} holds {total} samples in {len(index["shards"])} '
+              f'shard(s). Train on it: composer benchmark.py --precomputed_latents '
+              f'--{"remote" if is_remote(args.out) else "local"} {args.out} --model_name {args.model_name}', flush=True)
+    return {'encoded': int(totals[0]), 'bad': int(totals[1]), 'parts': num_parts, 'skipped_parts': len(mine) - len(todo)}
+
+
+if __name__ == '__main__':
+    try:
+        main()
+    except ConfigError as error:
+        print(f'error: {error}', file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,277 @@
+"""CPU tests of precomputed latents (precompute.py, --precomputed_latents) and of the speed-path flags."""
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from composer.utils import reproducibility
+from streaming import StreamingDataset
+from torch.utils.data import default_collate
+
+import precompute
+from benchmark import (ConfigError, StableDiffusion, build_model, count_forward_flops, main, parse_args,
+                       resolve_args)
+from convert import ensure_sample_dataset
+from data import CaptionTokenizer, PrecomputedLatentsDataset, StreamingLAIONDataset, SyntheticImageCaptionDataset
+
+REPO = Path(__file__).resolve().parent.parent
+COMPOSER = str(Path(sys.executable).parent / 'composer')
+SOURCE_SAMPLES = 40  # the generated dataset breaks samples 13 and 26 (an empty download, an HTML page)
+
+
+def online_and_precomputed_models():
+    """The tiny model, and a model of the same UNet weights without VAE or text encoder."""
+    reproducibility.seed_all(0)
+    online = build_model('tiny')
+    without_encoders = StableDiffusion(copy.deepcopy(online.unet), None, None, online.noise_scheduler,
+                                       online.latent_scale)
+    return online, without_encoders
+
+
+def fixed_batch(n=4, image_size=64):
+    dataset = SyntheticImageCaptionDataset(image_size)
+    batch = default_collate([dataset[i] for i in range(n)])
+    generator = torch.Generator().manual_seed(1)
+    latent_shape = (n, 4, image_size // 8, image_size // 8)
+    return {**batch, 'noise': torch.randn(latent_shape, generator=generator),
+            'latent_noise': torch.randn(latent_shape, generator=generator),
+            'timesteps': torch.randint(0, 1000, (n,), generator=generator)}
+
+
+def precomputed_from(online, batch, dtype=torch.float16):
+    mean, logvar, text_embedding = precompute.encode(online.vae, online.text_encoder, batch, torch.device('cpu'))
+    if dtype != torch.float16:  # the same values before fp16 storage rounds them
+        with torch.no_grad():
+            dist = online.vae.encode(batch['image']).latent_dist
+            mean, logvar = dist.mean, dist.logvar
+            text_embedding = online.text_encoder(batch['input_ids'])[0]
+    keep = ('noise', 'latent_noise', 'timesteps')
+    return {'latent_mean': mean, 'latent_logvar': logvar, 'text_embedding': text_embedding,
+            **{key: batch[key] for key in keep}}
+
+
+def step(model, batch):
+    model.zero_grad(set_to_none=True)
+    outputs = model(batch)
+    loss = model.loss(outputs, batch)
+    loss.backward()
+    return outputs[0].detach(), loss.detach(), [p.grad.clone() for p in model.unet.parameters()]
+
+
+def test_precomputed_step_equals_the_online_step():
+    online, without_encoders = online_and_precomputed_models()
+    batch = fixed_batch()
+    prediction, loss, gradients = step(online, batch)
+    # Unrounded encoder outputs: the same step up to float reassociation.
+    exact = step(without_encoders, precomputed_from(online, batch, torch.float32))
+    torch.testing.assert_close(exact[0], prediction, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(exact[1], loss, rtol=1e-5, atol=1e-6)
+    # As stored (fp16): within fp16 rounding of the inputs.
+    stored = precomputed_from(online, batch)
+    assert stored['latent_mean'].dtype == stored['text_embedding'].dtype == torch.float16
+    fp16_prediction, fp16_loss, fp16_gradients = step(without_encoders, stored)
+    torch.testing.assert_close(fp16_prediction, prediction, rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(fp16_loss, loss, rtol=2e-3, atol=0)
+    cosine = torch.nn.functional.cosine_similarity(torch.cat([g.flatten() for g in fp16_gradients]),
+                                                   torch.cat([g.flatten() for g in gradients]), dim=0)
+    assert cosine > 0.999
+    # Nothing but the UNet in the precomputed model, and its FLOPs are the UNet's forward and backward.
+    assert sum(p.numel() for p in without_encoders.parameters()) == sum(p.numel() for p in online.unet.parameters())
+    unet_forward = count_forward_flops(online.unet.config, online.vae.config, online.text_encoder.config, 64, 64, 77)
+    assert without_encoders.flops_per_batch(stored) == 4 * 3 * unet_forward['unet']
+    assert online.flops_per_batch(batch) > without_encoders.flops_per_batch(stored)
+
+
+@pytest.fixture(scope='module')
+def source(tmp_path_factory):
+    return ensure_sample_dataset(tmp_path_factory.mktemp('source') / 'mds', num_samples=SOURCE_SAMPLES)
+
+
+def run_precompute(source, out, *flags):
+    return precompute.main(['--local', str(source), '--out', str(out), '--model_name', 'tiny', '--image_size', '32',
+                            '--part_size', '16', *flags])
+
+
+def read_all(location):
+    dataset = PrecomputedLatentsDataset(local=str(location), shuffle=False, batch_size=1)
+    return [dataset[i] for i in range(dataset.num_samples)]
+
+
+def test_precompute_writes_aligned_samples_resumes_and_trains(source, tmp_path, capfd):
+    out = tmp_path / 'latents'
+    assert run_precompute(source, out) == {'encoded': 38, 'bad': 2, 'parts': 3, 'skipped_parts': 0}
+    stored = read_all(out)
+    assert len(stored) == 38
+    # Sample k of the output is the k-th good source sample, encoded by the tiny model's encoders.
+    reproducibility.seed_all(17)  # precompute.py's --seed default
+    model = build_model('tiny')
+    images = StreamingLAIONDataset(local=str(source), image_size=32, shuffle=False, keep_caption=True)
+    good = [images[i] for i in range(SOURCE_SAMPLES) if not images[i]['bad_samples']]
+    assert len(good) == 38
+    reader = PrecomputedLatentsDataset(local=str(out), shuffle=False, batch_size=1)
+    for k in (0, 13, 37):
+        batch = default_collate([good[k]])
+        mean, logvar, text_embedding = precompute.encode(model.vae, model.text_encoder, batch, torch.device('cpu'))
+        # Encoded in batches of 16 there, of 1 here: equal up to fp16 rounding of reassociated sums.
+        for name, expected in (('latent_mean', mean), ('latent_logvar', logvar), ('text_embedding', text_embedding)):
+            torch.testing.assert_close(stored[k][name], expected[0], rtol=2e-3, atol=2e-3)
+        assert StreamingDataset.get_item(reader, k)['caption'] == good[k]['caption']  # the raw row
+    assert torch.equal(CaptionTokenizer()(good[5]['caption']), good[5]['input_ids'])
+
+    # A crash in the middle part: only that part is redone, and the result is the same.
+    shutil.rmtree(out / 'part-00001')
+    (out / 'index.json').unlink()
+    assert run_precompute(source, out) == {'encoded': 15, 'bad': 1, 'parts': 3, 'skipped_parts': 2}
+    assert all(torch.equal(a['latent_mean'], b['latent_mean']) for a, b in zip(read_all(out), stored, strict=True))
+    # The same output with other settings is refused, unless asked to start over.
+    with pytest.raises(ConfigError, match='made with other settings'):
+        run_precompute(source, out, '--precision', 'bf16')
+
+    # Train the UNet alone on it: one epoch of 38 samples in batches of 8, at the stored 32px.
+    capfd.readouterr()
+    trainer = main(parse_args(['--model_name', 'tiny', '--precomputed_latents', '--local', str(out),
+                               '--batch_size', '8', '--max_duration', '1ep']))
+    assert int(trainer.state.timestamp.batch) == 4
+    assert 'the data was precomputed at 32px' in capfd.readouterr().out
+    assert trainer.state.model.vae is None and trainer.state.model.text_encoder is None
+
+
+def test_precomputed_data_must_fit_the_unet(source, tmp_path):
+    out = tmp_path / 'latents'
+    run_precompute(source, out)
+    other = tmp_path / 'wide-model'
+    shutil.copytree(REPO / 'configs' / 'tiny', other)
+    config = json.loads((other / 'unet' / 'config.json').read_text())
+    config['cross_attention_dim'] = 48
+    (other / 'unet' / 'config.json').write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match='text embeddings of width 32, but .* takes 4 and 48'):
+        main(parse_args(['--model_name', str(other), '--precomputed_latents', '--local', str(out),
+                         '--batch_size', '8']))
+    with pytest.raises(ConfigError, match="latent_mean, latent_logvar and text_embedding"):
+        main(parse_args(['--model_name', 'tiny', '--precomputed_latents', '--local', str(source), '--batch_size', '8']))
+
+
+def test_two_ranks_share_the_parts(source, tmp_path):
+    single = tmp_path / 'single'
+    run_precompute(source, single, '--part_size', '8')
+    out = tmp_path / 'two-ranks'
+    # A folder of its own: Streaming refuses a local folder that a live dataset (here, in this process) reads.
+    own_source = shutil.copytree(source, tmp_path / 'source')
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1'}
+    run = subprocess.run([COMPOSER, '-n', '2', str(REPO / 'precompute.py'), '--local', str(own_source), '--out', str(out),
+                          '--model_name', 'tiny', '--image_size', '32', '--part_size', '8'],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert 'encoded 38 samples (2 bad ones left out)' in run.stdout
+    assert sorted(path.name for path in out.glob('part-*')) == [f'part-{i:05d}' for i in range(5)]
+    # The same samples in the same order (other thread counts: equal up to rounding, not bitwise).
+    for a, b in zip(read_all(out), read_all(single), strict=True):
+        for name in ('latent_mean', 'text_embedding'):
+            torch.testing.assert_close(a[name], b[name], rtol=2e-3, atol=2e-3)
+
+
+def test_synthetic_precomputed_run_counts_unet_flops_only(tmp_path):
+    results = tmp_path / 'results.json'
+    main(parse_args(['--model_name', 'tiny', '--use_synth_data', '--precomputed_latents', '--batch_size', '4',
+                     '--max_duration', '3ba', '--results_json', str(results)]))
+    summary = json.loads(results.read_text())
+    reproducibility.seed_all(0)
+    online = build_model('tiny')
+    unet_forward = count_forward_flops(online.unet.config, online.vae.config, online.text_encoder.config, 64, 64, 77)
+    assert summary['flops_per_image'] == 3 * unet_forward['unet']
+    assert summary['img_per_sec'] > 0
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--precomputed_latents'], '--precomputed_latents needs a dataset written by precompute.py'),
+    (['--precomputed_latents', '--use_synth_data', '--encoders_bf16'], 'no VAE or text encoder to keep in bf16'),
+    (['--use_synth_data', '--low_precision_norm'], '--low_precision_norm runs the norms in the autocast precision'),
+])
+def test_bad_flag_combinations(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_args(parse_args(['--model_name', 'tiny', *flags]))
+
+
+def test_precompute_refuses_a_foreign_output(source, tmp_path):
+    out = tmp_path / 'busy'
+    out.mkdir()
+    (out / 'notes.txt').write_text('mine')
+    with pytest.raises(ConfigError, match='is not empty and was not made by precompute.py'):
+        run_precompute(source, out)
+    assert (out / 'notes.txt').read_text() == 'mine'
+
+
+# ------------------------------------------------------------------------------------- speed paths
+
+def train(*flags, batches=3):
+    trainer = main(parse_args(['--model_name', 'tiny', '--use_synth_data', '--batch_size', '4', '--image_size', '32',
+                               '--max_duration', f'{batches}ba', *flags]))
+    return trainer.state.model
+
+
+def assert_same_update(plain, other, tolerance=1e-2):
+    """Both runs moved the UNet from the same init by the same update, up to float rounding (which Adam can
+    turn into a visible difference where a gradient is near zero, hence a norm over all parameters)."""
+    reproducibility.seed_all(17)  # benchmark.py's --seed default: the init both runs started from
+    init = torch.cat([p.detach().flatten() for p in build_model('tiny').unet.parameters()])
+    plain_update = torch.cat([p.detach().flatten() for p in plain.unet.parameters()]) - init
+    other_update = torch.cat([p.detach().flatten() for p in other.unet.parameters()]) - init
+    assert plain_update.norm() > 0
+    assert (other_update - plain_update).norm() < tolerance * plain_update.norm()
+
+
+def test_fused_adamw_gives_the_same_weights():
+    plain, fused = train(), train('--fused_adamw')
+    assert_same_update(plain, fused)
+
+
+def test_channels_last_keeps_the_result():
+    plain, channels_last = train(), train('--channels_last')
+    conv = channels_last.unet.conv_in.weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    assert_same_update(plain, channels_last)
+
+
+def test_encoders_bf16_keeps_encoders_in_bf16_and_trains():
+    model = train('--encoders_bf16', batches=2)
+    assert {p.dtype for p in model.vae.parameters()} == {p.dtype for p in model.text_encoder.parameters()} \
+        == {torch.bfloat16}
+    assert {p.dtype for p in model.unet.parameters()} == {torch.float32}
+    batch = fixed_batch(2, 32)
+    latents, text_embeddings = model.encode(batch)
+    assert latents.dtype == text_embeddings.dtype == torch.float32 and torch.isfinite(latents).all()
+
+
+def test_speed_sweep_runs_each_path_skips_what_cannot_run_and_combines(tmp_path):
+    from benchmarks import speed_sweep
+    rows = speed_sweep.main(['--model_name', 'tiny', '--sizes', '32', '--modes', 'precomputed', '--microbatch', '2',
+                             '--accumulation', '2', '--batches', '4', '--out', str(tmp_path),
+                             '--paths', 'fused_adamw', 'low_precision_norm', 'encoders_bf16'])
+    by_name = {row['name']: row for row in rows}
+    assert list(by_name)[:4] == ['baseline', 'fused_adamw', 'low_precision_norm', 'encoders_bf16']
+    assert by_name['low_precision_norm']['skipped'] == 'needs a GPU'
+    assert by_name['encoders_bf16']['skipped'] == 'no encoders in a precomputed run'
+    for name in ('baseline', 'fused_adamw'):
+        results = by_name[name]['results']  # each row's own benchmark.py run, with the row's flags
+        assert results['img_per_sec_per_device'] > 0 and results['config']['precomputed_latents']
+        assert results['config']['fused_adamw'] == (name == 'fused_adamw')
+        assert (results['image_size'], results['config']['batch_size']) == (32, 4)
+    combined = [row for row in rows if row['name'].startswith('combined:')]
+    assert combined and combined[-1]['microbatch'] == 4 and 'results' in combined[-1]
+    table = (tmp_path / 'speed_sweep.md').read_text()
+    assert '| 32 | precomputed | low_precision_norm | `--low_precision_norm` | 2 | skipped: needs a GPU |' in table
+    assert len([line for line in table.splitlines() if line.startswith('| 32 |')]) == len(rows)
+
+
+def test_speed_sweep_names_why_a_row_failed():
+    from benchmarks.speed_sweep import failure_reason
+    assert failure_reason('step 1\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate') == 'out of memory'
+    assert failure_reason('config: {}\nerror: --attention xformers: not installed\n') == \
+        'error: --attention xformers: not installed'
+    assert failure_reason('') == 'exited with no output'
