@@ -227,6 +227,10 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
         raise ConfigError('--encoders_bf16: with --precomputed_latents there is no VAE or text encoder to keep in bf16')
     if args.precomputed_latents and args.tokenizer:
         raise ConfigError('--tokenizer: precomputed captions are already embeddings (choose the tokenizer in precompute.py)')
+    if args.compile and not has_gpu:
+        # Measured: the forward pass compiles, then Inductor's CPU backend fails on the backward graph.
+        raise ConfigError("--compile: torch 2.7.0's Inductor fails compiling this model's backward pass for CPU "
+                          '(KeyError in its scheduler, after minutes of compiling); use --compile on a GPU')
     if args.pin_memory and not has_gpu:
         raise ConfigError('--pin_memory pins batches for copies to a GPU, and there is none: leave it out')
     if args.low_precision_norm and args.precision == 'fp32':
@@ -698,3 +702,7 @@ if __name__ == '__main__':
     except ConfigError as error:
         print(f'error: {error}', file=sys.stderr)
         sys.exit(2)
+    except DataError as error:  # e.g. a dataset of mostly bad samples, found while training
+        # Raised in a dataloader worker, the message carries the worker's traceback: its last line is the reason.
+        print(f"error: {str(error).strip().splitlines()[-1].removeprefix('data.DataError: ')}", file=sys.stderr)
+        sys.exit(1)

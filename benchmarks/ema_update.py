@@ -76,6 +76,14 @@ def used_bytes(device) -> int:
     return torch.cuda.memory_allocated(device) if device.type == 'cuda' else psutil.Process().memory_info().rss
 
 
+def state_bytes(state) -> int:
+    """Bytes of the averaged tensors: ema.py's flat buffer, or Composer's per-name copies."""
+    if isinstance(state, EMAWeights):
+        return state.num_bytes
+    tensors = [*state.named_parameters_dict.values(), *state.named_buffers_dict.values()]
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+
 def measure(name, make, update, device, repeats, finish=lambda state: None):
     """make() -> state holding the average; update(state) runs one update. Returns a result row."""
     gc.collect()
@@ -99,7 +107,7 @@ def measure(name, make, update, device, repeats, finish=lambda state: None):
         update(state)
         finish(state)
     row = {'name': name, 'seconds': statistics.median(times), 'blocking': statistics.median(blocking),
-           'host_bytes': held_host, 'device_bytes': held_device, 'temp_total': counter.total,
+           'state_bytes': state_bytes(state), 'host_bytes': held_host, 'device_bytes': held_device, 'temp_total': counter.total,
            'temp_peak': counter.peak}
     del state
     gc.collect()
@@ -162,7 +170,7 @@ def main():
     base = rows[0]['seconds']
     for row in rows:
         device_gb = '-' if row['device_bytes'] is None else f'{row["device_bytes"] / 1e9:.3f}'
-        print(f'{row["name"]:<24} {row["seconds"]:>9.3f} {base / row["seconds"]:>7.2f}x {4 * numel / 1e9:>9.3f} '
+        print(f'{row["name"]:<24} {row["seconds"]:>9.3f} {base / row["seconds"]:>7.2f}x {row["state_bytes"] / 1e9:>9.3f} '
               f'{row["host_bytes"] / 1e9:>8.3f} {device_gb:>8} {row["temp_total"] / 1e9:>12.3f} '
               f'{row["temp_peak"] / 1e9:>13.3f}')
     print('state GB: the averaged tensors (both keep the trainable parameters only; Composer also keeps every buffer,'

@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 class SpeedPath(NamedTuple):
     flags: tuple[str, ...]
-    gpu_only: bool = False     # needs CUDA (mixed precision, xFormers kernels, pinned memory)
+    gpu_only: bool = False     # needs CUDA (mixed precision, xFormers kernels, pinned memory, compile)
     online_only: bool = False  # acts on the VAE or text encoder, which precomputed runs do not have
 
 
@@ -48,7 +48,7 @@ SPEED_PATHS = {
     'fused_adamw': SpeedPath(('--fused_adamw',)),
     'low_precision_norm': SpeedPath(('--low_precision_norm',), gpu_only=True),
     'encoders_bf16': SpeedPath(('--encoders_bf16',), online_only=True),
-    'compile': SpeedPath(('--compile',)),
+    'compile': SpeedPath(('--compile',), gpu_only=True),  # Inductor fails on this model's backward on CPU
     'workers_2': SpeedPath(('--num_workers', '2')),
     'no_pin_memory': SpeedPath(('--no-pin_memory',), gpu_only=True),
 }

@@ -192,6 +192,8 @@ def test_synthetic_precomputed_run_counts_unet_flops_only(tmp_path):
     (['--precomputed_latents'], '--precomputed_latents needs a dataset written by precompute.py'),
     (['--precomputed_latents', '--use_synth_data', '--encoders_bf16'], 'no VAE or text encoder to keep in bf16'),
     (['--use_synth_data', '--low_precision_norm'], '--low_precision_norm runs the norms in the autocast precision'),
+    (['--use_synth_data', '--compile'], "Inductor fails compiling this model's backward pass for CPU"),
+    (['--use_synth_data', '--pin_memory'], '--pin_memory pins batches for copies to a GPU'),
 ])
 def test_bad_flag_combinations(flags, message):
     with pytest.raises(ConfigError, match=message):
