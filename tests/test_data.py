@@ -258,22 +258,23 @@ def test_bad_sample_lookup_is_per_shard_row(tmp_path, caplog):
     assert len(shard) == 1 and 'shard shard.00000.mds' not in shard[0] and ', row ' in shard[0]
 
 
-def test_mostly_bad_dataset_stops_with_a_clear_error(tmp_path):
-    samples = good_samples(40)
-    for i in range(40):
+def mostly_bad_dataset(folder, size) -> str:
+    """Three of every four samples are failed downloads (empty bytes)."""
+    samples = good_samples(size)
+    for i in range(size):
         if i % 4:
             samples[i]['jpg'] = b''
-    location = write_dataset(tmp_path / 'mds', samples)
+    return write_dataset(folder, samples)
+
+
+def test_mostly_bad_dataset_stops_with_a_clear_error(tmp_path):
+    location = mostly_bad_dataset(tmp_path / 'mds', 40)
     with pytest.raises(DataError, match=rf'{location}: \d+ of the 32 samples read are bad .*empty image bytes'):
         images(location)
 
 
 def test_training_on_a_mostly_bad_dataset_ends_with_one_error_line(tmp_path):
-    samples = good_samples(160)
-    for i in range(160):
-        if i % 4:
-            samples[i]['jpg'] = b''
-    location = write_dataset(tmp_path / 'mds', samples)
+    location = mostly_bad_dataset(tmp_path / 'mds', 160)
     run = subprocess.run([sys.executable, str(REPO / 'benchmark.py'), '--model_name', 'tiny', '--local', location,
                           '--image_size', '32', '--batch_size', '4', '--max_duration', '1ep', '--num_workers', '2'],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
