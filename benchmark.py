@@ -358,14 +358,15 @@ class StableDiffusion(ComposerModel):
 
     def flops_per_image(self, height: int, width: int, caption_length: int = CAPTION_LENGTH) -> int:
         key = (height, width, caption_length)
-        if key not in self._flops_per_image and self.vae is None:  # precomputed: the UNet alone
-            self._flops_per_image[key] = 3 * count_unet_forward_flops(
-                self.unet.config, height // LATENT_DOWNSAMPLE, width // LATENT_DOWNSAMPLE, caption_length)
         if key not in self._flops_per_image:
-            parts = count_forward_flops(self.unet.config, self.vae.config, self.text_encoder.config, *key)
+            if self.vae is None:  # precomputed: the UNet alone
+                parts = {'unet': count_unet_forward_flops(self.unet.config, height // LATENT_DOWNSAMPLE,
+                                                          width // LATENT_DOWNSAMPLE, caption_length)}
+            else:
+                parts = count_forward_flops(self.unet.config, self.vae.config, self.text_encoder.config, *key)
             # Backward costs twice the forward (gradients of activations and of weights): UNet x3.
             # The frozen encoders run forward only.
-            self._flops_per_image[key] = 3 * parts['unet'] + parts['vae_encoder'] + parts['text_encoder']
+            self._flops_per_image[key] = 3 * parts['unet'] + parts.get('vae_encoder', 0) + parts.get('text_encoder', 0)
         return self._flops_per_image[key]
 
 
@@ -378,18 +379,15 @@ def count_forward_flops(unet_config, vae_config, text_config, height: int, width
     """
     counts = {}
     with torch.device('meta'), sdpa_kernel(SDPBackend.MATH):
-        unet = UNet2DConditionModel.from_config(unet_config)
         vae = AutoencoderKL.from_config(vae_config)
         text_encoder = CLIPTextModel(text_config)
         with FlopCounterMode(display=False) as counter:
             latents = vae.encode(torch.empty(1, vae_config.in_channels, height, width)).latent_dist.mean
         counts['vae_encoder'] = counter.get_total_flops()
         with FlopCounterMode(display=False) as counter:
-            text_embeddings = text_encoder(torch.zeros(1, caption_length, dtype=torch.long))[0]
+            text_encoder(torch.zeros(1, caption_length, dtype=torch.long))
         counts['text_encoder'] = counter.get_total_flops()
-        with FlopCounterMode(display=False) as counter:
-            unet(torch.empty_like(latents), torch.tensor([500]), text_embeddings)
-        counts['unet'] = counter.get_total_flops()
+    counts['unet'] = count_unet_forward_flops(unet_config, latents.shape[-2], latents.shape[-1], caption_length)
     return counts
 
 
