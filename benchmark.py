@@ -110,6 +110,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     train.add_argument('--fsdp', choices=['none', 'shard_grad_op', 'full_shard'], default='none',
                        help='shard the UNet with FSDP through Composer: shard_grad_op shards gradients and optimizer '
                        'state, full_shard the weights too; none replicates it with DDP (default: %(default)s)')
+    train.add_argument('--fsdp_state_dict_type', choices=['full', 'sharded'], default='full',
+                       help='checkpoints under --fsdp: full is one file gathered to and written by rank 0; sharded '
+                       'has each rank write its own shards into a folder (torch.distributed.checkpoint) '
+                       '(default: %(default)s)')
     train.add_argument('--use_ema', action='store_true', help='keep an exponential moving average of the UNet')
     train.add_argument('--ema_half_life', default='1000ba',
                        help="EMA half life as a Composer time string (Composer's default, as in the published run)")
@@ -246,6 +250,9 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.fsdp != 'none' and not has_gpu:
         raise ConfigError(f'--fsdp {args.fsdp}: Composer shards with FSDP on CUDA GPUs only; on CPU leave '
                           '--fsdp none (each rank holds a full replica, synchronized by DDP over gloo)')
+    if args.fsdp_state_dict_type != 'full' and args.fsdp == 'none':
+        raise ConfigError(f'--fsdp_state_dict_type {args.fsdp_state_dict_type}: applies to --fsdp checkpoints only; '
+                          'without --fsdp rank 0 writes one file')
     if args.autoresume and not (args.save_folder and args.run_name):
         raise ConfigError('--autoresume needs --save_folder and --run_name (Composer finds the checkpoint by both)')
     try:
@@ -592,7 +599,8 @@ def build_trainer(args: argparse.Namespace, model: StableDiffusion, dataloader: 
         algorithms=algorithms,
         compile_config={} if args.compile else None,
         parallelism_config=None if args.fsdp == 'none' else {
-            'fsdp': {'sharding_strategy': args.fsdp.upper(), 'use_orig_params': True}},
+            'fsdp': {'sharding_strategy': args.fsdp.upper(), 'use_orig_params': True,
+                     'state_dict_type': args.fsdp_state_dict_type}},
     )
 
 

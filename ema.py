@@ -23,7 +23,6 @@ EMA weights are swapped in for evaluation (EVAL_START .. EVAL_END), for `ema_wei
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import threading
 from pathlib import Path
@@ -260,23 +259,22 @@ class EMAWeights:
             self.swap()
 
     def state_dict(self, model: torch.nn.Module, mode: Optional[str] = None) -> dict[str, torch.Tensor]:
-        """{name: average}. Under FSDP, in the form torch gives the model's own state dict for Composer's
-        checkpoints (full tensors on rank 0 for 'full', ShardedTensor/DTensor for 'sharded'): only here, at
-        checkpoint time, do the shards travel between ranks."""
+        """{name: average}. Under FSDP, full tensors, gathered here only, at checkpoint time: for 'full'
+        checkpoints to rank 0's host memory on GPUs, as Composer gathers the model; for 'sharded' ones to every
+        rank. Composer stores an algorithm's state as one pickled object, of which torch.distributed.checkpoint
+        writes a single rank's copy: shards in it would lose every other rank's part."""
         self.join()
         if not self.sharded:
             return dict(zip(self.names, self.tensors))
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        full = mode != 'sharded'
-        with self.swapped():  # the model's shards hold the average while torch collects them
-            state = get_model_state_dict(model, options=StateDictOptions(
-                full_state_dict=full, cpu_offload=full and self._device.type == 'cuda'))
-            state = {name: state[name] for name in self.names if name in state}
-            if not full:  # FSDP2 returns the live DTensor parameters, which get the training weights back on leaving
-                state = copy.deepcopy(state)
-        return state
+        # cpu_offload also means rank 0 only. On CPU, PyTorch crashes gathering FSDP weights with it.
+        rank0_only = mode != 'sharded' and self._device.type == 'cuda'
+        with self.swapped():  # the model's shards hold the average while torch gathers them
+            state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                         cpu_offload=rank0_only))
+        return {name: state[name].cpu() for name in self.names if name in state}
 
-    def load_state_dict(self, model: torch.nn.Module, state: dict[str, torch.Tensor], mode: Optional[str] = None):
+    def load_state_dict(self, model: torch.nn.Module, state: dict[str, torch.Tensor]):
         self.join()
         missing, unexpected = set(self.names) - set(state), set(state) - set(self.names)
         if missing or unexpected:
@@ -288,9 +286,8 @@ class EMAWeights:
                 torch._foreach_copy_(self.tensors, [state[name] for name in self.names])
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-        with self.swapped():  # load into the model's shards, which then swap into the average
-            set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=mode != 'sharded',
-                                                                        strict=False))
+        with self.swapped():  # each rank loads its shards of the full tensors, which then swap into the average
+            set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
 
 
 class EMA(Algorithm):
@@ -417,10 +414,6 @@ class EMA(Algorithm):
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state.update(started=self.started, num_updates=self.num_updates, ema=None)
-        if self._state is not None and self._state.fsdp_state_dict_type == 'sharded' and self.weights is None:
-            # Sharded checkpoints load into the tensors of a state dict made by this method: always hold them.
-            self.weights = EMAWeights(self._state.model, self.offload)
-            self.weights.reset()
         if self.weights is not None:
             if self._ema_active:
                 raise RuntimeError('EMA: cannot checkpoint while the averaged weights are swapped in')
@@ -432,10 +425,10 @@ class EMA(Algorithm):
             raise ValueError('this checkpoint holds composer.algorithms.EMA state; load it with that algorithm')
         self.started, self.num_updates = state['started'], state['num_updates']
         if state.get('ema') is not None:
-            model, mode = self._model_and_mode()
+            model, _ = self._model_and_mode()
             if self.weights is None:
                 self.weights = EMAWeights(model, self.offload)
-            self.weights.load_state_dict(model, state['ema'], mode)
+            self.weights.load_state_dict(model, state['ema'])
 
 
 def export_ema_unet(trainer, out_dir: str | Path) -> Path:

@@ -130,8 +130,7 @@ def free_port() -> int:
 def test_fsdp_shards_the_unet_by_block_and_trains_with_ema_as_ddp_does(tmp_path):
     """Composer's FSDP on two CPU ranks (the probe gives it the CPU where Composer passes the CUDA device): the
     UNet is sharded one unit per resolution block, the frozen encoders are left whole, and full_shard training
-    with EMA ends with the weights and average that DDP gives. (Not its checkpoints: PyTorch crashes saving
-    the full state dict of FSDP units on CPU, which Composer gathers to rank 0 with CPU offload.)"""
+    with EMA ends with the weights and average that DDP gives."""
     flags = ('--max_duration', '3ba', '--use_ema', '--ema_half_life', '2ba')
     run, ddp = launch(tmp_path, 'ddp', *flags)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -148,9 +147,51 @@ def test_fsdp_shards_the_unet_by_block_and_trains_with_ema_as_ddp_does(tmp_path)
             torch.testing.assert_close(with_fsdp[kind][name], tensor, rtol=1e-4, atol=1e-6, msg=f'{kind} {name}')
 
 
+FSDP_EMA = ('--fsdp', 'full_shard', '--use_ema', '--ema_half_life', '2ba')
+
+
+@pytest.fixture(scope='module')
+def fsdp_straight_run(tmp_path_factory):
+    """Five batches of full_shard training with EMA, uninterrupted."""
+    tmp_path = tmp_path_factory.mktemp('fsdp')
+    run, ranks = launch(tmp_path, 'straight', *FSDP_EMA, '--max_duration', '5ba', cpu_fsdp=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    return ranks, [torch.load(tmp_path / 'straight' / f'rank{rank}.pt') for rank in range(2)]
+
+
+@pytest.mark.parametrize('state_dict_type, written', [('full', ['ep0-ba3-rank0.pt']),
+                                                      ('sharded', ['.metadata', '__0_0.distcp', '__1_0.distcp'])])
+def test_fsdp_checkpoint_resumes_to_the_weights_and_average_of_an_uninterrupted_run(
+        tmp_path, fsdp_straight_run, state_dict_type, written):
+    """Under full_shard, a checkpoint at batch 3 and a resumed run to batch 5 end where five batches straight
+    do, EMA included: 'full' is one file from rank 0, 'sharded' a folder with one file per rank."""
+    flags = (*FSDP_EMA, '--fsdp_state_dict_type', state_dict_type, '--save_folder', str(tmp_path / 'checkpoints'),
+             '--run_name', 'fsdp')
+    run, _ = launch(tmp_path, 'first', *flags, '--max_duration', '3ba', '--save_interval', '3ba', cpu_fsdp=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    saved = [path for path in (tmp_path / 'checkpoints').iterdir() if not path.is_symlink()]
+    assert len(saved) == 1
+    assert (sorted(path.name for path in saved[0].iterdir()) if saved[0].is_dir() else [saved[0].name]) == written
+
+    run, resumed = launch(tmp_path, 'resumed', *flags, '--max_duration', '5ba', '--save_interval', '5ba',
+                          '--autoresume', cpu_fsdp=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    straight, straight_weights = fsdp_straight_run
+    assert [rank['first_batch'] for rank in resumed] == [3, 3]
+    for rank in range(2):
+        assert resumed[rank]['batches'] == straight[rank]['batches'][3:]
+        weights = torch.load(tmp_path / 'resumed' / f'rank{rank}.pt')
+        for kind in ('unet', 'ema'):
+            assert weights[kind].keys() == straight_weights[rank][kind].keys()
+            for name, tensor in straight_weights[rank][kind].items():
+                assert torch.equal(weights[kind][name], tensor), f'rank {rank} {kind} {name}'
+
+
 def test_fsdp_needs_a_gpu():
     with pytest.raises(ConfigError, match='--fsdp full_shard: Composer shards with FSDP on CUDA GPUs only'):
         resolve_args(parse_args(TINY + ['--fsdp', 'full_shard']))
+    with pytest.raises(ConfigError, match='--fsdp_state_dict_type sharded: applies to --fsdp checkpoints only'):
+        resolve_args(parse_args(TINY + ['--fsdp_state_dict_type', 'sharded']))
 
 
 # ------------------------------------------------------------------------------------ mcloud.yaml

@@ -304,25 +304,21 @@ def _two_rank_worker(rank: int, port: int):
         assert gathers
 
         training = {n: p.detach().clone() for n, p in model.named_parameters()}
-        state = weights.state_dict(model, 'full')
-        assert state.keys() == reference.keys()
-        for name in reference:
-            torch.testing.assert_close(state[name], reference[name], rtol=1e-6, atol=1e-7)
-        # Sharded: ShardedTensors (rows of each parameter per rank) holding the average, not the training weights.
-        sharded = weights.state_dict(model, 'sharded')
-        for name in reference:
-            for shard in sharded[name].local_shards():
-                rows = slice(shard.metadata.shard_offsets[0], shard.metadata.shard_offsets[0] + shard.tensor.shape[0])
-                torch.testing.assert_close(shard.tensor, reference[name][rows], rtol=1e-6, atol=1e-7)
+        # Both checkpoint types hold the full average on every rank here (on GPUs 'full' keeps it on rank 0):
+        # Composer pickles an algorithm's state, and a sharded checkpoint keeps one rank's copy of that.
+        for mode in ('full', 'sharded'):
+            state = weights.state_dict(model, mode)
+            assert state.keys() == reference.keys()
+            for name in reference:
+                torch.testing.assert_close(state[name], reference[name], rtol=1e-6, atol=1e-7)
         saved = [t.clone() for t in weights.tensors]
-        for mode, loaded in (('full', state), ('sharded', sharded)):
-            for tensor in weights.tensors:
-                tensor.zero_()
-            weights.load_state_dict(model, loaded, mode)
-            for before, after in zip(saved, weights.tensors):
-                assert torch.equal(before, after)
-            for name, p in model.named_parameters():
-                assert torch.equal(p, training[name])
+        for tensor in weights.tensors:
+            tensor.zero_()
+        weights.load_state_dict(model, state)
+        for before, after in zip(saved, weights.tensors):
+            assert torch.equal(before, after)
+        for name, p in model.named_parameters():
+            assert torch.equal(p, training[name])
 
     # DDP: every rank keeps the full average, named as without the wrapper.
     model = DDP(make())

@@ -16,10 +16,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import composer.core.state as composer_state  # noqa: E402
 import torch  # noqa: E402
 from composer.core import Callback  # noqa: E402
 from composer.distributed import dist_strategy  # noqa: E402
 from composer.utils import dist  # noqa: E402
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict  # noqa: E402
 from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: E402
 
 import benchmark  # noqa: E402
@@ -44,27 +46,35 @@ class Probe(Callback):
 
 
 def cpu_fsdp() -> None:
-    """Composer's FSDP runs on CPU (gloo) but for one argument: it places each unit on the current CUDA device.
-    Pass the CPU there instead, and let --fsdp past benchmark.py's GPU check, so that everything else
-    (Composer's wrapping of the model, sharded training, EMA on shards, checkpoints) runs as on GPUs."""
+    """Composer's FSDP runs on CPU (gloo) but for two settings made for GPUs: it places each unit on the current
+    CUDA device, and it gathers state dicts with cpu_offload, with which PyTorch segfaults when the weights are
+    already on the CPU. Pass the CPU as the device and gather without offload, and let --fsdp past benchmark.py's
+    GPU check, so that everything else (Composer's wrapping of the model, sharded training, EMA on shards,
+    checkpoints) runs as on GPUs."""
     class FullyShardedOnCPU(FullyShardedDataParallel):
         def __init__(self, *args, device_id=None, **kwargs):
             super().__init__(*args, device_id=torch.device('cpu'), **kwargs)
     dist_strategy.FullyShardedDataParallel = FullyShardedOnCPU
     torch.cuda.current_device = lambda: 0  # the argument's value, computed before the call
+
+    def without_offload(**options):
+        return StateDictOptions(**{**options, 'cpu_offload': False})
+    composer_state.StateDictOptions = without_offload
     resolve_args = benchmark.resolve_args
 
     def resolve_on_cpu(args):
-        fsdp, args.fsdp = args.fsdp, 'none'
+        fsdp, state_dict_type = args.fsdp, args.fsdp_state_dict_type
+        args.fsdp, args.fsdp_state_dict_type = 'none', 'full'
         args = resolve_args(args)
-        args.fsdp = fsdp
+        args.fsdp, args.fsdp_state_dict_type = fsdp, state_dict_type
         return args
     benchmark.resolve_args = resolve_on_cpu
 
 
 def full_weights(unet) -> dict[str, torch.Tensor]:
     """The UNet's full weights on every rank (gathered under FSDP: a collective, so every rank calls it)."""
-    return {name: tensor.detach().cpu().clone() for name, tensor in sorted(unet.state_dict().items())}
+    state = get_model_state_dict(unet, options=StateDictOptions(full_state_dict=True))
+    return {name: tensor.detach().cpu().clone() for name, tensor in sorted(state.items())}
 
 
 if __name__ == '__main__':
