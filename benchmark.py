@@ -27,6 +27,7 @@ from composer.core import Time, TimeUnit
 from composer.loggers import InMemoryLogger, WandBLogger
 from composer.models import ComposerModel
 from composer.optim import ConstantScheduler
+from composer.profiler import Profiler, cyclic_schedule
 from composer.utils import dist, reproducibility
 from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -146,6 +147,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     log.add_argument('--wandb_project', default=None, help='log to this W&B project (WANDB_MODE=offline works)')
     log.add_argument('--results_json', default=None,
                      help='write the measured throughput, config, versions and device here at the end')
+    log.add_argument('--profile', default=None, metavar='DIR',
+                     help="record a PyTorch profiler trace of the last batch (Composer's profiler) into DIR, one "
+                     'Chrome trace per rank; benchmarks/profile_summary.py says where its time went. The profiled '
+                     'batch runs slower: measure throughput without it')
     return parser.parse_args(argv)
 
 
@@ -253,6 +258,9 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.fsdp_state_dict_type != 'full' and args.fsdp == 'none':
         raise ConfigError(f'--fsdp_state_dict_type {args.fsdp_state_dict_type}: applies to --fsdp checkpoints only; '
                           'without --fsdp rank 0 writes one file')
+    if args.profile and Path(args.profile).exists() and any(Path(args.profile).iterdir()):
+        raise ConfigError(f'--profile {args.profile}: the folder is not empty; give a new one (traces are never '
+                          'overwritten)')
     if args.autoresume and not (args.save_folder and args.run_name):
         raise ConfigError('--autoresume needs --save_folder and --run_name (Composer finds the checkpoint by both)')
     try:
@@ -260,6 +268,9 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     except ValueError as error:
         raise ConfigError(f"--max_duration {args.max_duration!r}: {error} (examples: '10ba', '1ep', '20000sp')")
     args.num_batches = num_batches(duration, args.batch_size)
+    if args.profile and args.num_batches < 2:
+        raise ConfigError(f'--profile: the profiler warms up on the batch before the one it records; run at least '
+                          f'2 batches (--max_duration {args.max_duration} is {args.num_batches})')
     return args
 
 
@@ -598,9 +609,23 @@ def build_trainer(args: argparse.Namespace, model: StableDiffusion, dataloader: 
         autoresume=args.autoresume,
         algorithms=algorithms,
         compile_config={} if args.compile else None,
+        profiler=None if args.profile is None else build_profiler(args),
         parallelism_config=None if args.fsdp == 'none' else {
             'fsdp': {'sharding_strategy': args.fsdp.upper(), 'use_orig_params': True,
                      'state_dict_type': args.fsdp_state_dict_type}},
+    )
+
+
+def build_profiler(args: argparse.Namespace) -> Profiler:
+    """PyTorch's profiler on the last batch (the one before it warms the profiler up), traces kept locally."""
+    return Profiler(
+        schedule=cyclic_schedule(skip_first=args.num_batches - 2, wait=0, warmup=1, active=1, repeat=1),
+        trace_handlers=[],
+        sys_prof_cpu=False,
+        torch_prof_folder=args.profile,
+        torch_prof_remote_file_name=None,
+        torch_prof_memory_remote_file_name=None,
+        torch_prof_with_flops=False,  # FLOP counting adds CPU time to every op; SpeedMonitor counts FLOPs
     )
 
 
@@ -696,6 +721,9 @@ def main(args: argparse.Namespace, callbacks: tuple = ()) -> Trainer:
             Path(args.results_json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.results_json).write_text(json.dumps(results, indent=2) + '\n')
             print(f'results written to {args.results_json}')
+    if args.profile:
+        traces = sorted(str(path) for path in Path(args.profile).glob('*.json'))
+        announce(f'profiler traces: {", ".join(traces)} (python benchmarks/profile_summary.py {traces[0]})')
     if args.export_ema_unet:
         export_ema_unet(trainer, args.export_ema_unet)
         announce(f'EMA UNet saved to {args.export_ema_unet}')
