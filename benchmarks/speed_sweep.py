@@ -6,6 +6,7 @@ and peak GPU memory, and writes it to --out.
     .venv/bin/python benchmarks/speed_sweep.py                   # on a GPU: every row (about an hour on one H100)
     .venv/bin/python benchmarks/speed_sweep.py --sizes 512 --modes precomputed --paths compile fused_adamw
     .venv/bin/python benchmarks/speed_sweep.py --model_name tiny # on a CPU: the paths that run there, tiny model
+    .venv/bin/python benchmarks/speed_sweep.py --profile         # and profile the fastest row of each size and mode
 
 Each row is one `python benchmark.py --use_synth_data ... --results_json` in a process of its own, so
 compile caches, allocator state and the peak-memory count never carry over between rows, and a row that
@@ -21,6 +22,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -32,6 +34,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+
+from benchmarks import profile_summary  # noqa: E402
 
 
 class SpeedPath(NamedTuple):
@@ -57,6 +61,7 @@ MODES = {'online': (), 'precomputed': ('--precomputed_latents',)}
 # xFormers, about 6 GB of activations each next to 15 GB of weights, gradients and AdamW state.
 DEFAULT_MICROBATCH = {256: 32, 512: 8}
 NOISE = 0.03  # a path "helps" when it beats the baseline by more than run-to-run noise
+PROFILE_BATCHES = 4  # a profiled run: warm-up batches, the profiler's warm-up batch, the recorded one
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -81,6 +86,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='optimizer steps per row (default: %(default)s); throughput windows are half of it')
     parser.add_argument('--peak_tflops', type=float, default=None,
                         help="the GPU's dense bf16 peak, for MFU on GPUs Composer does not know")
+    parser.add_argument('--profile', action='store_true',
+                        help='also profile the fastest row of each size and mode (a few batches with benchmark.py '
+                        '--profile) and say where its time went (benchmarks/profile_summary.py)')
     parser.add_argument('--out', default='results/speed_sweep', help='folder for the table, results and logs '
                         '(default: %(default)s)')
     args = parser.parse_args(argv)
@@ -110,15 +118,21 @@ def skip_reason(path: SpeedPath, mode: str, has_gpu: bool) -> str | None:
     return None
 
 
-def run_row(args, size: int, mode: str, name: str, flags: tuple[str, ...], microbatch: int) -> dict:
-    """One benchmark.py process; the row holds its results, or why it failed."""
-    slug = re.sub(r'[^A-Za-z0-9_.+-]', '-', f'{size}px-{mode}-{name}-mb{microbatch}')
+def run_row(args, size: int, mode: str, name: str, flags: tuple[str, ...], microbatch: int,
+            profile: Path | None = None) -> dict:
+    """One benchmark.py process; the row holds its results, or why it failed. With `profile`, a short run
+    that records its last batch there instead (its throughput, profiler included, is not reported)."""
+    slug = re.sub(r'[^A-Za-z0-9_.+-]', '-', f'{size}px-{mode}-{name}-mb{microbatch}' + ('-profile' if profile else ''))
     results_json, log = Path(args.out) / f'{slug}.json', Path(args.out) / f'{slug}.log'
     results_json.unlink(missing_ok=True)
+    batches = min(args.batches, PROFILE_BATCHES) if profile else args.batches
     command = [sys.executable, str(REPO / 'benchmark.py'), '--model_name', args.model_name, '--use_synth_data',
                '--image_size', str(size), '--batch_size', str(microbatch * args.accumulation),
-               '--device_train_microbatch_size', str(microbatch), '--max_duration', f'{args.batches}ba',
+               '--device_train_microbatch_size', str(microbatch), '--max_duration', f'{batches}ba',
                '--results_json', str(results_json), *MODES[mode], *flags]
+    if profile:
+        shutil.rmtree(profile, ignore_errors=True)
+        command += ['--profile', str(profile)]
     row = {'size': size, 'mode': mode, 'name': name, 'flags': ' '.join(flags), 'microbatch': microbatch}
     start = time.perf_counter()
     with open(log, 'w') as output:
@@ -152,9 +166,10 @@ def mfu(row: dict, peak_tflops: float | None) -> float | None:
     return None
 
 
-def sweep(args) -> list[dict]:
+def sweep(args) -> tuple[list[dict], list[str]]:
+    """The rows in order, and with --profile one line per size and mode on where the fastest row's time goes."""
     has_gpu = torch.cuda.is_available()
-    rows = []
+    rows, profiles = [], []
     for size in args.sizes:
         microbatch = args.microbatch or DEFAULT_MICROBATCH.get(size, 8)
         for mode in args.modes:
@@ -182,7 +197,32 @@ def sweep(args) -> list[dict]:
                 row = run_row(args, size, mode, f'combined:{label}', combined, batch)
                 rows.append(row)
                 report_progress(row)
-    return rows
+            if args.profile:
+                block = [row for row in rows if (row['size'], row['mode']) == (size, mode) and per_gpu(row)]
+                profiles.append(profile_fastest(args, max(block, key=per_gpu)))
+    return rows, profiles
+
+
+def profile_fastest(args, row: dict) -> str:
+    """Profiles a row; returns one Markdown line on where its time went, the full summary written beside."""
+    folder = Path(args.out) / f"profile-{row['size']}px-{row['mode']}"
+    flags = tuple(row['flags'].split())
+    run = run_row(args, row['size'], row['mode'], row['name'], flags, row['microbatch'], profile=folder)
+    where = f"{row['size']}px {row['mode']}, fastest row {row['name']} (microbatch {row['microbatch']})"
+    traces = sorted(folder.glob('rank0.*.json'))
+    if 'error' in run or not traces:
+        return f"- {where}: profiling failed: {run.get('error', 'no trace written')}"
+    summary = profile_summary.summarize(profile_summary.load_trace(traces[0]))
+    (folder / 'summary.md').write_text(profile_summary.report(summary) + '\n')
+    if summary['gpu_by_class']:
+        busy, classes = summary['gpu_busy_ms'], summary['gpu_by_class']
+        lead = f"GPU busy {100 * busy / summary['step_ms']:.1f}% of the step; of that, "
+    else:
+        busy, classes = sum(summary['host_by_class'].values()), summary['host_by_class']
+        lead = 'no GPU; host operator time: '
+    shares = ', '.join(f'{name} {100 * time / busy:.0f}%' for name, time in
+                       sorted(classes.items(), key=lambda item: -item[1])[:4])
+    return f"- {where}: {lead}{shares} ({folder / 'summary.md'})"
 
 
 def report_progress(row: dict) -> None:
@@ -230,8 +270,10 @@ def main(argv=None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    rows = sweep(args)
+    rows, profiles = sweep(args)
     report = f'{header(rows, argv)}\n\n{table(rows, args.peak_tflops)}\n'
+    if profiles:
+        report += '\nWhere the time goes (benchmark.py --profile, last of a few batches):\n\n' + '\n'.join(profiles) + '\n'
     (Path(args.out) / 'speed_sweep.md').write_text(report)
     print(f'\n{report}\nwritten to {Path(args.out) / "speed_sweep.md"} (each row\'s log and results JSON beside it)')
     return rows

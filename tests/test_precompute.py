@@ -253,7 +253,7 @@ def test_encoders_bf16_keeps_encoders_in_bf16_and_trains():
 def test_speed_sweep_runs_each_path_skips_what_cannot_run_and_combines(tmp_path):
     from benchmarks import speed_sweep
     rows = speed_sweep.main(['--model_name', 'tiny', '--sizes', '32', '--modes', 'precomputed', '--microbatch', '2',
-                             '--accumulation', '2', '--batches', '4', '--out', str(tmp_path),
+                             '--accumulation', '2', '--batches', '4', '--out', str(tmp_path), '--profile',
                              '--paths', 'fused_adamw', 'low_precision_norm', 'encoders_bf16'])
     by_name = {row['name']: row for row in rows}
     assert list(by_name)[:4] == ['baseline', 'fused_adamw', 'low_precision_norm', 'encoders_bf16']
@@ -269,6 +269,12 @@ def test_speed_sweep_runs_each_path_skips_what_cannot_run_and_combines(tmp_path)
     table = (tmp_path / 'speed_sweep.md').read_text()
     assert '| 32 | precomputed | low_precision_norm | `--low_precision_norm` | 2 | skipped: needs a GPU |' in table
     assert len([line for line in table.splitlines() if line.startswith('| 32 |')]) == len(rows)
+    # --profile: the fastest row again, profiled, and where its time went.
+    fastest = max((row for row in rows if 'results' in row), key=lambda row: row['results']['img_per_sec_per_device'])
+    line = next(line for line in table.splitlines() if line.startswith('- 32px precomputed, fastest row'))
+    assert f"fastest row {fastest['name']} (microbatch {fastest['microbatch']}): no GPU; host operator time: " in line
+    assert 'matmul/conv' in line
+    assert 'Host operator self time by class' in (tmp_path / 'profile-32px-precomputed' / 'summary.md').read_text()
 
 
 def test_speed_sweep_names_why_a_row_failed():
