@@ -30,13 +30,14 @@ import ftfy
 import numpy as np
 import regex
 import torch
+import transformers
 from composer.core import Callback
 from composer.utils import dist
 from PIL import Image
 from streaming import StreamingDataset
 from torch.utils.data import Dataset, default_collate
 from transformers import AutoTokenizer, CLIPTokenizerFast
-from transformers.models.clip.tokenization_clip import bytes_to_unicode
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 # CLIP's text encoder has 77 positions (SD2 tokenizes every caption to exactly this length).
 CAPTION_LENGTH = 77
@@ -44,9 +45,17 @@ CAPTION_LENGTH = 77
 CLIP_VOCAB_SIZE = 49408
 # OpenCLIP (SD2's text tower) pads with id 0 ("!") after the end-of-text token, not with end-of-text.
 CLIP_PAD_ID = 0
+CLIP_START_ID, CLIP_END_ID = 49406, 49407  # <|startoftext|>, <|endoftext|>
 # Pillow's own decompression-bomb threshold (~89.5 megapixels): larger images are bad samples.
 MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS
 TOKENIZER_CACHE = Path(__file__).resolve().parent / 'data' / 'clip-tokenizer-v1'  # bump when the build changes
+# CLIP's own ids (clip-anytorch's SimpleTokenizer) for captions with merges, punctuation and a combining mark.
+# The built-in tokenizer is checked against them when it loads: another transformers release can build it
+# differently (5.x ignores the vocabulary files and normalizes to NFC) and would train on wrong captions silently.
+TOKENIZER_CHECKS = {
+    'a photo of a cat, on the mat!': [320, 1125, 539, 320, 2368, 267, 525, 518, 9063, 256],
+    'T\u0308 \u00e9': [339, 136, 486, 4166],
+}
 log = logging.getLogger(__name__)
 
 
@@ -187,6 +196,14 @@ class CaptionTokenizer:
             self._encode = lambda text: backend.encode(text).ids
         else:
             self._encode = lambda text: tokenizer(text, truncation=True, max_length=CAPTION_LENGTH).input_ids
+        if self.builtin:
+            for text, expected in TOKENIZER_CHECKS.items():
+                got = self._encode(clean_caption(text))
+                if got != [CLIP_START_ID, *expected, CLIP_END_ID]:
+                    raise DataError(f'the built-in CLIP tokenizer ({self.folder}) gives ids {got} for {text!r}, where '
+                                    f'CLIP gives {expected} between start and end. Transformers releases other than '
+                                    f'the pinned one build it differently (this is {transformers.__version__}): '
+                                    'install requirements.txt, delete that folder and run again, or pass --tokenizer')
 
     def __call__(self, caption: str) -> torch.Tensor:
         if self._encode is None:

@@ -7,6 +7,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -102,6 +103,22 @@ def test_tokenizer_folder_is_loaded_from_disk(tmp_path):
     assert CaptionTokenizer()('a cat')[-1] == 0
     with pytest.raises(DataError, match='no such folder'):
         CaptionTokenizer(str(tmp_path / 'missing'))
+
+
+def test_a_builtin_tokenizer_built_differently_is_refused(tmp_path, monkeypatch):
+    """transformers 5.x rebuilds CLIP's NFC normalizer (and ignores the vocabulary files): a cached tokenizer
+    that differs from CLIP's ids must stop the run, not train on other captions."""
+    import data
+    built = json.loads((clip_tokenizer_folder() / 'tokenizer.json').read_text())
+    assert built['normalizer'] is None
+    shutil.copytree(clip_tokenizer_folder(), tmp_path / 'nfc')
+    (tmp_path / 'nfc' / 'tokenizer.json').write_text(json.dumps({**built, 'normalizer': {'type': 'NFC'}}))
+    monkeypatch.setattr(data, 'clip_tokenizer_folder', lambda: tmp_path / 'nfc')
+    with pytest.raises(DataError) as refused:
+        CaptionTokenizer()('a cat')
+    assert 'gives ids [49406, 157, 118, 501, 4166, 49407]' in str(refused.value)
+    assert 'where CLIP gives [339, 136, 486, 4166]' in str(refused.value)
+    assert 'delete that folder and run again' in str(refused.value)
 
 
 # ------------------------------------------------------------------------------------------- images
