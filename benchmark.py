@@ -28,7 +28,7 @@ from composer.loggers import InMemoryLogger, WandBLogger
 from composer.models import ComposerModel
 from composer.optim import ConstantScheduler
 from composer.profiler import Profiler, cyclic_schedule
-from composer.utils import dist, reproducibility
+from composer.utils import dist, get_device, reproducibility
 from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.data import DataLoader
@@ -707,6 +707,11 @@ def main(args: argparse.Namespace, callbacks: tuple = ()) -> Trainer:
     announce(f'config: {json.dumps(vars(args), sort_keys=True)}')
     announce(f'batch: global {args.batch_size} = {dist.get_world_size()} device(s) x microbatch {microbatch} '
              f'x {accumulation} accumulation step(s)')
+    # One process group for the whole run, made now through Composer (the Trainer then reuses it). Otherwise
+    # Streaming makes and destroys one of its own twice (clean_stale_shared_memory, StreamingDataset) before
+    # the Trainer makes its own, each time on MASTER_PORT, and a rank that reaches the next one while rank 0
+    # still serves the last joins the old one and waits forever (seen: two CPU ranks on a fresh clone).
+    dist.initialize_dist(get_device(None))
     reproducibility.seed_all(args.seed)  # same random init on every run and rank
     model = build_model(args.model_name, args.prediction_type, args.attention, args.precomputed_latents,
                         args.encoders_bf16)

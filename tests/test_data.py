@@ -391,6 +391,9 @@ def test_two_ranks_see_every_sample_of_an_epoch_exactly_once(tmp_path):
     seen = [i for batches in per_rank for batch in batches for i in batch]
     assert sorted(seen) == list(range(48))
     assert not set(sum(per_rank[0], [])) & set(sum(per_rank[1], []))
+    # One process group per rank for the whole run: Streaming and Composer reuse benchmark.py's. (Streaming
+    # making and destroying its own, twice, on the same port as Composer's next one, hung a rank now and then.)
+    assert [(tmp_path / 'ids' / f'rank{rank}.groups').read_text() for rank in range(2)] == ['1', '1']
 
 
 def test_bad_sample_class_carries_its_kind():
