@@ -62,6 +62,8 @@ PRESETS = {
 }
 LATENT_DOWNSAMPLE = 8  # SD's VAE: image pixels per latent pixel along each side
 SYNTHETIC_SAMPLES = 100_000  # one synthetic "epoch"; runs are normally bounded in batches instead
+# torch.compile options for --compile, as Composer's compile_config: Inductor with its defaults.
+COMPILE_CONFIG: dict = {}
 
 
 class ConfigError(ValueError):
@@ -237,9 +239,10 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.precomputed_latents and args.tokenizer:
         raise ConfigError('--tokenizer: precomputed captions are already embeddings (choose the tokenizer in precompute.py)')
     if args.compile and not has_gpu:
-        # Measured: the forward pass compiles, then Inductor's CPU backend fails on the backward graph.
+        # Measured: the forward pass compiles, then Inductor's C++ codegen (outer-loop fusion with a local buffer,
+        # which GPUs' Triton codegen does not use) fails on the backward graph. Dynamo's tracing is tested on CPU.
         raise ConfigError("--compile: torch 2.7.0's Inductor fails compiling this model's backward pass for CPU "
-                          '(KeyError in its scheduler, after minutes of compiling); use --compile on a GPU')
+                          '(KeyError in its C++ code generation, after minutes of compiling); use --compile on a GPU')
     if args.pin_memory and not has_gpu:
         raise ConfigError('--pin_memory pins batches for copies to a GPU, and there is none: leave it out')
     if args.low_precision_norm and args.precision == 'fp32':
@@ -608,7 +611,7 @@ def build_trainer(args: argparse.Namespace, model: StableDiffusion, dataloader: 
         save_interval=args.save_interval,
         autoresume=args.autoresume,
         algorithms=algorithms,
-        compile_config={} if args.compile else None,
+        compile_config=COMPILE_CONFIG if args.compile else None,
         profiler=None if args.profile is None else build_profiler(args),
         parallelism_config=None if args.fsdp == 'none' else {
             'fsdp': {'sharding_strategy': args.fsdp.upper(), 'use_orig_params': True,

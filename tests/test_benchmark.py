@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 from transformers.models.clip.modeling_clip import CLIPAttention
 
 import benchmark
-from benchmark import ConfigError, build_model, build_trainer, main, parse_args, resolve_args
+from benchmark import ConfigError, build_dataloader, build_model, build_trainer, main, parse_args, resolve_args
 from data import SyntheticImageCaptionDataset
 
 REPO = Path(__file__).resolve().parent.parent
@@ -146,6 +146,43 @@ def test_microbatching_gives_the_same_gradients():
         gradients[microbatch] = keep.gradients
     for whole, accumulated in zip(gradients[8], gradients[2]):
         torch.testing.assert_close(accumulated, whole, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize('data', ['online', 'precomputed'])
+def test_compile_traces_the_whole_step_in_one_graph_and_trains_as_eager(monkeypatch, data):
+    """--compile through Composer: Dynamo must trace the forward (encoders, noise draw, UNet) without graph breaks,
+    each of which would cost speed on a GPU. The aot_eager backend runs Dynamo and AOT autograd as on a GPU but
+    skips Inductor's code generation, which needs a GPU here (its C++ codegen for CPU fails on this model)."""
+    from torch._dynamo.utils import counters
+
+    class KeepLosses(Callback):
+        def __init__(self):
+            self.losses = []
+
+        def after_train_batch(self, state, logger):
+            self.losses.append(state.loss.item())
+
+    monkeypatch.setattr(benchmark, 'COMPILE_CONFIG', {'backend': 'aot_eager'})
+    flags = TINY + ['--batch_size', '4', '--max_duration', '3ba', '--num_workers', '0']
+    losses, forwards = {}, {}
+    for compiled in (False, True):
+        args = resolve_args(parse_args(flags + (['--precomputed_latents'] if data == 'precomputed' else [])))
+        args.compile = compiled  # resolve_args refuses --compile on CPU, for Inductor's sake
+        torch._dynamo.reset()
+        counters.clear()
+        keep = KeepLosses()
+        reproducibility.seed_all(0)
+        model = build_model('tiny', precomputed=args.precomputed_latents)
+        trainer = build_trainer(args, model, build_dataloader(args, model), callbacks=(keep,))
+        forwards[compiled] = trainer.state.model.forward
+        trainer.fit()
+        losses[compiled] = keep.losses
+    assert hasattr(forwards[True], '_torchdynamo_orig_callable') and not hasattr(forwards[False],
+                                                                                 '_torchdynamo_orig_callable')
+    assert counters['stats']['unique_graphs'] >= 1, 'nothing was compiled'
+    assert not counters['graph_break'], f'graph breaks: {dict(counters["graph_break"])}'
+    assert len(losses[True]) == 3
+    torch.testing.assert_close(losses[True], losses[False], rtol=1e-5, atol=0)
 
 
 # ------------------------------------------------------------------------------------------ FLOPs
