@@ -80,7 +80,23 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     args.sample_data = not (args.remote or args.local)
     if args.sample_data:
         args.local = str(SAMPLE_DATASET)
+    for source in (args.remote, args.local):
+        if source is not None and overlaps(args.out, source):
+            # --overwrite empties the output, and the merged index.json replaces the one at its root.
+            raise ConfigError(f'--out {args.out}: overlaps the input {source}; write the precomputed dataset to '
+                              'a folder or prefix of its own')
     return args
+
+
+def overlaps(out: str, source: str) -> bool:
+    """Whether one location holds the other (or is it): local folders, or remotes by their URL prefix."""
+    if is_remote(out) != is_remote(source):
+        return False
+    if not is_remote(out):
+        out_path, source_path = Path(out).resolve(), Path(source).resolve()
+        return out_path.is_relative_to(source_path) or source_path.is_relative_to(out_path)
+    out_prefix, source_prefix = out.rstrip('/') + '/', source.rstrip('/') + '/'
+    return out_prefix.startswith(source_prefix) or source_prefix.startswith(out_prefix)
 
 
 # ------------------------------------------------------------------------------------ output folder

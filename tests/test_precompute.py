@@ -209,6 +209,31 @@ def test_precompute_refuses_a_foreign_output(source, tmp_path):
     assert (out / 'notes.txt').read_text() == 'mine'
 
 
+@pytest.mark.parametrize('where', ['same', 'parent', 'inside'])
+def test_precompute_never_writes_over_its_input(source, tmp_path, where):
+    copy_of_source = tmp_path / 'data' / 'mds'
+    shutil.copytree(source, copy_of_source)
+    before = sorted((path.relative_to(tmp_path), path.read_bytes()) for path in copy_of_source.rglob('*')
+                    if path.is_file())
+    out = {'same': copy_of_source, 'parent': copy_of_source.parent, 'inside': copy_of_source / 'latents'}[where]
+    with pytest.raises(ConfigError, match='overlaps the input'):
+        run_precompute(copy_of_source, out, '--overwrite')
+    after = sorted((path.relative_to(tmp_path), path.read_bytes()) for path in copy_of_source.rglob('*')
+                   if path.is_file())
+    assert after == before
+
+
+@pytest.mark.parametrize('out, source, expected', [
+    ('s3://bucket/laion', 's3://bucket/laion/', True),
+    ('s3://bucket/laion/latents', 's3://bucket/laion', True),
+    ('s3://bucket/laion-latents', 's3://bucket/laion', False),
+    ('s3://other/laion', 's3://bucket/laion', False),
+    ('s3://bucket/laion', 'data/laion', False),
+])
+def test_remote_overlap_is_by_whole_path_components(out, source, expected):
+    assert precompute.overlaps(out, source) == expected
+
+
 # ------------------------------------------------------------------------------------- speed paths
 
 def train(*flags, batches=3):
