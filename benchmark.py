@@ -261,9 +261,10 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.fsdp_state_dict_type != 'full' and args.fsdp == 'none':
         raise ConfigError(f'--fsdp_state_dict_type {args.fsdp_state_dict_type}: applies to --fsdp checkpoints only; '
                           'without --fsdp rank 0 writes one file')
-    if args.profile and Path(args.profile).exists() and any(Path(args.profile).iterdir()):
-        raise ConfigError(f'--profile {args.profile}: the folder is not empty; give a new one (traces are never '
-                          'overwritten)')
+    if args.profile:
+        refuse_used_output_folder('--profile', args.profile, 'traces are never overwritten')
+    if args.export_ema_unet:  # checked now, not after hours of training; never over a model's weights
+        refuse_used_output_folder('--export_ema_unet', args.export_ema_unet, 'an export never overwrites weights')
     if args.autoresume and not (args.save_folder and args.run_name):
         raise ConfigError('--autoresume needs --save_folder and --run_name (Composer finds the checkpoint by both)')
     try:
@@ -275,6 +276,13 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
         raise ConfigError(f'--profile: the profiler warms up on the batch before the one it records; run at least '
                           f'2 batches (--max_duration {args.max_duration} is {args.num_batches})')
     return args
+
+
+def refuse_used_output_folder(flag: str, folder: str, why: str) -> None:
+    path = Path(folder)
+    if path.is_file() or (path.is_dir() and any(path.iterdir())):
+        problem = 'is a file' if path.is_file() else 'is not empty'
+        raise ConfigError(f'{flag} {folder}: {problem}; give a new folder ({why})')
 
 
 def num_batches(duration: Time, batch_size: int) -> int:

@@ -246,6 +246,17 @@ def test_bad_flags_fail_fast(flags, message):
         benchmark.resolve_args(benchmark.parse_args(['--use_synth_data', *flags]))
 
 
+def test_export_refuses_a_used_folder_before_training(tmp_path):
+    weights = tmp_path / 'sd2-base' / 'unet'
+    weights.mkdir(parents=True)
+    (weights / 'diffusion_pytorch_model.safetensors').write_bytes(b'pretrained')
+    for used in (weights, weights / 'diffusion_pytorch_model.safetensors'):
+        with pytest.raises(benchmark.ConfigError, match=f'--export_ema_unet {used}: is (not empty|a file)'):
+            benchmark.resolve_args(benchmark.parse_args(['--use_synth_data', '--use_ema', '--export_ema_unet',
+                                                         str(used)]))
+    assert (weights / 'diffusion_pytorch_model.safetensors').read_bytes() == b'pretrained'
+
+
 # --------------------------------------------------------------------------- FSDP and DDP (2 ranks)
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ def test_profile_records_the_last_batch_and_the_summary_breaks_it_down(tmp_path,
 
 def test_profile_flag_needs_a_new_folder_and_two_batches(tmp_path):
     (tmp_path / 'old.json').write_text('{}')
-    with pytest.raises(ConfigError, match='the folder is not empty'):
+    with pytest.raises(ConfigError, match='is not empty; give a new folder'):
         resolve_args(parse_args(TINY + ['--profile', str(tmp_path)]))
     with pytest.raises(ConfigError, match='run at least 2 batches'):
         resolve_args(parse_args(TINY + ['--profile', str(tmp_path / 'new'), '--max_duration', '1ba']))
