@@ -267,6 +267,10 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
         refuse_used_output_folder('--export_ema_unet', args.export_ema_unet, 'an export never overwrites weights')
     if args.autoresume and not (args.save_folder and args.run_name):
         raise ConfigError('--autoresume needs --save_folder and --run_name (Composer finds the checkpoint by both)')
+    if args.save_folder and not args.autoresume and '://' not in args.save_folder:
+        # Composer refuses too, with a traceback that does not say how to continue the earlier run.
+        refuse_used_output_folder('--save_folder', args.save_folder, 'checkpoints are never overwritten; or pass '
+                                  '--autoresume with the earlier run\'s --run_name to continue it')
     try:
         duration = Time.from_timestring(args.max_duration)
     except ValueError as error:

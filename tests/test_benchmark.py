@@ -302,6 +302,15 @@ def test_batch_not_divisible_by_world_size(monkeypatch):
         resolve_args(parse_args(TINY + ['--batch_size', '16']))
 
 
+def test_save_folder_with_checkpoints_needs_autoresume(tmp_path):
+    (tmp_path / 'ep0-ba2-rank0.pt').write_bytes(b'an earlier run')
+    flags = TINY + ['--save_folder', str(tmp_path), '--run_name', 'earlier']
+    with pytest.raises(ConfigError, match='is not empty; .* pass --autoresume'):
+        resolve_args(parse_args(flags))
+    resolve_args(parse_args(flags + ['--autoresume']))
+    assert (tmp_path / 'ep0-ba2-rank0.pt').read_bytes() == b'an earlier run'
+
+
 def test_xformers_not_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, 'xformers', None)  # makes `import xformers` raise ImportError
     with pytest.raises(ConfigError, match='xformers is not installed'):
