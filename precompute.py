@@ -14,7 +14,9 @@ one dataset with Streaming's merge_index. Bad samples (see data.py) are left out
 """
 
 import argparse
+import contextlib
 import json
+import logging
 import shutil
 import sys
 import time
@@ -155,6 +157,30 @@ def part_out(out: str, part: int) -> str:
     return f"{out.rstrip('/')}/{part_name(part)}"
 
 
+class _DropMessages(logging.Filter):
+    def __init__(self, *fragments: str):
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(fragment in record.getMessage() for fragment in self.fragments)
+
+
+@contextlib.contextmanager
+def without_streaming_notices():
+    """merge_index warns of what is expected here (the output folder holds the parts; it uses a temporary folder),
+    three or four WARNING lines on every run that read like problems."""
+    loggers = [logging.getLogger('streaming.base.storage.upload'), logging.getLogger()]  # the second: root
+    notices = _DropMessages('exists and not empty. But continue to mkdir', 'is created to store index files')
+    for logger in loggers:
+        logger.addFilter(notices)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(notices)
+
+
 # ------------------------------------------------------------------------------------------ encoding
 
 @torch.no_grad()
@@ -231,7 +257,10 @@ def main(argv=None) -> dict:
     dist.all_reduce(totals)
     dist.barrier()
     if rank == 0:
-        merge_index(args.out, keep_local=True)
+        if not is_remote(args.out):  # Streaming's merge will not replace the index of an earlier run
+            (Path(args.out) / 'index.json').unlink(missing_ok=True)
+        with without_streaming_notices():
+            merge_index(args.out, keep_local=True)
         index = json.loads(read_text(args.out, 'index.json'))
         total = sum(shard['samples'] for shard in index['shards'])
         print(f'precompute: encoded {int(totals[0])} samples ({int(totals[1])} bad ones left out) in '

@@ -18,7 +18,8 @@ import pytest
 from streaming import StreamingDataset
 
 import convert
-from benchmark import main, parse_args
+import precompute
+from benchmark import ConfigError, main, parse_args
 from data import DataError, StreamingLAIONDataset
 from test_data import RecordSamples, jpeg
 
@@ -172,6 +173,23 @@ def test_converter_uploads_and_training_streams_from_s3(s3, tmp_path):
     first, second = (StreamingLAIONDataset(remote=remote, image_size=32, batch_size=4) for _ in range(2))
     assert first.streams[0].local != second.streams[0].local
     assert len(list(first)) == len(list(second)) == 24
+
+
+def test_precompute_from_and_to_s3_reruns_and_trains(s3, tmp_path):
+    remote = upload(s3, tmp_path, 'precompute', n=12)
+    out = 's3://bucket/precompute/latents'
+    flags = ['--remote', remote, '--out', out, '--model_name', 'tiny', '--image_size', '32', '--part_size', '8']
+    assert precompute.main(flags) == {'encoded': 12, 'bad': 0, 'parts': 2, 'skipped_parts': 0}
+    keys = {o['Key'] for o in boto3.client('s3', endpoint_url=s3).list_objects_v2(Bucket='bucket')['Contents']}
+    assert {'precompute/latents/index.json', 'precompute/latents/precompute.json',
+            'precompute/latents/part-00000/index.json', 'precompute/latents/part-00001/index.json'} <= keys
+    # Finished parts are found on the remote: a rerun redoes nothing and merges the same index again.
+    assert precompute.main(flags) == {'encoded': 0, 'bad': 0, 'parts': 2, 'skipped_parts': 2}
+    with pytest.raises(ConfigError, match='made with other settings'):
+        precompute.main([*flags, '--seed', '3'])
+    trainer = main(parse_args(['--model_name', 'tiny', '--precomputed_latents', '--remote', out, '--batch_size', '4',
+                               '--max_duration', '1ep']))
+    assert int(trainer.state.timestamp.batch) == 3
 
 
 def test_remote_errors_name_the_remote_within_bounded_time(s3, tmp_path, monkeypatch):

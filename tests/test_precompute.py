@@ -103,7 +103,7 @@ def read_all(location):
     return [dataset[i] for i in range(dataset.num_samples)]
 
 
-def test_precompute_writes_aligned_samples_resumes_and_trains(source, tmp_path, capfd):
+def test_precompute_writes_aligned_samples_resumes_and_trains(source, tmp_path, capfd, caplog):
     out = tmp_path / 'latents'
     assert run_precompute(source, out) == {'encoded': 38, 'bad': 2, 'parts': 3, 'skipped_parts': 0}
     stored = read_all(out)
@@ -124,9 +124,13 @@ def test_precompute_writes_aligned_samples_resumes_and_trains(source, tmp_path, 
         assert StreamingDataset.get_item(reader, k)['caption'] == good[k]['caption']  # the raw row
     assert torch.equal(CaptionTokenizer()(good[5]['caption']), good[5]['input_ids'])
 
-    # A crash in the middle part: only that part is redone, and the result is the same.
+    # Run again when finished: nothing to redo, the same dataset, and no notices from Streaming's merge.
+    caplog.clear()
+    assert run_precompute(source, out) == {'encoded': 0, 'bad': 0, 'parts': 3, 'skipped_parts': 3}
+    assert not [record.getMessage() for record in caplog.records if record.name.startswith(('root', 'streaming'))]
+    assert all(torch.equal(a['latent_mean'], b['latent_mean']) for a, b in zip(read_all(out), stored, strict=True))
+    # A crash in the middle part (of a rerun, so the merged index is still there): only that part is redone.
     shutil.rmtree(out / 'part-00001')
-    (out / 'index.json').unlink()
     assert run_precompute(source, out) == {'encoded': 15, 'bad': 1, 'parts': 3, 'skipped_parts': 2}
     assert all(torch.equal(a['latent_mean'], b['latent_mean']) for a, b in zip(read_all(out), stored, strict=True))
     # The same output with other settings is refused, unless asked to start over.
