@@ -710,6 +710,9 @@ def print_summary(results: dict) -> None:
     if results['mfu']:
         line += f", MFU {100 * results['mfu']:.1f}%"
     print(line + f"; median of {results['throughput_windows']} rolling windows", flush=True)
+    if results['bad_samples']:
+        print(f"data: {results['bad_samples']} bad sample(s) read and replaced by the next good ones "
+              '(each warned about once)', flush=True)
 
 
 # --------------------------------------------------------------------------------------------- main

@@ -66,7 +66,7 @@ def sweep_configs(path: Path, gpu_counts: list[int], gpu_type: str | None) -> li
         config.compute['gpus'] = gpus
         if gpu_type:
             config.compute['gpu_type'] = gpu_type
-        config.name = f"{base.name}-{gpus}x{config.compute.get('gpu_type', 'gpu').replace('_', '')}"
+        config.name = f"{base.name}-{gpus}x{config.compute.get('gpu_type', 'gpu').replace('_', '-')}"
         configs.append(config)
     return configs
 

@@ -129,6 +129,7 @@ class Point:
     peak: float | None = None   # per-GPU peak FLOP/s when a results file implies one
     model: str | None = None
     source: str = 'hand'
+    precomputed: bool | None = None   # trained from precompute.py's latents (the UNet alone); None: not known
 
 
 def gpu_key(name):
@@ -181,8 +182,9 @@ def load_results(path):
     mfu = field('mfu', float, False)
     # mfu = img/s x FLOPs per image / (GPUs x peak): recovers the peak the benchmark assumed.
     peak = img_per_sec * flops / (gpus * mfu) if flops and mfu else None
+    config = data.get('config') if isinstance(data.get('config'), dict) else {}
     return Point(gpu_key(name), gpus, img_per_sec, field('image_size', int), flops, peak,
-                 data.get('model_name'), path)
+                 data.get('model_name'), path, bool(config.get('precomputed_latents')))
 
 
 @dataclass
@@ -402,6 +404,9 @@ def collect_points(args):
         if len(models) > 1:
             raise SystemExit(f'{gpu}: results mix models ({", ".join(sorted(models))}); '
                              'report one model at a time')
+        if len({p.precomputed for p in pts if p.precomputed is not None}) > 1:
+            raise SystemExit(f'{gpu}: results mix training from precomputed latents with encoders online; '
+                             'report one at a time')
     return groups
 
 
@@ -415,6 +420,12 @@ def main(args):
         rows, fits, group_notes, base = build_rows(pts, args.budget, args.extrapolate,
                                                    args.reference, args.price, peak)
         notes += group_notes
+        if 'tiny' in {p.model for p in pts}:
+            notes.append(f"{gpu}: measured on the 'tiny' smoke-test model, not SD2 base: these days and costs "
+                         'are that model\'s, not what training SD2 takes')
+        if any(p.precomputed for p in pts):
+            notes.append(f'{gpu}: measured from precomputed latents (the UNet alone): add the one-off pass of '
+                         'precompute.py (the VAE and text encoder over the data once) to the cost')
         curve = None
         if len(fits) == len(phases):   # days against GPUs along the fitted model, for the plot
             n = np.geomspace(min(r['gpus'] for r in rows), max(r['gpus'] for r in rows), 50)

@@ -335,7 +335,7 @@ class RecordSamples(Callback):
 TINY = ['--model_name', 'tiny', '--image_size', '64']
 
 
-def test_training_from_a_local_mds_dataset_logs_bad_samples(tmp_path):
+def test_training_from_a_local_mds_dataset_logs_bad_samples(tmp_path, capfd):
     samples = good_samples(32)
     samples[3]['jpg'] = samples[17]['jpg'] = b''
     location = write_dataset(tmp_path / 'mds', samples)
@@ -345,6 +345,7 @@ def test_training_from_a_local_mds_dataset_logs_bad_samples(tmp_path):
     assert int(trainer.state.timestamp.batch) == 4
     summary = json.loads(results.read_text())
     assert summary['bad_samples'] == 2 and summary['img_per_sec'] > 0
+    assert 'data: 2 bad sample(s) read and replaced' in capfd.readouterr().out
 
 
 def test_default_run_builds_and_trains_on_the_sample_dataset(tmp_path, monkeypatch, capfd):

@@ -222,4 +222,5 @@ def test_mcloud_sweep_makes_one_run_per_gpu_count():
     configs = mcloud.sweep_configs(REPO / 'mcloud.yaml', [8, 16, 128], 'h100_80gb')
     assert [config.compute['gpus'] for config in configs] == [8, 16, 128]
     assert all(config.compute['gpu_type'] == 'h100_80gb' for config in configs)
-    assert len({config.name for config in configs}) == 3
+    assert [config.name for config in configs] == ['sd2-benchmark-8xh100-80gb', 'sd2-benchmark-16xh100-80gb',
+                                                   'sd2-benchmark-128xh100-80gb']

@@ -281,6 +281,21 @@ def test_bad_combinations(tmp_path):
         run_report(tmp_path, [a, b])
 
 
+def test_results_of_the_tiny_model_or_precomputed_latents_say_what_they_measured(tmp_path, capsys):
+    online = results_file(tmp_path / 'online.json', config={'precomputed_latents': False})
+    precomputed = results_file(tmp_path / 'precomputed.json', config={'precomputed_latents': True})
+    tiny = results_file(tmp_path / 'tiny.json', model_name='tiny', image_size=64, num_devices=1)
+    with pytest.raises(SystemExit, match='results mix training from precomputed latents with encoders online'):
+        run_report(tmp_path, [online, precomputed])
+    run_report(tmp_path, [online])
+    notes = capsys.readouterr().out
+    assert 'tiny' not in notes and 'precomputed' not in notes
+    run_report(tmp_path, [precomputed, '--throughput', '16=230'])  # hand-given figures mix with either
+    assert 'measured from precomputed latents' in capsys.readouterr().out
+    run_report(tmp_path, [tiny, '--samples', '64=1000'])
+    assert "measured on the 'tiny' smoke-test model, not SD2 base" in capsys.readouterr().out
+
+
 def test_mixed_gpu_types(tmp_path, capsys):
     h100 = results_file(tmp_path / 'h100.json')
     a100 = results_file(tmp_path / 'a100.json', device_name='NVIDIA A100-SXM4-40GB', mfu=None)
