@@ -3,14 +3,17 @@ benchmark.py alone on top of a baseline, then with every flag that helped togeth
 with the encoders online and from precomputed latents. Prints a Markdown table of img/s per GPU, MFU
 and peak GPU memory, and writes it to --out.
 
-    .venv/bin/python benchmarks/speed_sweep.py                   # on a GPU: every row (about an hour on one H100)
+    .venv/bin/python benchmarks/speed_sweep.py                   # on a GPU: every row (estimated: an hour on one H100)
     .venv/bin/python benchmarks/speed_sweep.py --sizes 512 --modes precomputed --paths compile fused_adamw
     .venv/bin/python benchmarks/speed_sweep.py --model_name tiny # on a CPU: the paths that run there, tiny model
     .venv/bin/python benchmarks/speed_sweep.py --profile         # and profile the fastest row of each size and mode
+    .venv/bin/python benchmarks/speed_sweep.py --time_limit 20 --resume  # 20 minutes now, then go on where it stopped
 
 Each row is one `python benchmark.py --use_synth_data ... --results_json` in a process of its own, so
 compile caches, allocator state and the peak-memory count never carry over between rows, and a row that
-fails (out of memory, a compile error) is reported in the table instead of ending the sweep. Throughput
+fails (out of memory, a compile error) is reported in the table instead of ending the sweep. The table is
+rewritten after every row, so a sweep that is stopped keeps what it measured, and --resume takes up every row
+already finished in --out with the same command instead of running it again. Throughput
 is benchmark.py's: the median of SpeedMonitor's rolling windows, warm-up excluded, on one GPU.
 The baseline is the published run's choices on today's stack: bf16 autocast, PyTorch SDPA attention,
 fp32 frozen encoders run online, eager mode, AdamW's default (foreach) kernels, 8 loader workers and
@@ -18,11 +21,12 @@ pinned memory.
 """
 
 import argparse
-import datetime
 import json
 import os
+import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -71,7 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--model_name', default='sd2-base' if has_gpu else 'tiny',
                         help='as in benchmark.py (default: sd2-base on a GPU, tiny without one)')
     parser.add_argument('--sizes', type=int, nargs='+', default=None,
-                        help='image sizes in pixels (default: 256 512; 64 for the tiny model)')
+                        help='image sizes in pixels, run in this order (default: 512 256, the published size first; '
+                        '64 for the tiny model)')
     parser.add_argument('--modes', nargs='+', choices=list(MODES), default=list(MODES),
                         help='encoders online, and/or precomputed latents (default: both)')
     parser.add_argument('--paths', nargs='+', choices=list(SPEED_PATHS), default=list(SPEED_PATHS), metavar='PATH',
@@ -91,10 +96,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                         '--profile) and say where its time went (benchmarks/profile_summary.py)')
     parser.add_argument('--out', default='results/speed_sweep', help='folder for the table, results and logs '
                         '(default: %(default)s)')
+    parser.add_argument('--resume', action='store_true',
+                        help='take up the rows an earlier sweep finished in --out (same size, mode, flags, microbatch, '
+                        'steps and model; failed rows included) instead of running them again')
+    parser.add_argument('--time_limit', type=float, default=None, metavar='MINUTES',
+                        help='start no row that would likely end after this many minutes from the start (judged by '
+                        'the median time of the rows run so far); rows left out are listed as not run, for --resume')
     args = parser.parse_args(argv)
     if args.sizes is None:
-        args.sizes = [256, 512] if args.model_name != 'tiny' else [64]
-    for flag in ('microbatch', 'accumulation', 'batches', 'peak_tflops'):
+        args.sizes = [512, 256] if args.model_name != 'tiny' else [64]
+    for flag in ('microbatch', 'accumulation', 'batches', 'peak_tflops', 'time_limit'):
         value = getattr(args, flag)
         if value is not None and value <= 0:
             parser.error(f'--{flag} {value}: must be positive')
@@ -119,30 +130,47 @@ def skip_reason(path: SpeedPath, mode: str, has_gpu: bool) -> str | None:
 
 
 def run_row(args, size: int, mode: str, name: str, flags: tuple[str, ...], microbatch: int,
-            profile: Path | None = None) -> dict:
+            profile: Path | None = None, rows: list[dict] = ()) -> dict:
     """One benchmark.py process; the row holds its results, or why it failed. With `profile`, a short run
-    that records its last batch there instead (its throughput, profiler included, is not reported)."""
+    that records its last batch there instead (its throughput, profiler included, is not reported).
+    Each finished row is saved beside its log, for --resume; `rows`, those so far, tell --time_limit's guess."""
     slug = re.sub(r'[^A-Za-z0-9_.+-]', '-', f'{size}px-{mode}-{name}-mb{microbatch}' + ('-profile' if profile else ''))
     results_json, log = Path(args.out) / f'{slug}.json', Path(args.out) / f'{slug}.log'
-    results_json.unlink(missing_ok=True)
+    saved_row = Path(args.out) / f'{slug}.row.json'
     batches = min(args.batches, PROFILE_BATCHES) if profile else args.batches
-    command = [sys.executable, str(REPO / 'benchmark.py'), '--model_name', args.model_name, '--use_synth_data',
-               '--image_size', str(size), '--batch_size', str(microbatch * args.accumulation),
-               '--device_train_microbatch_size', str(microbatch), '--max_duration', f'{batches}ba',
-               '--results_json', str(results_json), *MODES[mode], *flags]
+    benchmark_flags = ['--model_name', args.model_name, '--use_synth_data', '--image_size', str(size),
+                       '--batch_size', str(microbatch * args.accumulation), '--device_train_microbatch_size',
+                       str(microbatch), '--max_duration', f'{batches}ba', '--results_json', str(results_json),
+                       *MODES[mode], *flags, *(['--profile', str(profile)] if profile else [])]
+    row = {'size': size, 'mode': mode, 'name': name, 'flags': ' '.join(flags), 'microbatch': microbatch,
+           'command': benchmark_flags, 'machine': this_machine()}
+    if args.resume and saved_row.is_file():
+        saved = json.loads(saved_row.read_text())
+        if (saved.get('command'), saved.get('machine')) == (benchmark_flags, row['machine']):
+            return {**saved, 'resumed': True}
+    if out_of_time(args, rows):
+        return {**row, 'not_run': 'time limit reached (--resume goes on from here)'}
+    saved_row.unlink(missing_ok=True)
+    results_json.unlink(missing_ok=True)
     if profile:
         shutil.rmtree(profile, ignore_errors=True)
-        command += ['--profile', str(profile)]
-    row = {'size': size, 'mode': mode, 'name': name, 'flags': ' '.join(flags), 'microbatch': microbatch}
     start = time.perf_counter()
     with open(log, 'w') as output:
-        finished = subprocess.run(command, cwd=REPO, stdout=output, stderr=subprocess.STDOUT)
+        finished = subprocess.run([sys.executable, str(REPO / 'benchmark.py'), *benchmark_flags], cwd=REPO,
+                                  stdout=output, stderr=subprocess.STDOUT)
     row['seconds'] = time.perf_counter() - start
     if finished.returncode == 0 and results_json.is_file():
         row['results'] = json.loads(results_json.read_text())
     else:
         row['error'] = failure_reason(log.read_text())
+    saved_row.write_text(json.dumps(row, indent=2) + '\n')
     return row
+
+
+def this_machine() -> str:
+    """What a row measured on, as far as --resume must match: rows of another GPU or torch are run again."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.machine()
+    return f'{device}, torch {torch.__version__}'
 
 
 def failure_reason(output: str) -> str:
@@ -166,49 +194,69 @@ def mfu(row: dict, peak_tflops: float | None) -> float | None:
     return None
 
 
-def sweep(args) -> tuple[list[dict], list[str]]:
-    """The rows in order, and with --profile one line per size and mode on where the fastest row's time goes."""
+def sweep(args, rows: list[dict], profiles: list[str], report) -> None:
+    """Appends the rows in order, and with --profile one line per size and mode on where the fastest row's time
+    goes; calls report() after each."""
     has_gpu = torch.cuda.is_available()
-    rows, profiles = [], []
+
+    def add(row):
+        rows.append(row)
+        report_progress(row)
+        report()
+
     for size in args.sizes:
         microbatch = args.microbatch or DEFAULT_MICROBATCH.get(size, 8)
         for mode in args.modes:
-            baseline, helped = None, []
+            baseline, helped, complete = None, [], True
             for name in args.paths:
                 path = SPEED_PATHS[name]
+                row = {'size': size, 'mode': mode, 'name': name, 'flags': ' '.join(path.flags), 'microbatch': microbatch}
                 reason = skip_reason(path, mode, has_gpu)
                 if reason:
-                    rows.append({'size': size, 'mode': mode, 'name': name, 'flags': ' '.join(path.flags),
-                                 'microbatch': microbatch, 'skipped': reason})
+                    add({**row, 'skipped': reason})
                     continue
-                row = run_row(args, size, mode, name, path.flags, microbatch)
-                rows.append(row)
-                report_progress(row)
+                row = run_row(args, size, mode, name, path.flags, microbatch, rows=rows)
+                add(row)
+                complete = complete and 'not_run' not in row
                 if name == 'baseline':
                     baseline = per_gpu(row)
                 elif baseline and per_gpu(row) and per_gpu(row) > (1 + NOISE) * baseline:
                     helped.append(name)
             if baseline is None:
                 continue
-            # The paths that each beat the baseline, together, at the microbatch and at twice it.
+            # The paths that each beat the baseline, together, at the microbatch and at twice it; only once every
+            # path was measured (a sweep cut short by --time_limit combines them when --resume completes it).
             combined = tuple(flag for name in helped for flag in SPEED_PATHS[name].flags)
             label = '+'.join(helped) if helped else 'baseline'
             for batch in ((microbatch, 2 * microbatch) if helped else (2 * microbatch,)):
-                row = run_row(args, size, mode, f'combined:{label}', combined, batch)
-                rows.append(row)
-                report_progress(row)
-            if args.profile:
+                if complete:
+                    add(run_row(args, size, mode, f'combined:{label}', combined, batch, rows=rows))
+                else:
+                    add({'size': size, 'mode': mode, 'name': 'combined', 'flags': '', 'microbatch': batch,
+                         'not_run': 'not every path was measured'})
+            if args.profile and complete:
                 block = [row for row in rows if (row['size'], row['mode']) == (size, mode) and per_gpu(row)]
-                profiles.append(profile_fastest(args, max(block, key=per_gpu)))
-    return rows, profiles
+                profiles.append(profile_fastest(args, max(block, key=per_gpu), rows))
+                report()
 
 
-def profile_fastest(args, row: dict) -> str:
+def out_of_time(args, rows: list[dict]) -> bool:
+    """Whether a row started now would likely end after --time_limit: judged by the rows run so far."""
+    if args.time_limit is None:
+        return False
+    ran = [row['seconds'] for row in rows if 'seconds' in row and not row.get('resumed')]
+    expected = statistics.median(ran) if ran else 0
+    return time.perf_counter() - args.started + expected > 60 * args.time_limit
+
+
+def profile_fastest(args, row: dict, rows: list[dict]) -> str:
     """Profiles a row; returns one Markdown line on where its time went, the full summary written beside."""
     folder = Path(args.out) / f"profile-{row['size']}px-{row['mode']}"
     flags = tuple(row['flags'].split())
-    run = run_row(args, row['size'], row['mode'], row['name'], flags, row['microbatch'], profile=folder)
+    run = run_row(args, row['size'], row['mode'], row['name'], flags, row['microbatch'], profile=folder, rows=rows)
     where = f"{row['size']}px {row['mode']}, fastest row {row['name']} (microbatch {row['microbatch']})"
+    if 'not_run' in run:
+        return f"- {where}: not profiled: {run['not_run']}"
     traces = sorted(folder.glob('rank0.*.json'))
     if 'error' in run or not traces:
         return f"- {where}: profiling failed: {run.get('error', 'no trace written')}"
@@ -228,10 +276,15 @@ def profile_fastest(args, row: dict) -> str:
 def report_progress(row: dict) -> None:
     if 'results' in row:
         outcome = f"{per_gpu(row):.2f} img/s per GPU"
-    else:
+    elif 'error' in row:
         outcome = f"failed: {row['error']}"
-    print(f"[{row['size']}px {row['mode']}] {row['name']} (microbatch {row['microbatch']}): {outcome} "
-          f"({row['seconds']:.0f} s)", flush=True)
+    else:
+        outcome = f"skipped: {row['skipped']}" if 'skipped' in row else f"not run: {row['not_run']}"
+    if row.get('resumed'):
+        outcome += ' (from an earlier sweep)'
+    elif 'seconds' in row:
+        outcome += f" ({row['seconds']:.0f} s)"
+    print(f"[{row['size']}px {row['mode']}] {row['name']} (microbatch {row['microbatch']}): {outcome}", flush=True)
 
 
 def table(rows: list[dict], peak_tflops: float | None) -> str:
@@ -243,6 +296,8 @@ def table(rows: list[dict], peak_tflops: float | None) -> str:
         start = f"| {row['size']} | {row['mode']} | {row['name']} | {flags} | {row['microbatch']} |"
         if 'skipped' in row:
             lines.append(f"{start} skipped: {row['skipped']} | | | |")
+        elif 'not_run' in row:
+            lines.append(f"{start} not run: {row['not_run']} | | | |")
         elif 'error' in row:
             lines.append(f"{start} failed: {row['error']} | | | |")
         else:
@@ -262,20 +317,30 @@ def header(rows: list[dict], argv: list[str]) -> str:
         return 'No row ran.'
     versions = ', '.join(f'{name} {version}' for name, version in measured['versions'].items() if version)
     command = ' '.join(['python benchmarks/speed_sweep.py', *argv])
-    return (f"{datetime.date.today().isoformat()}, {measured['device_name']}, {measured['model_name']}, "
-            f"synthetic data; {versions}.\n\n`{command}`")
+    dates = sorted({row['results']['date'][:10] for row in rows if 'results' in row})  # --resume: maybe several
+    return (f"{' to '.join(dict.fromkeys((dates[0], dates[-1])))}, {measured['device_name']}, "
+            f"{measured['model_name']}, synthetic data; {versions}.\n\n`{command}`")
+
+
+def write_report(args, argv: list[str], rows: list[dict], profiles: list[str]) -> str:
+    report = f'{header(rows, argv)}\n\n{table(rows, args.peak_tflops)}\n'
+    if profiles:
+        report += '\nWhere the time goes (benchmark.py --profile, last of a few batches):\n\n' + '\n'.join(profiles) + '\n'
+    (Path(args.out) / 'speed_sweep.md').write_text(report)
+    return report
 
 
 def main(argv=None) -> list[dict]:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    args.started = time.perf_counter()
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    rows, profiles = sweep(args)
-    report = f'{header(rows, argv)}\n\n{table(rows, args.peak_tflops)}\n'
-    if profiles:
-        report += '\nWhere the time goes (benchmark.py --profile, last of a few batches):\n\n' + '\n'.join(profiles) + '\n'
-    (Path(args.out) / 'speed_sweep.md').write_text(report)
+    rows, profiles = [], []
+    sweep(args, rows, profiles, report=lambda: write_report(args, argv, rows, profiles))
+    report = write_report(args, argv, rows, profiles)
     print(f'\n{report}\nwritten to {Path(args.out) / "speed_sweep.md"} (each row\'s log and results JSON beside it)')
+    if any('not_run' in row for row in rows):
+        print(f'--time_limit {args.time_limit:g} reached: the same command with --resume runs the rows not run')
     return rows
 
 

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -281,10 +282,30 @@ def test_encoders_bf16_keeps_encoders_in_bf16_and_trains():
 
 def test_speed_sweep_runs_each_path_skips_what_cannot_run_and_combines(tmp_path):
     from benchmarks import speed_sweep
-    rows = speed_sweep.main(['--model_name', 'tiny', '--sizes', '32', '--modes', 'precomputed', '--microbatch', '2',
-                             '--accumulation', '2', '--batches', '4', '--out', str(tmp_path), '--profile',
-                             '--paths', 'fused_adamw', 'low_precision_norm', 'encoders_bf16'])
+    sweep = ['--model_name', 'tiny', '--sizes', '32', '--modes', 'precomputed', '--microbatch', '2',
+             '--accumulation', '2', '--batches', '4', '--out', str(tmp_path), '--profile',
+             '--paths', 'fused_adamw', 'low_precision_norm', 'encoders_bf16']
+    # Cut short: after the baseline (seconds) no row fits in 0.6 s, and nothing is combined from a part.
+    rows = speed_sweep.main([*sweep, '--time_limit', '0.01'])
+    assert [row['name'] for row in rows if 'results' in row] == ['baseline']
+    assert {row['name']: row.get('not_run') for row in rows if 'not_run' in row} == {
+        'fused_adamw': 'time limit reached (--resume goes on from here)', 'combined': 'not every path was measured'}
+    assert '| fused_adamw | `--fused_adamw` | 2 | not run: time limit reached' in (tmp_path / 'speed_sweep.md').read_text()
+    baseline_log = (tmp_path / '32px-precomputed-baseline-mb2.log').read_text()
+    # --resume takes the baseline up as it was and runs the rest.
+    rows = speed_sweep.main([*sweep, '--resume'])
+    assert (tmp_path / '32px-precomputed-baseline-mb2.log').read_text() == baseline_log
     by_name = {row['name']: row for row in rows}
+    assert by_name['baseline'].get('resumed') and not any(row.get('resumed') for row in rows[1:])
+    assert not any('not_run' in row for row in rows)
+    # A row measured on another GPU or torch is never taken up (out of time here, so it is not run either).
+    args = speed_sweep.parse_args([*sweep, '--resume', '--time_limit', '1'])
+    args.started = time.perf_counter() - 120  # two minutes ago: no row fits in the minute
+    again = lambda: speed_sweep.run_row(args, 32, 'precomputed', 'baseline', (), 2)  # noqa: E731
+    assert again()['resumed']
+    saved = tmp_path / '32px-precomputed-baseline-mb2.row.json'
+    saved.write_text(saved.read_text().replace(speed_sweep.this_machine(), 'NVIDIA H100 80GB HBM3, torch 2.7.0'))
+    assert 'resumed' not in again() and 'time limit' in again()['not_run']
     assert list(by_name)[:4] == ['baseline', 'fused_adamw', 'low_precision_norm', 'encoders_bf16']
     assert by_name['low_precision_norm']['skipped'] == 'needs a GPU'
     assert by_name['encoders_bf16']['skipped'] == 'no encoders in a precomputed run'
