@@ -66,6 +66,14 @@ MODES = {'online': (), 'precomputed': ('--precomputed_latents',)}
 DEFAULT_MICROBATCH = {256: 32, 512: 8}
 NOISE = 0.03  # a path "helps" when it beats the baseline by more than run-to-run noise
 PROFILE_BATCHES = 4  # a profiled run: warm-up batches, the profiler's warm-up batch, the recorded one
+# This repo's goal for SD2 base at 512px on one H100, as MFU, and the anchors it is measured against
+# (../shared/REFERENCE.md: img/s per GPU and MFU at 512px).
+GOAL_MFU = {'online': 0.35, 'precomputed': 0.40}
+ANCHORS = {
+    'online': 'the published benchmark, 16.0 img/s per A100 (~18% MFU)',
+    'precomputed': 'MosaicML diffusion, 36.3 img/s per A100 (~28% MFU); NVIDIA MLPerf Training v4.1, '
+                   '137 img/s per H100 (~33% MFU)',
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -322,8 +330,30 @@ def header(rows: list[dict], argv: list[str]) -> str:
             f"{measured['model_name']}, synthetic data; {versions}.\n\n`{command}`")
 
 
+def against_goal(rows: list[dict], peak_tflops: float | None) -> list[str]:
+    """For SD2 base at 512px, a line per mode: its fastest row against the MFU goal and the anchors."""
+    lines = []
+    for mode in MODES:
+        measured = [row for row in rows if (row['size'], row['mode']) == (512, mode) and per_gpu(row)
+                    and row['results']['model_name'] == 'sd2-base']
+        if not measured:
+            continue
+        best = max(measured, key=per_gpu)
+        utilization, goal = mfu(best, peak_tflops), GOAL_MFU[mode]
+        verdict = ('MFU unknown (pass --peak_tflops)' if utilization is None else
+                   f"MFU {100 * utilization:.1f}% against the goal of {100 * goal:.0f}%: "
+                   f"{'met' if utilization >= goal else 'missed'}")
+        lines.append(f"- 512px {mode}: fastest row {best['name']} (microbatch {best['microbatch']}), "
+                     f"{per_gpu(best):.2f} img/s per GPU on {best['results']['device_name']}, {verdict}. "
+                     f'Anchors: {ANCHORS[mode]}.')
+    return lines
+
+
 def write_report(args, argv: list[str], rows: list[dict], profiles: list[str]) -> str:
     report = f'{header(rows, argv)}\n\n{table(rows, args.peak_tflops)}\n'
+    goal = against_goal(rows, args.peak_tflops)
+    if goal:
+        report += '\nAgainst the goal (one H100, 512px) and the anchors:\n\n' + '\n'.join(goal) + '\n'
     if profiles:
         report += '\nWhere the time goes (benchmark.py --profile, last of a few batches):\n\n' + '\n'.join(profiles) + '\n'
     (Path(args.out) / 'speed_sweep.md').write_text(report)

@@ -333,3 +333,23 @@ def test_speed_sweep_names_why_a_row_failed():
     assert failure_reason('config: {}\nerror: --attention xformers: not installed\n') == \
         'error: --attention xformers: not installed'
     assert failure_reason('') == 'exited with no output'
+
+
+def test_speed_sweep_compares_the_fastest_512px_rows_with_the_goal():
+    from benchmarks.speed_sweep import against_goal
+
+    def row(mode, name, rate, mfu, size=512, model='sd2-base'):
+        return {'size': size, 'mode': mode, 'name': name, 'microbatch': 8, 'results': {
+            'img_per_sec_per_device': rate, 'mfu': mfu, 'flops_per_sec': rate * 2.41e12, 'num_devices': 1,
+            'model_name': model, 'device_name': 'NVIDIA H100 80GB HBM3'}}
+
+    rows = [row('online', 'baseline', 40.0, 0.145), row('online', 'compile', 90.0, 0.326),
+            row('online', 'huge', 500.0, 0.9, size=256), {'size': 512, 'mode': 'online', 'name': 'x', 'error': 'oom'},
+            row('precomputed', 'baseline', 170.0, None), row('precomputed', 'tiny', 1e4, 0.5, model='tiny')]
+    online, precomputed = against_goal(rows, peak_tflops=None)
+    assert online.startswith('- 512px online: fastest row compile (microbatch 8), 90.00 img/s per GPU on NVIDIA H100 '
+                             '80GB HBM3, MFU 32.6% against the goal of 35%: missed. Anchors: the published benchmark')
+    assert 'fastest row baseline' in precomputed and 'MFU unknown (pass --peak_tflops)' in precomputed
+    # With the peak given, MFU comes from the FLOP rate: 170 x 2.41 TFLOP/s of 989 is 41.4%, over the 40% goal.
+    assert 'MFU 41.4% against the goal of 40%: met' in against_goal(rows, peak_tflops=989)[1]
+    assert against_goal([row('online', 'baseline', 40.0, 0.145, size=256)], None) == []
