@@ -325,9 +325,10 @@ def header(rows: list[dict], argv: list[str]) -> str:
         return 'No row ran.'
     versions = ', '.join(f'{name} {version}' for name, version in measured['versions'].items() if version)
     command = ' '.join(['python benchmarks/speed_sweep.py', *argv])
-    dates = sorted({row['results']['date'][:10] for row in rows if 'results' in row})  # --resume: maybe several
-    return (f"{' to '.join(dict.fromkeys((dates[0], dates[-1])))}, {measured['device_name']}, "
-            f"{measured['model_name']}, synthetic data; {versions}.\n\n`{command}`")
+    dates = sorted(row['results']['date'][:10] for row in rows if 'results' in row)  # --resume: maybe several
+    when = dates[0] if dates[0] == dates[-1] else f'{dates[0]} to {dates[-1]}'
+    return (f"{when}, {measured['device_name']}, {measured['model_name']}, synthetic data; {versions}."
+            f"\n\n`{command}`")
 
 
 def against_goal(rows: list[dict], peak_tflops: float | None) -> list[str]:
