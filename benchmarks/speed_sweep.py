@@ -106,7 +106,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         '(default: %(default)s)')
     parser.add_argument('--resume', action='store_true',
                         help='take up the rows an earlier sweep finished in --out (same size, mode, flags, microbatch, '
-                        'steps and model; failed rows included) instead of running them again')
+                        'steps and model, on the same GPU and torch; failed rows included) instead of running them again')
     parser.add_argument('--time_limit', type=float, default=None, metavar='MINUTES',
                         help='start no row that would likely end after this many minutes from the start (judged by '
                         'the median time of the rows run so far); rows left out are listed as not run, for --resume')
