@@ -106,7 +106,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         '(default: %(default)s)')
     parser.add_argument('--resume', action='store_true',
                         help='take up the rows an earlier sweep finished in --out (same size, mode, flags, microbatch, '
-                        'steps and model, on the same GPU and torch; failed rows included) instead of running them again')
+                        'steps and model, on the same GPU and torch; failed rows included) instead of running them '
+                        'again')
     parser.add_argument('--time_limit', type=float, default=None, metavar='MINUTES',
                         help='start no row that would likely end after this many minutes from the start (judged by '
                         'the median time of the rows run so far); rows left out are listed as not run, for --resume')
@@ -218,7 +219,8 @@ def sweep(args, rows: list[dict], profiles: list[str], report) -> None:
             baseline, helped, complete = None, [], True
             for name in args.paths:
                 path = SPEED_PATHS[name]
-                row = {'size': size, 'mode': mode, 'name': name, 'flags': ' '.join(path.flags), 'microbatch': microbatch}
+                row = {'size': size, 'mode': mode, 'name': name, 'flags': ' '.join(path.flags),
+                       'microbatch': microbatch}
                 reason = skip_reason(path, mode, has_gpu)
                 if reason:
                     add({**row, 'skipped': reason})

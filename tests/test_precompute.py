@@ -290,7 +290,8 @@ def test_speed_sweep_runs_each_path_skips_what_cannot_run_and_combines(tmp_path)
     assert [row['name'] for row in rows if 'results' in row] == ['baseline']
     assert {row['name']: row.get('not_run') for row in rows if 'not_run' in row} == {
         'fused_adamw': 'time limit reached (--resume goes on from here)', 'combined': 'not every path was measured'}
-    assert '| fused_adamw | `--fused_adamw` | 2 | not run: time limit reached' in (tmp_path / 'speed_sweep.md').read_text()
+    table = (tmp_path / 'speed_sweep.md').read_text()
+    assert '| fused_adamw | `--fused_adamw` | 2 | not run: time limit reached' in table
     baseline_log = (tmp_path / '32px-precomputed-baseline-mb2.log').read_text()
     # --resume takes the baseline up as it was and runs the rest.
     rows = speed_sweep.main([*sweep, '--resume'])
