@@ -7,8 +7,8 @@ AdamW step) of an identical model on the same data.
 benchmark.py flags that both loops honour may follow: --precomputed_latents, --fused_adamw, --encoders_bf16.
 
 Target: ratio at most 1.05 at steady state. The two loops run interleaved, one step each in turn: a callback
-at the end of every Composer step runs one bare step. A shared CPU's speed drifts by tens of percent within
-seconds, which swamped a 5% target when the loops ran one after the other (per-round ratios from 0.90 to 1.32);
+at the end of every Composer step runs one bare step. A shared CPU's speed drifts by tens of percent from run
+to run, which swamped a 5% target when the loops ran one after the other (per-round ratios from 0.90 to 1.32);
 interleaved, each Composer step has a bare step beside it under the same conditions. A Composer step is the
 time from the end of one bare step to the start of the next, so it holds everything the Trainer does per batch
 (its other callbacks included). The first steps are warm-up and left out; each round is a fresh pair of models.
