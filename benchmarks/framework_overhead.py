@@ -12,6 +12,9 @@ to run, which swamped a 5% target when the loops ran one after the other (per-ro
 interleaved, each Composer step has a bare step beside it under the same conditions. A Composer step is the
 time from the end of one bare step to the start of the next, so it holds everything the Trainer does per batch
 (its other callbacks included). The first steps are warm-up and left out; each round is a fresh pair of models.
+
+Both steps are also split into phases (data, forward, loss, backward, optimizer), Composer's at the events that
+close each one, so the table shows where the Trainer's extra time goes.
 """
 
 import argparse
@@ -25,7 +28,7 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-from composer.core import Callback  # noqa: E402
+from composer.core import Callback, Event  # noqa: E402
 from composer.utils import reproducibility  # noqa: E402
 
 from benchmark import (build_dataloader, build_model, build_optimizer, build_trainer, parse_args,  # noqa: E402
@@ -36,8 +39,18 @@ def model_of(args):
     return build_model(args.model_name, precomputed=args.precomputed_latents, encoders_bf16=args.encoders_bf16)
 
 
+PHASES = ('data', 'forward', 'loss', 'backward', 'optimizer')
+# The Composer event that ends each phase. 'data' starts when the previous bare step ends, so it holds the
+# Trainer's loop bookkeeping too; 'optimizer' holds AdamW's step, the loss's .item() and the per-batch logging.
+PHASE_ENDS = {Event.BEFORE_FORWARD: 'data', Event.AFTER_FORWARD: 'forward', Event.AFTER_LOSS: 'loss',
+              Event.AFTER_BACKWARD: 'backward', Event.BATCH_END: 'optimizer'}
+
+
 class InterleavedBareLoop(Callback):
-    """At each Composer batch end, one step of a bare PyTorch loop on its own model, optimizer and data."""
+    """At each Composer batch end, one step of a bare PyTorch loop on its own model, optimizer and data.
+
+    Records each step of both loops as {phase: seconds}.
+    """
 
     def __init__(self, args):
         reproducibility.seed_all(args.seed)
@@ -45,33 +58,71 @@ class InterleavedBareLoop(Callback):
         self.optimizer = build_optimizer(args, self.model)
         self.model.train()
         self.batches = iter(build_dataloader(args, self.model))
-        self.spans = []  # (start, end) of each bare step
+        self.bare_steps = []
+        self.composer_steps = []  # the i-th ran between bare steps i and i + 1
+        self.composer_step = {}
+        self.phase_start = None  # None until the first bare step has ended
+
+    def run_event(self, event, state, logger):
+        # Callbacks run in order, then loggers: a phase ends after the other callbacks have run on its
+        # event, and what the loggers do on it lands in the next phase.
+        now = time.perf_counter()
+        phase = PHASE_ENDS.get(event)
+        if phase is not None and self.phase_start is not None:
+            # Summed: with microbatching every phase but the optimizer's runs once per microbatch.
+            self.composer_step[phase] = self.composer_step.get(phase, 0.0) + now - self.phase_start
+            self.phase_start = now
+        super().run_event(event, state, logger)
 
     def batch_end(self, state, logger):
-        start = time.perf_counter()
+        if self.phase_start is not None:
+            self.composer_steps.append(self.composer_step)
+        self.composer_step = {}
+        bare_step = {}
+        clock = time.perf_counter()
+
+        def phase_ended(phase):
+            nonlocal clock
+            now = time.perf_counter()
+            bare_step[phase] = now - clock
+            clock = now
+
         batch = next(self.batches)
-        loss = self.model.loss(self.model(batch), batch)
+        phase_ended('data')
+        outputs = self.model(batch)
+        phase_ended('forward')
+        loss = self.model.loss(outputs, batch)
+        phase_ended('loss')
         loss.backward()
+        phase_ended('backward')
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.spans.append((start, time.perf_counter()))
+        # Freeing the step's autograd graph and tensors takes milliseconds on a tiny model. Dropped at this
+        # function's return, they would be timed as Composer's; Composer frees its own on the next step.
+        del batch, outputs, loss
+        phase_ended('optimizer')
+        self.bare_steps.append(bare_step)
+        self.phase_start = time.perf_counter()
 
-    def step_times(self, warmup: int) -> tuple[list[float], list[float]]:
-        """Bare step times, and Composer's: from the end of one bare step to the start of the next."""
-        spans = self.spans[warmup:]
-        bare = [end - start for start, end in spans[1:]]
-        composer = [start - end for (_, end), (start, _) in zip(spans, spans[1:])]
-        return bare, composer
+    def steady_steps(self, warmup: int) -> tuple[list[dict], list[dict]]:
+        """Bare and Composer steps after warm-up, the same number of each."""
+        composer = self.composer_steps[warmup:]
+        return self.bare_steps[warmup + 1:warmup + 1 + len(composer)], composer
 
 
-def interleaved_round(args, warmup: int) -> tuple[list[float], list[float]]:
+def interleaved_round(args, warmup: int) -> tuple[list[dict], list[dict]]:
     bare_loop = InterleavedBareLoop(args)
     reproducibility.seed_all(args.seed)
     model = model_of(args)
     trainer = build_trainer(args, model, build_dataloader(args, model), callbacks=(bare_loop,))
     trainer.fit()
     trainer.close()
-    return bare_loop.step_times(warmup)
+    return bare_loop.steady_steps(warmup)
+
+
+def median_ms(steps: list[dict], phase: str | None = None) -> float:
+    """Median over steps of one phase, or of the whole step when phase is None."""
+    return 1000 * statistics.median(sum(step.values()) if phase is None else step.get(phase, 0.0) for step in steps)
 
 
 def main():
@@ -95,13 +146,15 @@ def main():
         round_bare, round_composer = interleaved_round(args, options.warmup)
         bare += round_bare
         composer += round_composer
-        ratios.append(statistics.median(round_composer) / statistics.median(round_bare))
+        ratios.append(median_ms(round_composer) / median_ms(round_bare))
     print(f'\ntiny model, batch {options.batch_size}, {options.image_size}px, {torch.get_num_threads()} threads, '
           f'{options.rounds} x {len(bare) // options.rounds} steady steps of each loop, interleaved; '
           f'{" ".join(flags) or "no flags"}')
-    print(f'bare PyTorch loop : {1000 * statistics.median(bare):8.2f} ms/step (median)')
-    print(f'Composer Trainer  : {1000 * statistics.median(composer):8.2f} ms/step (median)')
-    print(f'ratio             : {statistics.median(composer) / statistics.median(bare):8.3f}  (target <= 1.05; '
+    print(f'{"median ms":<10} {"bare":>8} {"Composer":>9} {"extra":>8}')
+    for phase in (*PHASES, None):
+        bare_ms, composer_ms = median_ms(bare, phase), median_ms(composer, phase)
+        print(f'{phase or "step":<10} {bare_ms:8.2f} {composer_ms:9.2f} {composer_ms - bare_ms:+8.2f}')
+    print(f'ratio      {median_ms(composer) / median_ms(bare):8.3f}  (target <= 1.05; '
           f'each round: {", ".join(f"{ratio:.3f}" for ratio in ratios)})')
 
 

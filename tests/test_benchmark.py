@@ -361,3 +361,15 @@ def test_bad_input_exits_non_zero_with_a_message():
     run = run_cli(*TINY, '--batch_size', '10', '--device_train_microbatch_size', '4', launcher=('python',))
     assert run.returncode == 2
     assert 'error: --batch_size 10' in run.stderr and 'Traceback' not in run.stderr
+
+
+def test_framework_overhead_times_every_phase_of_both_loops():
+    from benchmarks import framework_overhead
+    args = resolve_args(parse_args(TINY + ['--image_size', '32', '--batch_size', '4', '--max_duration', '7ba',
+                                           '--precomputed_latents', '--fused_adamw']))
+    bare, composer = framework_overhead.interleaved_round(args, warmup=2)
+    # 7 Composer steps: the first precedes any bare step; of the 6 after bare steps, 2 are warm-up.
+    assert len(bare) == len(composer) == 4
+    for step in bare + composer:
+        assert list(step) == list(framework_overhead.PHASES) and all(seconds > 0 for seconds in step.values())
+    assert framework_overhead.median_ms(composer, 'forward') < framework_overhead.median_ms(composer)
