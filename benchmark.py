@@ -9,6 +9,7 @@ Without a GPU the default model is `tiny`, and the choice is printed at start.
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -463,16 +464,27 @@ def has_weights(model_dir: Path, part: str) -> bool:
 
 
 def build_model(model_name: str, prediction_type: str | None = None, attention: str = 'sdpa',
-                precomputed: bool = False, encoders_bf16: bool = False) -> StableDiffusion:
+                precomputed: bool = False, encoders_bf16: bool = False,
+                init_device: torch.device | str | None = None) -> StableDiffusion:
     """The model of a built-in name, folder or hub id. precomputed: the UNet alone (the batches carry the
-    encoders' outputs); encoders_bf16: the frozen VAE and text encoder weights in bf16."""
+    encoders' outputs); encoders_bf16: the frozen VAE and text encoder weights in bf16; init_device: where the
+    parts without weights are randomly initialized (default: torch's default device, the CPU unless a caller
+    set another; loaded weights load on the CPU)."""
     model_dir = resolve_model_dir(model_name)
     loaded = []
+
+    def random_init(build):
+        # SD2 base's 1.3B parameters take about 20 s of CPU time and 5 GB of host memory per rank to initialize
+        # (measured on 2 cores); built on the GPU the Trainer would move them to anyway, well under a second.
+        with contextlib.nullcontext() if init_device is None else torch.device(init_device):
+            return build()
+
     if has_weights(model_dir, 'unet'):
         unet = UNet2DConditionModel.from_pretrained(model_dir, subfolder='unet')
         loaded.append('unet')
     else:
-        unet = UNet2DConditionModel.from_config(UNet2DConditionModel.load_config(model_dir, subfolder='unet'))
+        unet = random_init(lambda: UNet2DConditionModel.from_config(
+            UNet2DConditionModel.load_config(model_dir, subfolder='unet')))
     scheduler_config = DDPMScheduler.load_config(model_dir, subfolder='scheduler')
     if prediction_type is not None:
         scheduler_config['prediction_type'] = prediction_type
@@ -488,12 +500,13 @@ def build_model(model_name: str, prediction_type: str | None = None, attention: 
         vae = AutoencoderKL.from_pretrained(model_dir, subfolder='vae')
         loaded.append('vae')
     else:
-        vae = AutoencoderKL.from_config(AutoencoderKL.load_config(model_dir, subfolder='vae'))
+        vae = random_init(lambda: AutoencoderKL.from_config(AutoencoderKL.load_config(model_dir, subfolder='vae')))
     if has_weights(model_dir, 'text_encoder'):
         text_encoder = CLIPTextModel.from_pretrained(model_dir, subfolder='text_encoder')
         loaded.append('text_encoder')
     else:
-        text_encoder = CLIPTextModel(CLIPTextConfig.from_pretrained(model_dir, subfolder='text_encoder'))
+        text_config = CLIPTextConfig.from_pretrained(model_dir, subfolder='text_encoder')
+        text_encoder = random_init(lambda: CLIPTextModel(text_config))
     if encoders_bf16:
         vae, text_encoder = vae.to(torch.bfloat16), text_encoder.to(torch.bfloat16)
     announce(f'model {model_name!r} from {model_dir}: weights loaded for {", ".join(loaded) or "nothing"}, '
@@ -731,8 +744,10 @@ def main(args: argparse.Namespace, callbacks: tuple = ()) -> Trainer:
     # still serves the last joins the old one and waits forever (seen: two CPU ranks on a fresh clone).
     dist.initialize_dist(get_device(None))
     reproducibility.seed_all(args.seed)  # same random init on every run and rank
+    # On a GPU the random init runs there: Composer set this rank's device in initialize_dist.
+    init_device = torch.device('cuda', torch.cuda.current_device()) if torch.cuda.is_available() else None
     model = build_model(args.model_name, args.prediction_type, args.attention, args.precomputed_latents,
-                        args.encoders_bf16)
+                        args.encoders_bf16, init_device)
     if not args.use_synth_data:
         clean_stale_shared_memory()  # Streaming's shared memory left by a killed run would block this one
     trainer = build_trainer(args, model, build_dataloader(args, model), callbacks)

@@ -119,7 +119,7 @@ def measure(name, make, update, device, repeats, finish=lambda state: None):
 def step_seconds(device, steps=5) -> tuple[float, float]:
     """Median fwd+bwd time of one microbatch of 4 at 512px and of one AdamW step, SD2 base, bf16 autocast."""
     from benchmark import build_model
-    model = build_model('sd2-base').to(device)
+    model = build_model('sd2-base', init_device=device)
     optimizer = torch.optim.AdamW(model.unet.parameters(), lr=1e-4, weight_decay=1e-3)
     batch = {'image': torch.rand(4, 3, 512, 512, device=device) * 2 - 1,
              'input_ids': torch.randint(0, 49408, (4, 77), device=device)}
