@@ -463,28 +463,43 @@ def has_weights(model_dir: Path, part: str) -> bool:
     return any((model_dir / part / name).is_file() for name in WEIGHT_FILES[part])
 
 
+MODEL_PARTS = {'unet': UNet2DConditionModel, 'vae': AutoencoderKL, 'text_encoder': CLIPTextModel}
+
+
+def build_part(model_dir: Path, part: str,
+               init_device: torch.device | str | None = None) -> tuple[torch.nn.Module, bool]:
+    """One part of a model folder ('unet', 'vae' or 'text_encoder') and whether its weights were loaded: they load
+    (on the CPU) where the folder has them, otherwise the part is randomly initialized from its config on
+    init_device (default: torch's default device, the CPU unless a caller set another)."""
+    model_class = MODEL_PARTS[part]
+    if has_weights(model_dir, part):
+        return model_class.from_pretrained(model_dir, subfolder=part), True
+    # SD2 base's 1.3B parameters take about 20 s of CPU time and 5 GB of host memory per rank to initialize
+    # (measured on 2 cores); built on the GPU the Trainer would move them to anyway, well under a second.
+    with contextlib.nullcontext() if init_device is None else torch.device(init_device):
+        if part == 'text_encoder':  # Transformers' models take a config object
+            return model_class(CLIPTextConfig.from_pretrained(model_dir, subfolder=part)), False
+        return model_class.from_config(model_class.load_config(model_dir, subfolder=part)), False
+
+
+def build_encoders(model_dir: Path, encoders_bf16: bool = False,
+                   init_device: torch.device | str | None = None) -> tuple[AutoencoderKL, CLIPTextModel, list[str]]:
+    """The VAE and text encoder of a model folder, and the names of those whose weights were loaded."""
+    (vae, vae_loaded), (text_encoder, text_loaded) = (build_part(model_dir, part, init_device)
+                                                      for part in ('vae', 'text_encoder'))
+    if encoders_bf16:
+        vae, text_encoder = vae.to(torch.bfloat16), text_encoder.to(torch.bfloat16)
+    return vae, text_encoder, [name for name, loaded in (('vae', vae_loaded), ('text_encoder', text_loaded)) if loaded]
+
+
 def build_model(model_name: str, prediction_type: str | None = None, attention: str = 'sdpa',
                 precomputed: bool = False, encoders_bf16: bool = False,
                 init_device: torch.device | str | None = None) -> StableDiffusion:
     """The model of a built-in name, folder or hub id. precomputed: the UNet alone (the batches carry the
     encoders' outputs); encoders_bf16: the frozen VAE and text encoder weights in bf16; init_device: where the
-    parts without weights are randomly initialized (default: torch's default device, the CPU unless a caller
-    set another; loaded weights load on the CPU)."""
+    parts without weights are randomly initialized (see build_part)."""
     model_dir = resolve_model_dir(model_name)
-    loaded = []
-
-    def random_init(build):
-        # SD2 base's 1.3B parameters take about 20 s of CPU time and 5 GB of host memory per rank to initialize
-        # (measured on 2 cores); built on the GPU the Trainer would move them to anyway, well under a second.
-        with contextlib.nullcontext() if init_device is None else torch.device(init_device):
-            return build()
-
-    if has_weights(model_dir, 'unet'):
-        unet = UNet2DConditionModel.from_pretrained(model_dir, subfolder='unet')
-        loaded.append('unet')
-    else:
-        unet = random_init(lambda: UNet2DConditionModel.from_config(
-            UNet2DConditionModel.load_config(model_dir, subfolder='unet')))
+    unet, unet_loaded = build_part(model_dir, 'unet', init_device)  # first: the same init with or without encoders
     scheduler_config = DDPMScheduler.load_config(model_dir, subfolder='scheduler')
     if prediction_type is not None:
         scheduler_config['prediction_type'] = prediction_type
@@ -492,23 +507,13 @@ def build_model(model_name: str, prediction_type: str | None = None, attention: 
     if attention == 'xformers':
         unet.enable_xformers_memory_efficient_attention()
     if precomputed:
-        announce(f'model {model_name!r} from {model_dir}: UNet only ({"weights loaded" if loaded else "random init"}); '
-                 'no VAE or text encoder: the data holds their outputs')
+        announce(f'model {model_name!r} from {model_dir}: UNet only '
+                 f'({"weights loaded" if unet_loaded else "random init"}); no VAE or text encoder: the data holds '
+                 'their outputs')
         latent_scale = AutoencoderKL.load_config(model_dir, subfolder='vae')['scaling_factor']
         return StableDiffusion(unet, None, None, noise_scheduler, latent_scale)
-    if has_weights(model_dir, 'vae'):
-        vae = AutoencoderKL.from_pretrained(model_dir, subfolder='vae')
-        loaded.append('vae')
-    else:
-        vae = random_init(lambda: AutoencoderKL.from_config(AutoencoderKL.load_config(model_dir, subfolder='vae')))
-    if has_weights(model_dir, 'text_encoder'):
-        text_encoder = CLIPTextModel.from_pretrained(model_dir, subfolder='text_encoder')
-        loaded.append('text_encoder')
-    else:
-        text_config = CLIPTextConfig.from_pretrained(model_dir, subfolder='text_encoder')
-        text_encoder = random_init(lambda: CLIPTextModel(text_config))
-    if encoders_bf16:
-        vae, text_encoder = vae.to(torch.bfloat16), text_encoder.to(torch.bfloat16)
+    vae, text_encoder, encoders_loaded = build_encoders(model_dir, encoders_bf16, init_device)
+    loaded = ['unet'] * unet_loaded + encoders_loaded
     announce(f'model {model_name!r} from {model_dir}: weights loaded for {", ".join(loaded) or "nothing"}, '
              'random init for the rest')
     return StableDiffusion(unet, vae, text_encoder, noise_scheduler)

@@ -30,7 +30,7 @@ from streaming.base.util import clean_stale_shared_memory, merge_index
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
-from benchmark import ConfigError, PRESETS, build_model
+from benchmark import ConfigError, PRESETS, build_encoders, resolve_model_dir
 from convert import SAMPLE_DATASET, ensure_sample_dataset
 from data import PRECOMPUTED_COLUMNS, DataError, StreamingLAIONDataset, collate, s3_client, unit_range
 
@@ -57,7 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--precision', choices=['fp32', 'bf16'], default=None,
                         help='encoder weights and compute (default: bf16 on a GPU, fp32 on CPU); stored as fp16 either way')
     parser.add_argument('--seed', type=int, default=17, help='seeds encoders that have no weights in the model folder '
-                        '(random init: latents for benchmarking only), as benchmark.py does (default: %(default)s)')
+                        '(random init: latents for benchmarking only) (default: %(default)s)')
     parser.add_argument('--overwrite', action='store_true', help='start over: discard an output made with other settings')
     return parser.parse_args(argv)
 
@@ -233,16 +233,17 @@ def main(argv=None) -> dict:
     dist.barrier()
 
     reproducibility.seed_all(args.seed)  # every rank, and every rerun, gets the same encoders
-    model = build_model(args.model_name)
+    # The encoders alone: the UNet's weights (3.5 GB for SD2 base) are never read.
+    vae, text_encoder, loaded = build_encoders(resolve_model_dir(args.model_name), init_device=device._device)
     dtype = torch.bfloat16 if args.precision == 'bf16' else torch.float32
-    vae = model.vae.to(device._device, dtype)
-    text_encoder = model.text_encoder.to(device._device, dtype)
+    vae, text_encoder = vae.to(device._device, dtype), text_encoder.to(device._device, dtype)
     num_parts = -(-num_samples // args.part_size)
     mine = [part for part in range(rank, num_parts, world_size)]
     todo = [part for part in mine if args.overwrite or read_text(part_out(args.out, part), 'index.json') is None]
     if rank == 0:
         print(f'precompute: {num_samples} samples of {args.remote or args.local} in {num_parts} part(s) of '
-              f'{args.part_size} over {world_size} rank(s); {args.model_name} at {args.image_size}px, {args.precision}; '
+              f'{args.part_size} over {world_size} rank(s); {args.model_name} at {args.image_size}px, {args.precision} '
+              f'(weights loaded for {", ".join(loaded) or "nothing"}, random init for the rest); '
               f'{len(mine) - len(todo)} of this rank\'s {len(mine)} part(s) already done', flush=True)
     start = time.perf_counter()
     written = bad = 0

@@ -333,6 +333,14 @@ def test_local_folder_loads_weights_when_present(tmp_path):
     loaded = build_model(str(tmp_path))
     assert all(torch.equal(a, b) for a, b in zip(loaded.unet.parameters(), trained.unet.parameters()))
     assert not all(torch.equal(a, b) for a, b in zip(random_init.unet.parameters(), trained.unet.parameters()))
+    # The encoders load the same way, alone as precompute.py builds them.
+    assert benchmark.build_encoders(tmp_path)[2] == []
+    trained.vae.save_pretrained(tmp_path / 'vae')
+    trained.text_encoder.save_pretrained(tmp_path / 'text_encoder')
+    vae, text_encoder, loaded_names = benchmark.build_encoders(tmp_path)
+    assert loaded_names == ['vae', 'text_encoder']
+    for part, trained_part in ((vae, trained.vae), (text_encoder, trained.text_encoder)):
+        assert all(torch.equal(a, b) for a, b in zip(part.parameters(), trained_part.parameters()))
 
 
 # ------------------------------------------------------------------------------------ end to end

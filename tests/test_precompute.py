@@ -16,8 +16,8 @@ from streaming import StreamingDataset
 from torch.utils.data import default_collate
 
 import precompute
-from benchmark import (ConfigError, StableDiffusion, build_model, count_forward_flops, main, parse_args,
-                       resolve_args)
+from benchmark import (CONFIGS_DIR, ConfigError, StableDiffusion, build_encoders, build_model, count_forward_flops,
+                       main, parse_args, resolve_args)
 from convert import ensure_sample_dataset
 from data import CaptionTokenizer, PrecomputedLatentsDataset, StreamingLAIONDataset, SyntheticImageCaptionDataset
 
@@ -111,14 +111,15 @@ def test_precompute_writes_aligned_samples_resumes_and_trains(source, tmp_path, 
     assert len(stored) == 38
     # Sample k of the output is the k-th good source sample, encoded by the tiny model's encoders.
     reproducibility.seed_all(17)  # precompute.py's --seed default
-    model = build_model('tiny')
+    vae, text_encoder, loaded = build_encoders(CONFIGS_DIR / 'tiny')
+    assert loaded == [] and 'weights loaded for nothing, random init for the rest' in capfd.readouterr().out
     images = StreamingLAIONDataset(local=str(source), image_size=32, shuffle=False, keep_caption=True)
     good = [images[i] for i in range(SOURCE_SAMPLES) if not images[i]['bad_samples']]
     assert len(good) == 38
     reader = PrecomputedLatentsDataset(local=str(out), shuffle=False, batch_size=1)
     for k in (0, 13, 37):
         batch = default_collate([good[k]])
-        mean, logvar, text_embedding = precompute.encode(model.vae, model.text_encoder, batch, torch.device('cpu'))
+        mean, logvar, text_embedding = precompute.encode(vae, text_encoder, batch, torch.device('cpu'))
         # Encoded in batches of 16 there, of 1 here: equal up to fp16 rounding of reassociated sums.
         for name, expected in (('latent_mean', mean), ('latent_logvar', logvar), ('text_embedding', text_embedding)):
             torch.testing.assert_close(stored[k][name], expected[0], rtol=2e-3, atol=2e-3)
