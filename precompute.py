@@ -56,8 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         'and of work per rank (default: %(default)s)')
     parser.add_argument('--precision', choices=['fp32', 'bf16'], default=None,
                         help='encoder weights and compute (default: bf16 on a GPU, fp32 on CPU); stored as fp16 either way')
-    parser.add_argument('--seed', type=int, default=17, help='seeds encoders that have no weights in the model folder '
-                        '(random init: latents for benchmarking only) (default: %(default)s)')
+    parser.add_argument('--seed', type=int, default=17, help='seeds encoders that have no weights in the model folder, '
+                        'whose random-init latents are for benchmarking only (default: %(default)s)')
     parser.add_argument('--overwrite', action='store_true', help='start over: discard an output made with other settings')
     return parser.parse_args(argv)
 
