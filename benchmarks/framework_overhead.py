@@ -48,7 +48,9 @@ def model_of(args):
 
 PHASES = ('data', 'forward', 'loss', 'backward', 'optimizer')
 # The Composer event that ends each phase. 'data' starts when the previous bare step ends, so it holds the
-# Trainer's loop bookkeeping too; 'optimizer' holds AdamW's step, the loss's .item() and the per-batch logging.
+# Trainer's loop bookkeeping too; 'loss' frees the previous step's autograd graph (the Trainer holds each loss until
+# the next replaces it; the bare loop frees its own in 'optimizer'); 'optimizer' holds AdamW's step, the loss's
+# .item() and the per-batch logging.
 PHASE_ENDS = {Event.BEFORE_FORWARD: 'data', Event.AFTER_FORWARD: 'forward', Event.AFTER_LOSS: 'loss',
               Event.AFTER_BACKWARD: 'backward', Event.BATCH_END: 'optimizer'}
 
