@@ -485,11 +485,11 @@ def build_part(model_dir: Path, part: str,
 def build_encoders(model_dir: Path, encoders_bf16: bool = False,
                    init_device: torch.device | str | None = None) -> tuple[AutoencoderKL, CLIPTextModel, list[str]]:
     """The VAE and text encoder of a model folder, and the names of those whose weights were loaded."""
-    (vae, vae_loaded), (text_encoder, text_loaded) = (build_part(model_dir, part, init_device)
-                                                      for part in ('vae', 'text_encoder'))
+    vae, vae_loaded = build_part(model_dir, 'vae', init_device)
+    text_encoder, text_encoder_loaded = build_part(model_dir, 'text_encoder', init_device)
     if encoders_bf16:
         vae, text_encoder = vae.to(torch.bfloat16), text_encoder.to(torch.bfloat16)
-    return vae, text_encoder, [name for name, loaded in (('vae', vae_loaded), ('text_encoder', text_loaded)) if loaded]
+    return vae, text_encoder, ['vae'] * vae_loaded + ['text_encoder'] * text_encoder_loaded
 
 
 def build_model(model_name: str, prediction_type: str | None = None, attention: str = 'sdpa',
