@@ -24,6 +24,7 @@ import tempfile
 import urllib.parse
 import warnings
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import ftfy
@@ -35,6 +36,9 @@ from composer.core import Callback
 from composer.utils import dist
 from PIL import Image
 from streaming import StreamingDataset
+from streaming.base.compression import decompress
+from streaming.base.format import reader_from_json
+from streaming.base.storage.download import CloudDownloader
 from torch.utils.data import Dataset, default_collate
 from transformers import AutoTokenizer, CLIPTokenizerFast
 from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -327,10 +331,7 @@ class StreamingLAIONDataset(StreamingDataset):
         super().__init__(remote=remote, local=local, batch_size=batch_size, shuffle=shuffle, shuffle_seed=seed,
                          download_retry=download_retry, download_timeout=download_timeout, **streaming_kwargs)
         for shard in self.shards:
-            columns = getattr(shard, 'column_names', None)
-            if columns is not None and not {'jpg', 'caption'} <= set(columns):
-                raise DataError(f'{self.location}: shard {shard.raw_data.basename} has columns {columns}; '
-                                'expected jpg (image bytes) and caption (text), as convert.py writes')
+            check_columns(self.location, shard.raw_data.basename, getattr(shard, 'column_names', None), False)
         self._reads = 0
         self._bad = Counter()  # reason -> count, over this process's reads
         self._reported = set()
@@ -393,15 +394,24 @@ class PrecomputedLatentsDataset(StreamingDataset):
         super().__init__(remote=remote, local=local, batch_size=batch_size, shuffle=shuffle, shuffle_seed=seed,
                          download_retry=download_retry, download_timeout=download_timeout, **streaming_kwargs)
         for shard in self.shards:
-            columns = getattr(shard, 'column_names', None)
-            if columns is not None and not set(PRECOMPUTED_COLUMNS) - {'caption'} <= set(columns):
-                raise DataError(f'{self.location}: shard {shard.raw_data.basename} has columns {columns}, not '
-                                "precompute.py's latent_mean, latent_logvar and text_embedding: for images and "
-                                'captions leave out --precomputed_latents')
+            check_columns(self.location, shard.raw_data.basename, getattr(shard, 'column_names', None), True)
 
     def get_item(self, sample_id: int, retry: int = 7) -> dict:
         raw = super().get_item(sample_id, retry)
         return {name: torch.tensor(raw[name]) for name in ('latent_mean', 'latent_logvar', 'text_embedding')}
+
+
+def check_columns(location: str, shard: str, columns: list[str] | None, precomputed: bool) -> None:
+    """A shard (MDS: it names its columns) holds what the dataset reads: images and captions as convert.py
+    writes them, or the latents and embeddings precompute.py writes."""
+    if columns is None:
+        return
+    if precomputed and not set(PRECOMPUTED_COLUMNS) - {'caption'} <= set(columns):
+        raise DataError(f'{location}: shard {shard} has columns {columns}, not precompute.py\'s latent_mean, '
+                        'latent_logvar and text_embedding: for images and captions leave out --precomputed_latents')
+    if not precomputed and not {'jpg', 'caption'} <= set(columns):
+        raise DataError(f'{location}: shard {shard} has columns {columns}; expected jpg (image bytes) and caption '
+                        '(text), as convert.py writes')
 
 
 def collate(samples: list[dict]) -> dict:
@@ -526,3 +536,50 @@ def check_dataset(remote: str | None, local: str | None, retries: int = 2, timeo
             raise DataError(f'{remote}: {endpoint} refused access ({code}): check the credentials')
         except BotoCoreError as error:
             raise DataError(f'{remote}: cannot reach the S3 server {endpoint} after {retries + 1} attempts: {error}')
+
+
+@dataclass(frozen=True)
+class DatasetDescription:
+    """What a run must know of a dataset before it is built (see describe_dataset)."""
+    location: str
+    num_samples: int
+    latent_shape: tuple[int, int, int] | None = None  # precomputed latents: (C, H/8, W/8) of the first sample
+    embedding_width: int | None = None  # precomputed latents: the text embedding's width
+
+
+def describe_dataset(remote: str | None, local: str | None, precomputed: bool = False, retries: int = 2,
+                     timeout: float = 60) -> DatasetDescription:
+    """The size of an MDS dataset, read from its index.json, its columns checked; for precomputed latents also
+    the shapes of the first sample (its shard is read into a temporary folder when the dataset is remote)."""
+    if remote is not None and not urllib.parse.urlparse(remote).scheme and local is None:
+        remote, local = None, remote  # a bare folder is read in place
+    check_dataset(remote, local, retries=retries, timeout=timeout)
+    location = remote or local
+    with tempfile.TemporaryDirectory(prefix='sd2-describe-') as work:
+        folder = local if remote is None else work
+
+        def fetch(basename: str) -> None:
+            if remote is not None:
+                CloudDownloader.direct_download(f"{remote.rstrip('/')}/{basename}", f'{work}/{basename}', timeout)
+
+        fetch('index.json')
+        try:
+            shards = json.loads((Path(folder) / 'index.json').read_text())['shards']
+        except (ValueError, KeyError, TypeError) as error:
+            raise DataError(f'{location}: index.json is not a Streaming index ({type(error).__name__}: {error})')
+        for shard in shards:
+            check_columns(location, shard.get('raw_data', {}).get('basename'), shard.get('column_names'), precomputed)
+        num_samples = sum(shard['samples'] for shard in shards)
+        if not precomputed or num_samples == 0:
+            return DatasetDescription(location, num_samples)
+        shard = next(shard for shard in shards if shard['samples'])
+        raw, packed = shard['raw_data']['basename'], (shard.get('zip_data') or {}).get('basename')
+        if not (Path(folder) / raw).is_file():
+            fetch(packed if packed and remote is not None else raw)
+            if packed:  # Streaming keeps compressed shards in the remote, decompressing them into its cache
+                data = decompress(shard['compression'], (Path(folder) / packed).read_bytes())
+                folder = work
+                (Path(work) / raw).write_bytes(data)
+        sample = reader_from_json(folder, None, shard).get_item(0)
+    return DatasetDescription(location, num_samples, tuple(sample['latent_mean'].shape),
+                              sample['text_embedding'].shape[-1])

@@ -30,9 +30,10 @@ from streaming.base.util import clean_stale_shared_memory, merge_index
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
-from benchmark import ConfigError, PRESETS, build_encoders, resolve_model_dir
+from config import PRESETS, SD2_BASE, ConfigError, resolve_model_dir
 from convert import SAMPLE_DATASET, ensure_sample_dataset
 from data import PRECOMPUTED_COLUMNS, DataError, StreamingLAIONDataset, collate, s3_client, unit_range
+from model import build_encoders
 
 SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun never mixes two settings
 
@@ -67,7 +68,7 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.model_name is None:
         args.model_name = 'sd2-base' if has_gpu else 'tiny'
     if args.image_size is None:
-        args.image_size = PRESETS.get(args.model_name, PRESETS['sd2-base'])['image_size']
+        args.image_size = PRESETS.get(args.model_name, SD2_BASE).image_size
     if args.batch_size is None:
         args.batch_size = 32 if has_gpu else 16
     if args.num_workers is None:

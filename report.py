@@ -18,7 +18,6 @@ The fit minimizes relative error in 1/throughput, with a >= 0 and b >= 0.
 
 import argparse
 import csv
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -26,22 +25,24 @@ from pathlib import Path
 
 import numpy as np
 
+from results import PEAK_FLOPS, ResultsError, gpu_key
+from results import load_results as read_results
+
 # "2.9 billion samples" in the published table is exactly 2,867,200,000 samples:
 # 550k steps x 2048 at 256px + 850k steps x 2048 at 512px (SD2-base model card schedule).
 PUBLISHED_SAMPLES = 2_867_200_000
 SECONDS_PER_DAY = 86_400
 
 # Training FLOPs per image (3 x UNet forward + VAE encoder forward + text encoder forward), counted
-# analytically for SD2-base (see the project's REFERENCE.md): used when a results file has none.
+# analytically for SD2-base (UNet forward 0.80 TFLOP at 512px, VAE encoder 1.12, text encoder 0.045):
+# used when a results file has none.
 FLOPS_PER_IMAGE = {512: 3.58e12, 256: 0.54e12 + 0.27e12 + 0.045e12}
 
-# Dense (no sparsity) BF16/FP16 tensor-core peak per GPU, from NVIDIA's datasheets: A100 (40 and
-# 80 GB) 312 TFLOP/s; H100 SXM 989, PCIe 756, NVL 835; H200 989; B200 about 2250 (HGX B200).
-# Matched by substring of the device name, most specific first.
-PEAK_FLOPS = {'H100 PCIE': 756e12, 'H100 NVL': 835e12, 'A100': 312e12, 'H100': 989e12,
-              'H200': 989e12, 'B200': 2250e12}
-
 KIND_ORDER = {'measured': 0, 'reference': 1, 'predicted': 2, 'limit': 3}
+
+
+class ReportError(ValueError):
+    """Input the report cannot use, named in the message; main() turns it into exit status 2."""
 
 
 def parse_args(argv=None):
@@ -115,7 +116,7 @@ def _positive(text, kind, what, parser=None):
         message = f'{what}: expected a positive number, got {text!r}'
         if parser:
             parser.error(message)
-        raise SystemExit(message)
+        raise ReportError(message)
     return value
 
 
@@ -132,17 +133,12 @@ class Point:
     precomputed: bool | None = None   # trained from precompute.py's latents (the UNet alone); None: not known
 
 
-def gpu_key(name):
-    upper = name.upper()
-    return next((key for key in PEAK_FLOPS if key in upper), name)
-
-
 def parse_throughput(item, gpu, what='--throughput'):
     """'[RES:]GPUS=IMG_S' -> Point."""
     res, colon, rest = item.rpartition(':')
     gpus, sep, thr = (rest if colon else item).partition('=')
     if not sep:
-        raise SystemExit(f'{what}: expected GPUS=IMG_S (e.g. 8=128.2), got {item!r}')
+        raise ReportError(f'{what}: expected GPUS=IMG_S (e.g. 8=128.2), got {item!r}')
     image_size = _positive(res, int, f'{what} {item!r}: image size') if colon else 512
     gpus = _positive(gpus, int, f'{what} {item!r}: GPU count')
     return Point(gpu, gpus, _positive(thr, float, f'{what} {item!r}: img/s'), image_size,
@@ -152,39 +148,21 @@ def parse_throughput(item, gpu, what='--throughput'):
 def load_results(path):
     """One results JSON from benchmark.py -> Point, naming the file and field on any problem."""
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as e:
-        raise SystemExit(f'{path}: cannot read results file ({e.strerror})')
-    except json.JSONDecodeError as e:
-        raise SystemExit(f'{path}: not valid JSON ({e})')
-    if not isinstance(data, dict) or not str(data.get('schema', '')).startswith('sd2-benchmark-results/'):
-        raise SystemExit(f"{path}: not a benchmark.py results file (no 'schema': 'sd2-benchmark-results/1')")
-
-    def field(name, kind, required=True):
-        value = data.get(name)
-        if value is None:
-            if required:
-                raise SystemExit(f'{path}: field {name!r} is missing or null')
-            return None
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if kind is int:
-            ok = ok and float(value).is_integer()
-        if not ok or value <= 0:
-            raise SystemExit(f'{path}: field {name!r} must be a positive {kind.__name__}, got {value!r}')
-        return kind(value)
-
-    name = data.get('device_name')
+        results = read_results(path)
+        gpus = results.positive('num_devices', int, path)
+        img_per_sec = results.positive('img_per_sec', float, path)
+        flops = results.positive('flops_per_image', float, path, required=False)
+        mfu = results.positive('mfu', float, path, required=False)
+        image_size = results.positive('image_size', int, path)
+    except ResultsError as error:
+        raise ReportError(str(error))
+    name = results.device_name
     if not isinstance(name, str) or not name.strip():
-        raise SystemExit(f"{path}: missing field 'device_name'")
-    gpus, img_per_sec, flops = (field('num_devices', int), field('img_per_sec', float),
-                                field('flops_per_image', float, False))
-    mfu = field('mfu', float, False)
+        raise ReportError(f"{path}: missing field 'device_name'")
     # mfu = img/s x FLOPs per image / (GPUs x peak): recovers the peak the benchmark assumed.
     peak = img_per_sec * flops / (gpus * mfu) if flops and mfu else None
-    config = data.get('config') if isinstance(data.get('config'), dict) else {}
-    return Point(gpu_key(name), gpus, img_per_sec, field('image_size', int), flops, peak,
-                 data.get('model_name'), path, bool(config.get('precomputed_latents')))
+    return Point(gpu_key(name), gpus, img_per_sec, image_size, flops, peak,
+                 results.model_name, path, bool(results.config.get('precomputed_latents')))
 
 
 @dataclass
@@ -237,7 +215,7 @@ def build_rows(points, budget, extrapolate, references, price, peak):
     for ph in phases:
         sizes = {p.image_size for p in points if ph is None or p.image_size == ph}
         if len(sizes) > 1:
-            raise SystemExit(f'{points[0].gpu}: throughputs at mixed image sizes '
+            raise ReportError(f'{points[0].gpu}: throughputs at mixed image sizes '
                              f'({", ".join(f"{k}px" for k in sorted(sizes))}); give one budget per phase, '
                              'e.g. --samples 256=N 512=M (hand-given throughputs are 512px unless '
                              'prefixed, e.g. 256:8=400)')
@@ -250,12 +228,12 @@ def build_rows(points, budget, extrapolate, references, price, peak):
     for p in points:
         phase = None if None in budget else p.image_size
         if phase not in budget:
-            raise SystemExit(f'{p.source}: measured at {p.image_size}px, which matches no phase of '
+            raise ReportError(f'{p.source}: measured at {p.image_size}px, which matches no phase of '
                              f'--samples ({", ".join(f"{k}px" for k in phases)})')
         by_phase.setdefault(phase, {}).setdefault(p.gpus, []).append(p.img_per_sec)
     for phase in phases:
         if phase not in by_phase:
-            raise SystemExit(f'--samples: no throughput measured at {phase}px for {points[0].gpu}')
+            raise ReportError(f'--samples: no throughput measured at {phase}px for {points[0].gpu}')
     # Repeated runs at one GPU count are averaged.
     measured = {ph: {k: sum(v) / len(v) for k, v in d.items()} for ph, d in by_phase.items()}
     fits = {ph: fit_scaling(m) for ph, m in measured.items() if len(m) >= 2}
@@ -285,7 +263,7 @@ def build_rows(points, budget, extrapolate, references, price, peak):
             continue
         missing = [ph for ph in phases if gpus not in measured[ph] and ph not in fits]
         if missing:
-            raise SystemExit(f'{points[0].gpu}: cannot predict {gpus} GPUs: the fit needs at least '
+            raise ReportError(f'{points[0].gpu}: cannot predict {gpus} GPUs: the fit needs at least '
                              'two measured GPU counts' + (f' at {missing[0]}px' if missing[0] else ''))
         rows.append(row(gpus, 'predicted', {ph: measured[ph].get(gpus) or fits[ph].img_per_sec(gpus)
                                             for ph in phases}))
@@ -389,23 +367,23 @@ def collect_points(args):
     hand_gpu = gpu_key(args.gpu_type) if args.gpu_type else (types[0] if len(types) == 1 else 'GPU')
     points += [parse_throughput(item, hand_gpu) for item in args.throughput]
     if not points:
-        raise SystemExit('no throughput given: pass results JSON files and/or --throughput GPUS=IMG_S')
+        raise ReportError('no throughput given: pass results JSON files and/or --throughput GPUS=IMG_S')
     groups = {}
     for p in points:
         groups.setdefault(p.gpu, []).append(p)
     if len(groups) > 1 and not args.per_gpu_type:
         listing = '; '.join(f'{g}: ' + ', '.join(p.source for p in ps) for g, ps in groups.items())
-        raise SystemExit(f'inputs mix GPU types ({listing}); pass --per_gpu_type for one table per '
+        raise ReportError(f'inputs mix GPU types ({listing}); pass --per_gpu_type for one table per '
                          'type, or give inputs of one type')
     if args.reference and len(groups) > 1:
-        raise SystemExit('--reference is ambiguous with several GPU types; report one type at a time')
+        raise ReportError('--reference is ambiguous with several GPU types; report one type at a time')
     for gpu, pts in groups.items():
         models = {p.model for p in pts if p.model}
         if len(models) > 1:
-            raise SystemExit(f'{gpu}: results mix models ({", ".join(sorted(models))}); '
+            raise ReportError(f'{gpu}: results mix models ({", ".join(sorted(models))}); '
                              'report one model at a time')
         if len({p.precomputed for p in pts if p.precomputed is not None}) > 1:
-            raise SystemExit(f'{gpu}: results mix training from precomputed latents with encoders online; '
+            raise ReportError(f'{gpu}: results mix training from precomputed latents with encoders online; '
                              'report one at a time')
     return groups
 
@@ -461,4 +439,8 @@ def main(args):
 
 
 if __name__ == '__main__':
-    main(parse_args())
+    try:
+        main(parse_args())
+    except ReportError as error:
+        print(f'error: {error}', file=sys.stderr)
+        sys.exit(2)

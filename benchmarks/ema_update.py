@@ -16,12 +16,9 @@ import argparse
 import gc
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
@@ -30,8 +27,9 @@ from diffusers import UNet2DConditionModel  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
-from benchmark import CONFIGS_DIR, cpu_name  # noqa: E402
+from config import CONFIGS_DIR  # noqa: E402
 from ema import EMAWeights  # noqa: E402
+from results import cpu_name  # noqa: E402
 
 SMOOTHING = 2 ** -(1 / 1000)  # half life 1000ba, updated every batch: the published run
 

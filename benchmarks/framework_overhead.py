@@ -24,12 +24,9 @@ import argparse
 import functools
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 from composer.algorithms.channels_last import apply_channels_last  # noqa: E402
@@ -38,8 +35,9 @@ from composer.loggers import Logger  # noqa: E402
 from composer.trainer import trainer as composer_trainer  # noqa: E402
 from composer.utils import reproducibility  # noqa: E402
 
-from benchmark import (build_dataloader, build_model, build_optimizer, build_trainer, parse_args,  # noqa: E402
-                       resolve_args)
+from config import parse_args, resolve_config  # noqa: E402
+from model import build_model  # noqa: E402
+from training import build_dataloader, build_optimizer, build_trainer  # noqa: E402
 
 
 def model_of(args):
@@ -209,7 +207,7 @@ def main():
         parser.error(f'only these benchmark.py flags have a bare-loop equivalent: {sorted(mirrored)}')
     if options.steps < options.warmup + 3:
         parser.error(f'--steps {options.steps}: at least --warmup + 3 ({options.warmup + 3})')
-    args = resolve_args(parse_args(['--model_name', 'tiny', '--use_synth_data', '--batch_size', str(options.batch_size),
+    args = resolve_config(parse_args(['--model_name', 'tiny', '--use_synth_data', '--batch_size', str(options.batch_size),
                                     '--image_size', str(options.image_size), '--max_duration', f'{options.steps}ba',
                                     *flags]))
     bare, composer, parts, ratios = [], [], [], []

@@ -8,7 +8,7 @@ center-crop, to a uint8 tensor.
 Sources are photo-like JPEGs (quality 90, 4:3) whose shorter side is 512, 768 or 1024 px. Target: the
 loader at least 0.9x the bare loop; JPEG draft mode (DCT-domain downscaling) makes it faster on large
 sources. Rounds alternate between the loops so drift in the machine's speed hits both; medians are shown.
-Last, the loader cores one GPU needs at the throughput anchors of REFERENCE.md (16 and 137 img/s per GPU).
+Last, the loader cores one GPU needs at the published throughputs (16 and 137 img/s per GPU, see ANCHORS).
 """
 
 import argparse
@@ -18,14 +18,12 @@ import os
 import platform
 import random
 import statistics
-import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -34,7 +32,8 @@ from streaming import MDSWriter  # noqa: E402
 
 from data import StreamingLAIONDataset, collate, decode_image  # noqa: E402
 
-ANCHORS = {'seed benchmark, 8x A100': 16.0, 'MLPerf v4.1, 8x H100': 137.0}  # img/s per GPU, REFERENCE.md
+# img/s per GPU: MosaicML's published benchmark (8 x A100-40GB), NVIDIA's MLPerf Training v4.1 (8 x H100).
+ANCHORS = {'seed benchmark, 8x A100': 16.0, 'MLPerf v4.1, 8x H100': 137.0}
 WORDS = 'a photo of the red old house near river with trees and blue sky at sunset in winter small dog cat'.split()
 
 

@@ -21,6 +21,7 @@ pinned memory.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -35,11 +36,12 @@ from typing import NamedTuple
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
 from benchmarks import profile_summary  # noqa: E402
+from results import load_results  # noqa: E402
+from results import mfu as results_mfu  # noqa: E402
 
 
 class SpeedPath(NamedTuple):
@@ -66,8 +68,9 @@ MODES = {'online': (), 'precomputed': ('--precomputed_latents',)}
 DEFAULT_MICROBATCH = {256: 32, 512: 8}
 NOISE = 0.03  # a path "helps" when it beats the baseline by more than run-to-run noise
 PROFILE_BATCHES = 4  # a profiled run: warm-up batches, the profiler's warm-up batch, the recorded one
-# This repo's goal for SD2 base at 512px on one H100, as MFU, and the anchors it is measured against
-# (../shared/REFERENCE.md: img/s per GPU and MFU at 512px).
+# This repo's goal for SD2 base at 512px on one H100, as MFU, and the anchors it is measured against: img/s per
+# GPU and MFU at 512px of the published benchmark (MosaicML's blog post, 8 x A100-40GB), of MosaicML's later
+# diffusion training code, and of NVIDIA's MLPerf Training v4.1 submission (8 x H100).
 GOAL_MFU = {'online': 0.35, 'precomputed': 0.40}
 ANCHORS = {
     'online': 'the published benchmark, 16.0 img/s per A100 (~18% MFU)',
@@ -169,7 +172,7 @@ def run_row(args, size: int, mode: str, name: str, flags: tuple[str, ...], micro
                                   stdout=output, stderr=subprocess.STDOUT)
     row['seconds'] = time.perf_counter() - start
     if finished.returncode == 0 and results_json.is_file():
-        row['results'] = json.loads(results_json.read_text())
+        row['results'] = dataclasses.asdict(load_results(str(results_json)))
     else:
         row['error'] = failure_reason(log.read_text())
     saved_row.write_text(json.dumps(row, indent=2) + '\n')
@@ -195,12 +198,12 @@ def per_gpu(row: dict) -> float | None:
 
 
 def mfu(row: dict, peak_tflops: float | None) -> float | None:
+    """The run's own MFU (against results.py's peak table), else its FLOP rate against --peak_tflops."""
     results = row.get('results', {})
     if results.get('mfu'):
         return results['mfu']
-    if peak_tflops and results.get('flops_per_sec'):
-        return results['flops_per_sec'] / results['num_devices'] / (peak_tflops * 1e12)
-    return None
+    return results_mfu(results.get('flops_per_sec'), results.get('num_devices') or 1,
+                       peak_tflops * 1e12 if peak_tflops else None)
 
 
 def sweep(args, rows: list[dict], profiles: list[str], report) -> None:

@@ -1,5 +1,6 @@
 """CPU tests of the SD2 ComposerModel, its FLOP count, the CLI checks and the end-to-end entry point."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,17 +11,20 @@ import pytest
 import torch
 from composer.core import Callback
 from composer.utils import reproducibility
+from conftest import REPO, TINY
 from diffusers import DDPMScheduler
 from diffusers.models.attention_processor import Attention
 from torch.utils.data import DataLoader, Dataset
 from transformers.models.clip.modeling_clip import CLIPAttention
 
-import benchmark
-from benchmark import ConfigError, build_dataloader, build_model, build_trainer, main, parse_args, resolve_args
+import config
+import model as model_module
+import training
+from benchmark import main
+from config import ConfigError, parse_args, resolve_config
 from data import SyntheticImageCaptionDataset
-
-REPO = Path(__file__).resolve().parent.parent
-TINY = ['--model_name', 'tiny', '--use_synth_data']
+from model import build_model
+from training import build_dataloader, build_trainer
 
 
 def tiny_model(seed=0):
@@ -73,6 +77,7 @@ def test_targets_follow_prediction_type():
     torch.testing.assert_close(latents, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_tiny_model_overfits_a_fixed_batch():
     model = tiny_model()
     batch = fixed_randomness(synthetic_batch(4))
@@ -109,7 +114,7 @@ def test_sd2_base_configs_match_the_published_architecture():
     counts = [sum(p.numel() for p in part.parameters()) for part in (model.unet, model.vae, model.text_encoder)]
     assert counts == [865_910_724, 83_653_863, 340_387_840]
     assert model.latent_scale == 0.18215
-    schedule = DDPMScheduler.from_pretrained(benchmark.CONFIGS_DIR / 'sd2-base', subfolder='scheduler')
+    schedule = DDPMScheduler.from_pretrained(config.CONFIGS_DIR / 'sd2-base', subfolder='scheduler')
     assert schedule.config.num_train_timesteps == 1000
     assert schedule.config.prediction_type == 'epsilon'
     assert schedule.config.clip_sample is False
@@ -136,7 +141,7 @@ def test_microbatching_gives_the_same_gradients():
 
     gradients = {}
     for microbatch in (8, 2):
-        args = resolve_args(parse_args(TINY + ['--batch_size', '8', '--max_duration', '1ba',
+        args = resolve_config(parse_args(TINY + ['--batch_size', '8', '--max_duration', '1ba',
                                                '--device_train_microbatch_size', str(microbatch)]))
         model = tiny_model()
         trainer = build_trainer(args, model, DataLoader(FixedBatch(), batch_size=8))
@@ -148,6 +153,7 @@ def test_microbatching_gives_the_same_gradients():
         torch.testing.assert_close(accumulated, whole, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('data', ['online', 'precomputed'])
 def test_compile_traces_the_whole_step_in_one_graph_and_trains_as_eager(monkeypatch, data):
     """--compile through Composer: Dynamo must trace the forward (encoders, noise draw, UNet) without graph breaks,
@@ -162,12 +168,12 @@ def test_compile_traces_the_whole_step_in_one_graph_and_trains_as_eager(monkeypa
         def after_train_batch(self, state, logger):
             self.losses.append(state.loss.item())
 
-    monkeypatch.setattr(benchmark, 'COMPILE_CONFIG', {'backend': 'aot_eager'})
+    monkeypatch.setattr(training, 'COMPILE_CONFIG', {'backend': 'aot_eager'})
     flags = TINY + ['--batch_size', '4', '--max_duration', '3ba', '--num_workers', '0']
     losses, forwards = {}, {}
     for compiled in (False, True):
-        args = resolve_args(parse_args(flags + (['--precomputed_latents'] if data == 'precomputed' else [])))
-        args.compile = compiled  # resolve_args refuses --compile on CPU, for Inductor's sake
+        args = resolve_config(parse_args(flags + (['--precomputed_latents'] if data == 'precomputed' else [])))
+        args = dataclasses.replace(args, compile=compiled)  # resolve_config refuses --compile on CPU (Inductor)
         torch._dynamo.reset()
         counters.clear()
         keep = KeepLosses()
@@ -244,9 +250,9 @@ def test_flops_match_an_independent_count(image_size):
 def test_sd2_flops_match_the_reference_figures():
     with torch.device('meta'):
         model = build_model('sd2-base')
-    parts = benchmark.count_forward_flops(model.unet.config, model.vae.config, model.text_encoder.config,
+    parts = model_module.count_forward_flops(model.unet.config, model.vae.config, model.text_encoder.config,
                                           512, 512, 77)
-    # REFERENCE.md: UNet 0.80, VAE encoder 1.12, text encoder 0.045 TFLOP forward; 3.58 per training image.
+    # Published SD2 base figures: UNet 0.80, VAE encoder 1.12, text encoder 0.045 TFLOP forward; 3.58 per training image.
     assert parts['unet'] == pytest.approx(0.80e12, rel=0.01)
     assert parts['vae_encoder'] == pytest.approx(1.12e12, rel=0.01)
     assert parts['text_encoder'] == pytest.approx(0.045e12, rel=0.01)
@@ -261,22 +267,22 @@ def test_published_flags_keep_their_names_and_defaults():
                        '--wandb_project', 'p', '--device_train_microbatch_size', '4'])
     assert (args.batch_size, args.image_size, args.device_train_microbatch_size) == (2048, 512, '4')
     # Left unset, they resolve to the published run: 512px, global batch 2048 in microbatches of 4.
-    published = resolve_args(parse_args(['--model_name', 'sd2-base', '--use_synth_data']))
+    published = resolve_config(parse_args(['--model_name', 'sd2-base', '--use_synth_data']))
     assert (published.image_size, published.batch_size, published.device_train_microbatch_size) == (512, 2048, 4)
     assert (published.attention, published.use_ema, published.fsdp) == ('sdpa', False, 'none')
 
 
-def test_cpu_defaults_to_the_tiny_preset_and_says_so(capsys):
-    args = resolve_args(parse_args(['--use_synth_data']))
+def test_cpu_defaults_to_the_tiny_preset_and_says_so():
+    args = resolve_config(parse_args(['--use_synth_data']))
     assert (args.model_name, args.image_size, args.precision) == ('tiny', 64, 'fp32')
-    assert "using 'tiny'" in capsys.readouterr().out
+    assert any("using 'tiny'" in note for note in args.notes)  # main() prints the notes first
 
 
 def write_model_folder(root, skip):
-    for name in benchmark.CONFIG_FILES:
+    for name in config.CONFIG_FILES:
         if name != skip:
             (root / name).parent.mkdir(parents=True, exist_ok=True)
-            (root / name).write_text((benchmark.CONFIGS_DIR / 'tiny' / name).read_text())
+            (root / name).write_text((config.CONFIGS_DIR / 'tiny' / name).read_text())
 
 
 @pytest.mark.parametrize('flags, message', [
@@ -292,29 +298,29 @@ def write_model_folder(root, skip):
 ])
 def test_bad_flags_fail_fast_naming_the_flag(flags, message):
     with pytest.raises(ConfigError, match=message.replace('(', r'\(')):
-        resolve_args(parse_args(TINY + flags))
+        resolve_config(parse_args(TINY + flags))
 
 
 def test_batch_not_divisible_by_world_size(monkeypatch):
     # As the launcher's WORLD_SIZE=3 would say (a process group of this pytest process may already exist).
-    monkeypatch.setattr(benchmark.dist, 'get_world_size', lambda: 3)
+    monkeypatch.setattr(config.dist, 'get_world_size', lambda: 3)
     with pytest.raises(ConfigError, match='--batch_size 16 is not divisible by the world size 3'):
-        resolve_args(parse_args(TINY + ['--batch_size', '16']))
+        resolve_config(parse_args(TINY + ['--batch_size', '16']))
 
 
 def test_save_folder_with_checkpoints_needs_autoresume(tmp_path):
     (tmp_path / 'ep0-ba2-rank0.pt').write_bytes(b'an earlier run')
     flags = TINY + ['--save_folder', str(tmp_path), '--run_name', 'earlier']
     with pytest.raises(ConfigError, match='is not empty; .* pass --autoresume'):
-        resolve_args(parse_args(flags))
-    resolve_args(parse_args(flags + ['--autoresume']))
+        resolve_config(parse_args(flags))
+    resolve_config(parse_args(flags + ['--autoresume']))
     assert (tmp_path / 'ep0-ba2-rank0.pt').read_bytes() == b'an earlier run'
 
 
 def test_xformers_not_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, 'xformers', None)  # makes `import xformers` raise ImportError
     with pytest.raises(ConfigError, match='xformers is not installed'):
-        resolve_args(parse_args(TINY + ['--attention', 'xformers']))
+        resolve_config(parse_args(TINY + ['--attention', 'xformers']))
 
 
 def test_unknown_model_and_missing_config_file(tmp_path):
@@ -334,10 +340,10 @@ def test_local_folder_loads_weights_when_present(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(loaded.unet.parameters(), trained.unet.parameters()))
     assert not all(torch.equal(a, b) for a, b in zip(random_init.unet.parameters(), trained.unet.parameters()))
     # The encoders load the same way, alone as precompute.py builds them.
-    assert benchmark.build_encoders(tmp_path)[2] == []
+    assert model_module.build_encoders(tmp_path)[2] == []
     trained.vae.save_pretrained(tmp_path / 'vae')
     trained.text_encoder.save_pretrained(tmp_path / 'text_encoder')
-    vae, text_encoder, loaded_names = benchmark.build_encoders(tmp_path)
+    vae, text_encoder, loaded_names = model_module.build_encoders(tmp_path)
     assert loaded_names == ['vae', 'text_encoder']
     for part, trained_part in ((vae, trained.vae), (text_encoder, trained.text_encoder)):
         assert all(torch.equal(a, b) for a, b in zip(part.parameters(), trained_part.parameters()))
@@ -352,6 +358,7 @@ def run_cli(*args, launcher=('composer',)):
                           env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_composer_launcher_end_to_end(tmp_path):
     results = tmp_path / 'results.json'
     run = run_cli(*TINY, '--batch_size', '8', '--max_duration', '6ba', '--results_json', str(results))
@@ -365,36 +372,8 @@ def test_composer_launcher_end_to_end(tmp_path):
     assert summary['config']['batch_size'] == 8 and summary['versions']['mosaicml'] == '0.32.1'
 
 
+@pytest.mark.slow
 def test_bad_input_exits_non_zero_with_a_message():
     run = run_cli(*TINY, '--batch_size', '10', '--device_train_microbatch_size', '4', launcher=('python',))
     assert run.returncode == 2
     assert 'error: --batch_size 10' in run.stderr and 'Traceback' not in run.stderr
-
-
-def test_framework_overhead_times_every_phase_of_both_loops_and_composers_host_work():
-    from benchmarks import framework_overhead
-    args = resolve_args(parse_args(TINY + ['--image_size', '32', '--batch_size', '4', '--max_duration', '7ba',
-                                           '--precomputed_latents', '--fused_adamw', '--channels_last']))
-    originals = {part: vars(owner)[name] for part, (owner, name) in framework_overhead.COMPOSER_PARTS.items()}
-    bare, composer, parts = framework_overhead.interleaved_round(args, warmup=2)
-    # 7 Composer steps: the first precedes any bare step; of the 6 after bare steps, 2 are warm-up.
-    assert len(bare) == len(composer) == len(parts) == 4
-    for step in bare + composer:
-        assert list(step) == list(framework_overhead.PHASES) and all(seconds > 0 for seconds in step.values())
-    assert framework_overhead.median_ms(composer, 'forward') < framework_overhead.median_ms(composer)
-    for step_parts in parts:  # each part runs every batch
-        assert list(step_parts) == list(framework_overhead.COMPOSER_PARTS)
-        assert all(seconds > 0 for seconds in step_parts.values())
-    # The bare step runs inside Composer's BATCH_END dispatch and is not counted as Composer's events.
-    assert framework_overhead.median_ms(parts) < framework_overhead.median_ms(composer) / 2
-    assert all(vars(owner)[name] is originals[part]
-               for part, (owner, name) in framework_overhead.COMPOSER_PARTS.items())
-
-
-def test_framework_overhead_bare_loop_mirrors_channels_last():
-    from benchmarks import framework_overhead
-    for flags, expected in (([], False), (['--channels_last'], True)):
-        args = resolve_args(parse_args(TINY + ['--precomputed_latents', *flags]))
-        model = framework_overhead.InterleavedBareLoop(args, framework_overhead.ComposerHostTimer()).model
-        conv = model.unet.conv_in.weight
-        assert conv.is_contiguous(memory_format=torch.channels_last) is expected

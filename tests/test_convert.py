@@ -6,7 +6,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -15,15 +14,16 @@ from pathlib import Path
 
 import boto3
 import pytest
+from conftest import REPO, free_port
 from streaming import StreamingDataset
+from test_data import RecordSamples, jpeg
 
 import convert
 import precompute
-from benchmark import ConfigError, main, parse_args
+from benchmark import main
+from config import ConfigError, parse_args
 from data import DataError, StreamingLAIONDataset
-from test_data import RecordSamples, jpeg
 
-REPO = Path(__file__).resolve().parent.parent
 PYTHON_BIN = Path(sys.executable).parent
 
 
@@ -74,7 +74,10 @@ def write_tar(path: Path, members: list[tuple[str, bytes]], truncate: int | None
 def test_img2dataset_tars_round_trip(tmp_path):
     shards = tmp_path / 'laion'
     shards.mkdir()
-    meta = lambda caption: json.dumps({'url': 'http://x', 'caption': caption, 'status': 'success'}).encode()
+
+    def meta(caption):
+        return json.dumps({'url': 'http://x', 'caption': caption, 'status': 'success'}).encode()
+
     write_tar(shards / '00000.tar', [
         ('000000000.jpg', jpeg(10)), ('000000000.txt', b'first caption'), ('000000000.json', meta('first caption')),
         ('000000001.jpg', jpeg(11)), ('000000001.json', meta('caption from json only')),
@@ -91,6 +94,7 @@ def test_img2dataset_tars_round_trip(tmp_path):
                                           (jpeg(13), 'second tar')]
 
 
+@pytest.mark.slow
 def test_many_shards_and_refusing_a_non_empty_output(tmp_path, capsys):
     photos = tmp_path / 'photos'
     photos.mkdir()
@@ -114,39 +118,6 @@ def test_many_shards_and_refusing_a_non_empty_output(tmp_path, capsys):
 
 # ---------------------------------------------------------------------------------------- S3 remotes
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope='module')
-def s3():
-    """A moto S3 server on 127.0.0.1 for this module, with a bucket; yields its endpoint."""
-    port = free_port()
-    server = subprocess.Popen([sys.executable, '-m', 'moto.server', '-H', '127.0.0.1', '-p', str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f'http://127.0.0.1:{port}'
-    env = {'S3_ENDPOINT_URL': endpoint, 'AWS_ACCESS_KEY_ID': 'testing', 'AWS_SECRET_ACCESS_KEY': 'testing',
-           'AWS_DEFAULT_REGION': 'us-east-1'}
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in env.items():
-            patch.setenv(key, value)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                boto3.client('s3', endpoint_url=endpoint).create_bucket(Bucket='bucket')
-                break
-            except Exception:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    server.kill()
-                    raise RuntimeError('the moto S3 server did not start')
-                time.sleep(0.3)
-        yield endpoint
-    server.terminate()
-    server.wait(timeout=30)
-
-
 def upload(s3, tmp_path, prefix, n=24) -> str:
     photos = tmp_path / f'photos-{prefix}'
     photos.mkdir()
@@ -158,6 +129,7 @@ def upload(s3, tmp_path, prefix, n=24) -> str:
     return remote
 
 
+@pytest.mark.slow
 def test_converter_uploads_and_training_streams_from_s3(s3, tmp_path):
     remote = upload(s3, tmp_path, 'train')
     keys = [o['Key'] for o in boto3.client('s3', endpoint_url=s3).list_objects_v2(Bucket='bucket')['Contents']]
@@ -175,6 +147,7 @@ def test_converter_uploads_and_training_streams_from_s3(s3, tmp_path):
     assert len(list(first)) == len(list(second)) == 24
 
 
+@pytest.mark.slow
 def test_precompute_from_and_to_s3_reruns_and_trains(s3, tmp_path):
     remote = upload(s3, tmp_path, 'precompute', n=12)
     out = 's3://bucket/precompute/latents'
@@ -192,6 +165,7 @@ def test_precompute_from_and_to_s3_reruns_and_trains(s3, tmp_path):
     assert int(trainer.state.timestamp.batch) == 3
 
 
+@pytest.mark.slow
 def test_remote_errors_name_the_remote_within_bounded_time(s3, tmp_path, monkeypatch):
     upload(s3, tmp_path, 'errors', n=4)
     with pytest.raises(DataError, match="s3://no-such-bucket/mds: bucket 'no-such-bucket' does not exist"):
@@ -213,6 +187,7 @@ def shared_memory() -> set[str]:
     return set(os.listdir('/dev/shm')) if os.path.isdir('/dev/shm') else set()
 
 
+@pytest.mark.slow
 def test_a_killed_run_does_not_block_the_next(s3, tmp_path):
     """A job killed while streaming (the whole process group, as a scheduler does, so Python's resource
     tracker dies too) leaves Streaming's shared memory and a half-filled cache behind."""

@@ -10,21 +10,30 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from composer.core import Callback
+from conftest import LAUNCHER, REPO
 from PIL import Image
 from streaming import MDSWriter
 
-import benchmark
-from benchmark import ConfigError, main, parse_args, resolve_args
-from data import (CAPTION_LENGTH, BadSample, CaptionTokenizer, DataError, StreamingLAIONDataset, clip_tokenizer_folder,
-                  collate, decode_image, unit_range)
+import config
+from benchmark import main
+from config import ConfigError, parse_args, resolve_config
+from data import (
+    CAPTION_LENGTH,
+    BadSample,
+    CaptionTokenizer,
+    DataError,
+    StreamingLAIONDataset,
+    clip_tokenizer_folder,
+    collate,
+    decode_image,
+    unit_range,
+)
 
-REPO = Path(__file__).resolve().parent.parent
 COLUMNS = {'jpg': 'bytes', 'caption': 'str'}
 
 
@@ -290,6 +299,7 @@ def test_mostly_bad_dataset_stops_with_a_clear_error(tmp_path):
         images(location)
 
 
+@pytest.mark.slow
 def test_training_on_a_mostly_bad_dataset_ends_with_one_error_line(tmp_path):
     location = mostly_bad_dataset(tmp_path / 'mds', 160)
     run = subprocess.run([sys.executable, str(REPO / 'benchmark.py'), '--model_name', 'tiny', '--local', location,
@@ -312,9 +322,9 @@ def test_missing_dataset_and_wrong_columns(tmp_path):
 
 def test_bad_flag_combinations():
     with pytest.raises(ConfigError, match='--use_synth_data trains on random tensors'):
-        resolve_args(parse_args(['--model_name', 'tiny', '--use_synth_data', '--local', '/tmp/x']))
+        resolve_config(parse_args(['--model_name', 'tiny', '--use_synth_data', '--local', '/tmp/x']))
     with pytest.raises(ConfigError, match='--tokenizer /nowhere: no such folder'):
-        resolve_args(parse_args(['--model_name', 'tiny', '--local', '/tmp/x', '--tokenizer', '/nowhere']))
+        resolve_config(parse_args(['--model_name', 'tiny', '--local', '/tmp/x', '--tokenizer', '/nowhere']))
 
 
 # ----------------------------------------------------------------------------------------- training
@@ -349,7 +359,7 @@ def test_training_from_a_local_mds_dataset_logs_bad_samples(tmp_path, capfd):
 
 
 def test_default_run_builds_and_trains_on_the_sample_dataset(tmp_path, monkeypatch, capfd):
-    monkeypatch.setattr(benchmark, 'SAMPLE_DATASET', tmp_path / 'sample-mds')
+    monkeypatch.setattr(config, 'SAMPLE_DATASET', tmp_path / 'sample-mds')
     record = RecordSamples()
     trainer = main(parse_args(['--model_name', 'tiny', '--batch_size', '8', '--max_duration', '3ba']), (record,))
     assert "training on the sample dataset" in capfd.readouterr().out
@@ -359,6 +369,7 @@ def test_default_run_builds_and_trains_on_the_sample_dataset(tmp_path, monkeypat
     assert sample['input_ids'][0] == 49406 and sample['image'].shape == (3, 64, 64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('workers', [0, 2])
 def test_mid_epoch_resumption_sees_exactly_the_remaining_batches(workers, tmp_path):
     location = write_dataset(tmp_path / 'mds', good_samples(24))
@@ -380,10 +391,11 @@ def test_mid_epoch_resumption_sees_exactly_the_remaining_batches(workers, tmp_pa
     assert int(trainer.state.timestamp.batch) == 6
 
 
+@pytest.mark.slow
 def test_two_ranks_see_every_sample_of_an_epoch_exactly_once(tmp_path):
     location = write_dataset(tmp_path / 'mds', good_samples(48))
     env = {**os.environ, 'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
-    run = subprocess.run([str(Path(sys.executable).parent / 'composer'), '-n', '2', str(REPO / 'tests' / 'record_samples.py'),
+    run = subprocess.run([LAUNCHER, '-n', '2', str(REPO / 'tests' / 'record_samples.py'),
                           str(tmp_path / 'ids'), *TINY, '--local', location, '--batch_size', '8', '--max_duration', '1ep'],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]

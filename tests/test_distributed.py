@@ -3,20 +3,18 @@ failures, and the mcloud.yaml check."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import LAUNCHER, REPO, TINY, free_port
 
 import mcloud
-from benchmark import ConfigError, parse_args, resolve_args
+from config import ConfigError, parse_args, resolve_config
 
-REPO = Path(__file__).resolve().parent.parent
-COMPOSER = str(Path(sys.executable).parent / 'composer')
-TINY = ['--model_name', 'tiny', '--use_synth_data', '--image_size', '32', '--batch_size', '8']
+# Two ranks share this machine's cores: small images, a batch of 8 (4 per rank).
+SMALL_RUN = [*TINY, '--image_size', '32', '--batch_size', '8']
 
 
 def launch(tmp_path, name, *flags, fail_rank=None, cpu_fsdp=False, timeout=300):
@@ -29,12 +27,13 @@ def launch(tmp_path, name, *flags, fail_rank=None, cpu_fsdp=False, timeout=300):
         env['PROBE_FAIL_RANK'] = str(fail_rank)
     if cpu_fsdp:
         env['PROBE_CPU_FSDP'] = '1'
-    run = subprocess.run([COMPOSER, '-n', '2', str(REPO / 'tests' / 'two_rank_probe.py'), *TINY, *flags],
+    run = subprocess.run([LAUNCHER, '-n', '2', str(REPO / 'tests' / 'two_rank_probe.py'), *SMALL_RUN, *flags],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
     ranks = [json.loads(path.read_text()) for path in sorted(probe_dir.glob('rank*.json'))]
     return run, ranks
 
 
+@pytest.mark.slow
 def test_two_ranks_train_one_model_on_disjoint_halves_and_resume(tmp_path):
     results = tmp_path / 'results.json'
     checkpoints = tmp_path / 'checkpoints'
@@ -70,6 +69,7 @@ def test_two_ranks_train_one_model_on_disjoint_halves_and_resume(tmp_path):
     assert resumed[0]['unet'] == resumed[1]['unet'] == straight[0]['unet']
 
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_job_with_an_error(tmp_path):
     run, ranks = launch(tmp_path, 'failing', '--max_duration', '4ba', fail_rank=1, timeout=240)
     assert run.returncode != 0
@@ -81,12 +81,13 @@ def run_benchmark(command, tmp_path, env=None, timeout=300):
     """Runs a launcher command whose benchmark.py run writes tmp_path/results.json; returns that summary."""
     results = tmp_path / 'results.json'
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', **(env or {})}
-    run = subprocess.run([*command, *TINY, '--max_duration', '2ba', '--results_json', str(results)], cwd=REPO,
+    run = subprocess.run([*command, *SMALL_RUN, '--max_duration', '2ba', '--results_json', str(results)], cwd=REPO,
                          env=env, capture_output=True, text=True, timeout=timeout)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     return json.loads(results.read_text())
 
 
+@pytest.mark.slow
 def test_torchrun_launches_the_script(tmp_path):
     summary = run_benchmark([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
                              'benchmark.py'], tmp_path)
@@ -104,6 +105,7 @@ exit $status
 """
 
 
+@pytest.mark.slow
 def test_slurm_script_starts_one_launcher_per_node(tmp_path):
     """slurm.sbatch on a two-node job simulated on this machine: two Composer launchers, node ranks 0 and 1,
     one process each, meet at the master address and train as one world of 2."""
@@ -114,19 +116,14 @@ def test_slurm_script_starts_one_launcher_per_node(tmp_path):
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     env = {'PATH': f"{bin_dir}:{os.environ['PATH']}", 'SLURM_NNODES': '2', 'SLURM_JOB_NODELIST': 'node[1-2]',
-           'SLURM_JOB_ID': '42', 'SLURM_SUBMIT_DIR': str(REPO), 'GPUS_PER_NODE': '1', 'COMPOSER': COMPOSER,
+           'SLURM_JOB_ID': '42', 'SLURM_SUBMIT_DIR': str(REPO), 'GPUS_PER_NODE': '1', 'LAUNCHER': LAUNCHER,
            'MASTER_PORT': str(free_port())}
     summary = run_benchmark(['bash', str(REPO / 'slurm.sbatch')], tmp_path, env)
     assert summary['world_size'] == 2
     assert summary['img_per_sec'] == pytest.approx(2 * summary['img_per_sec_per_device'])
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
-
-
+@pytest.mark.slow
 def test_fsdp_shards_the_unet_by_block_and_trains_with_ema_as_ddp_does(tmp_path):
     """Composer's FSDP on two CPU ranks (the probe gives it the CPU where Composer passes the CUDA device): the
     UNet is sharded one unit per resolution block, the frozen encoders are left whole, and full_shard training
@@ -159,6 +156,7 @@ def fsdp_straight_run(tmp_path_factory):
     return ranks, [torch.load(tmp_path / 'straight' / f'rank{rank}.pt') for rank in range(2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('state_dict_type, written', [('full', ['ep0-ba3-rank0.pt']),
                                                       ('sharded', ['.metadata', '__0_0.distcp', '__1_0.distcp'])])
 def test_fsdp_checkpoint_resumes_to_the_weights_and_average_of_an_uninterrupted_run(
@@ -189,9 +187,9 @@ def test_fsdp_checkpoint_resumes_to_the_weights_and_average_of_an_uninterrupted_
 
 def test_fsdp_needs_a_gpu():
     with pytest.raises(ConfigError, match='--fsdp full_shard: Composer shards with FSDP on CUDA GPUs only'):
-        resolve_args(parse_args(TINY + ['--fsdp', 'full_shard']))
+        resolve_config(parse_args(SMALL_RUN + ['--fsdp', 'full_shard']))
     with pytest.raises(ConfigError, match='--fsdp_state_dict_type sharded: applies to --fsdp checkpoints only'):
-        resolve_args(parse_args(TINY + ['--fsdp_state_dict_type', 'sharded']))
+        resolve_config(parse_args(SMALL_RUN + ['--fsdp_state_dict_type', 'sharded']))
 
 
 # ------------------------------------------------------------------------------------ mcloud.yaml

@@ -17,8 +17,11 @@ from diffusers import UNet2DConditionModel
 from torch.utils.data import DataLoader
 
 import benchmark
+import config
 import ema
+import training
 from data import SyntheticImageCaptionDataset
+from model import build_model
 
 TINY = ['--model_name', 'tiny', '--use_synth_data', '--image_size', '32', '--batch_size', '4', '--use_ema',
         '--ema_half_life', '2ba']
@@ -28,8 +31,8 @@ def run(*flags, factory=None):
     """benchmark.main on the tiny model; `factory` replaces the EMA class benchmark.py builds."""
     with pytest.MonkeyPatch.context() as patch:
         if factory is not None:
-            patch.setattr(benchmark, 'EMA', factory)
-        return benchmark.main(benchmark.parse_args([*TINY, *flags]))
+            patch.setattr(training, 'EMA', factory)
+        return benchmark.main(config.parse_args([*TINY, *flags]))
 
 
 def weights(trainer) -> dict[str, torch.Tensor]:
@@ -107,7 +110,7 @@ def test_state_holds_exactly_the_trainable_parameters(reference):
 
 def test_frozen_modules_untouched_by_training_eval_and_export(reference):
     reproducibility.seed_all(17)
-    fresh = benchmark.build_model('tiny')
+    fresh = build_model('tiny')
     model = reference.trainer.state.model
     reference.trainer.eval(eval_dataloader=DataLoader(SyntheticImageCaptionDataset(32, num_samples=4), batch_size=4))
     for part in ('vae', 'text_encoder'):
@@ -242,8 +245,8 @@ def test_bad_options_fail_with_a_clear_message(options, message):
     (['--export_ema_unet', 'x'], 'need --use_ema'),
 ])
 def test_bad_flags_fail_fast(flags, message):
-    with pytest.raises(benchmark.ConfigError, match=message):
-        benchmark.resolve_args(benchmark.parse_args(['--use_synth_data', *flags]))
+    with pytest.raises(config.ConfigError, match=message):
+        config.resolve_config(config.parse_args(['--use_synth_data', *flags]))
 
 
 def test_export_refuses_a_used_folder_before_training(tmp_path):
@@ -251,8 +254,8 @@ def test_export_refuses_a_used_folder_before_training(tmp_path):
     weights.mkdir(parents=True)
     (weights / 'diffusion_pytorch_model.safetensors').write_bytes(b'pretrained')
     for used in (weights, weights / 'diffusion_pytorch_model.safetensors'):
-        with pytest.raises(benchmark.ConfigError, match=f'--export_ema_unet {used}: is (not empty|a file)'):
-            benchmark.resolve_args(benchmark.parse_args(['--use_synth_data', '--use_ema', '--export_ema_unet',
+        with pytest.raises(config.ConfigError, match=f'--export_ema_unet {used}: is (not empty|a file)'):
+            config.resolve_config(config.parse_args(['--use_synth_data', '--use_ema', '--export_ema_unet',
                                                          str(used)]))
     assert (weights / 'diffusion_pytorch_model.safetensors').read_bytes() == b'pretrained'
 
@@ -273,7 +276,8 @@ def counting_gathers(calls: list):
 
 
 def _two_rank_worker(rank: int, port: int):
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
@@ -343,6 +347,7 @@ def _two_rank_worker(rank: int, port: int):
     tdist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_fsdp_updates_shards_in_place_and_ddp_keeps_plain_names():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))

@@ -4,13 +4,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 import report
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # The published table (blog post and benchmark README): A100-40GB, 8 to 128 measured, 256 extrapolated.
 # (GPUs, img/s, days, A100-hours, cost)
@@ -174,9 +172,10 @@ def test_load_results(tmp_path):
     assert report.gpu_key('AMD EPYC') == 'AMD EPYC'
 
 
-BENCHMARK = ROOT / 'benchmark.py'
+BENCHMARK = REPO / 'benchmark.py'
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not BENCHMARK.exists(), reason='benchmark.py not written yet')
 def test_report_from_tiny_benchmark_run(tmp_path, capsys):
     results = tmp_path / 'tiny.json'
@@ -217,7 +216,7 @@ def test_png_is_a_valid_image(tmp_path):
 def test_malformed_results_file(tmp_path, content, message):
     path = tmp_path / 'bad.json'
     path.write_text(content)
-    with pytest.raises(SystemExit, match=message) as error:
+    with pytest.raises(report.ReportError, match=message) as error:
         report.load_results(str(path))
     assert str(path) in str(error.value)
 
@@ -235,13 +234,13 @@ def test_malformed_results_file(tmp_path, content, message):
 ])
 def test_bad_results_field(tmp_path, fields, message):
     path = results_file(tmp_path / 'bad.json', **fields)
-    with pytest.raises(SystemExit, match=message) as error:
+    with pytest.raises(report.ReportError, match=message) as error:
         report.load_results(path)
     assert str(error.value).startswith(path)
 
 
 def test_missing_results_file(tmp_path):
-    with pytest.raises(SystemExit, match='cannot read results file'):
+    with pytest.raises(report.ReportError, match='cannot read results file'):
         report.load_results(str(tmp_path / 'nope.json'))
 
 
@@ -253,7 +252,7 @@ def test_missing_results_file(tmp_path):
     ('8', 'expected GPUS=IMG_S'),
 ])
 def test_bad_throughput(tmp_path, item, message):
-    with pytest.raises(SystemExit, match=message):
+    with pytest.raises(report.ReportError, match=message):
         run_report(tmp_path, [f'--throughput={item}'])   # '=' so argparse takes '-8=...' as a value
 
 
@@ -269,15 +268,15 @@ def test_bad_arguments(argv, message, capsys):
 
 
 def test_bad_combinations(tmp_path):
-    with pytest.raises(SystemExit, match='no throughput given'):
+    with pytest.raises(report.ReportError, match='no throughput given'):
         run_report(tmp_path, [])
-    with pytest.raises(SystemExit, match='the fit needs at least two measured GPU counts'):
+    with pytest.raises(report.ReportError, match='the fit needs at least two measured GPU counts'):
         run_report(tmp_path, ['--throughput', '8=128.2', '--extrapolate', '16'])
-    with pytest.raises(SystemExit, match='mixed image sizes'):
+    with pytest.raises(report.ReportError, match='mixed image sizes'):
         run_report(tmp_path, ['--throughput', '8=128.2', '256:16=400'])
     a = results_file(tmp_path / 'a.json', model_name='sd2-base')
     b = results_file(tmp_path / 'b.json', model_name='tiny')
-    with pytest.raises(SystemExit, match='results mix models'):
+    with pytest.raises(report.ReportError, match='results mix models'):
         run_report(tmp_path, [a, b])
 
 
@@ -285,7 +284,7 @@ def test_results_of_the_tiny_model_or_precomputed_latents_say_what_they_measured
     online = results_file(tmp_path / 'online.json', config={'precomputed_latents': False})
     precomputed = results_file(tmp_path / 'precomputed.json', config={'precomputed_latents': True})
     tiny = results_file(tmp_path / 'tiny.json', model_name='tiny', image_size=64, num_devices=1)
-    with pytest.raises(SystemExit, match='results mix training from precomputed latents with encoders online'):
+    with pytest.raises(report.ReportError, match='results mix training from precomputed latents with encoders online'):
         run_report(tmp_path, [online, precomputed])
     run_report(tmp_path, [online])
     notes = capsys.readouterr().out
@@ -299,10 +298,17 @@ def test_results_of_the_tiny_model_or_precomputed_latents_say_what_they_measured
 def test_mixed_gpu_types(tmp_path, capsys):
     h100 = results_file(tmp_path / 'h100.json')
     a100 = results_file(tmp_path / 'a100.json', device_name='NVIDIA A100-SXM4-40GB', mfu=None)
-    with pytest.raises(SystemExit, match='inputs mix GPU types') as error:
+    with pytest.raises(report.ReportError, match='inputs mix GPU types') as error:
         run_report(tmp_path, [h100, a100])
     assert '--per_gpu_type' in str(error.value) and h100 in str(error.value) and a100 in str(error.value)
     tables = run_report(tmp_path, [h100, a100, '--per_gpu_type'])
     assert sorted(gpu for gpu, *_ in tables) == ['A100', 'H100']
     out = capsys.readouterr().out
     assert '## H100' in out and '## A100' in out
+
+
+def test_command_line_reports_bad_input_in_one_line_with_status_2(tmp_path):
+    run = subprocess.run([sys.executable, str(REPO / 'report.py'), '--throughput', '8', '--csv', '', '--plot', ''],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip() == "error: --throughput: expected GPUS=IMG_S (e.g. 8=128.2), got '8'"

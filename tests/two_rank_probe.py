@@ -8,6 +8,8 @@ $PROBE_FAIL_RANK makes that rank raise at its second batch, to test that a failu
 $PROBE_CPU_FSDP runs --fsdp on CPU (see cpu_fsdp).
 """
 
+import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -25,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: E402
 
 import benchmark  # noqa: E402
+import config  # noqa: E402
 from ema import EMA  # noqa: E402
 
 
@@ -60,15 +63,12 @@ def cpu_fsdp() -> None:
     def without_offload(**options):
         return StateDictOptions(**{**options, 'cpu_offload': False})
     composer_state.StateDictOptions = without_offload
-    resolve_args = benchmark.resolve_args
+    resolve_config = benchmark.resolve_config
 
     def resolve_on_cpu(args):
-        fsdp, state_dict_type = args.fsdp, args.fsdp_state_dict_type
-        args.fsdp, args.fsdp_state_dict_type = 'none', 'full'
-        args = resolve_args(args)
-        args.fsdp, args.fsdp_state_dict_type = fsdp, state_dict_type
-        return args
-    benchmark.resolve_args = resolve_on_cpu
+        config = resolve_config(argparse.Namespace(**{**vars(args), 'fsdp': 'none', 'fsdp_state_dict_type': 'full'}))
+        return dataclasses.replace(config, fsdp=args.fsdp, fsdp_state_dict_type=args.fsdp_state_dict_type)
+    benchmark.resolve_config = resolve_on_cpu
 
 
 def full_weights(unet) -> dict[str, torch.Tensor]:
@@ -81,7 +81,7 @@ if __name__ == '__main__':
     if os.environ.get('PROBE_CPU_FSDP'):
         cpu_fsdp()
     probe = Probe()
-    trainer = benchmark.main(benchmark.parse_args(), callbacks=(probe,))
+    trainer = benchmark.main(config.parse_args(), callbacks=(probe,))
     model = trainer.state.model.module if hasattr(trainer.state.model, 'module') else trainer.state.model
     weights = {'unet': full_weights(model.unet)}
     ema = next((algorithm for algorithm in trainer.state.algorithms if isinstance(algorithm, EMA)), None)

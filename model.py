@@ -1,0 +1,210 @@
+"""Stable Diffusion as a Composer model, built from a model folder, and its training FLOPs.
+
+`StableDiffusion` trains the UNet on the noise-prediction loss, with the VAE and CLIP text encoder frozen.
+`build_model` makes one from a folder in the Diffusers pipeline layout (a built-in config in `configs/`, or
+a folder a user gives): parts whose weights are in the folder load them, the rest are randomly initialized
+from their configs, which is right for training from scratch and never needs a download.
+"""
+
+import contextlib
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from composer.models import ComposerModel
+from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import CLIPTextConfig, CLIPTextModel
+
+from config import LATENT_DOWNSAMPLE, WEIGHT_FILES, resolve_model_dir
+from data import CAPTION_LENGTH, unit_range
+
+MODEL_PARTS = {'unet': UNet2DConditionModel, 'vae': AutoencoderKL, 'text_encoder': CLIPTextModel}
+
+
+class StableDiffusion(ComposerModel):
+    """Trains the UNet to predict the noise added to VAE latents, conditioned on CLIP text embeddings.
+
+    The VAE and text encoder are frozen: in eval mode, without gradients, outside the optimizer, and run
+    online every step, as in the published benchmark. Without them (vae=None, text_encoder=None) the model
+    trains from precomputed batches: 'latent_mean', 'latent_logvar' and 'text_embedding', as precompute.py
+    writes them. A batch may carry 'noise', 'timesteps' and 'latent_noise' (the Gaussian draw that samples
+    the latent distribution) to make a step deterministic; otherwise each is drawn at random.
+    """
+
+    def __init__(self, unet: UNet2DConditionModel, vae: AutoencoderKL | None, text_encoder: CLIPTextModel | None,
+                 noise_scheduler: DDPMScheduler, latent_scale: float | None = None):
+        super().__init__()
+        self.unet = unet
+        self.vae = None if vae is None else vae.requires_grad_(False).eval()
+        self.text_encoder = None if text_encoder is None else text_encoder.requires_grad_(False).eval()
+        self.noise_scheduler = noise_scheduler
+        # 0.18215 for SD2: scales latents to unit variance (the VAE config's scaling_factor).
+        self.latent_scale = vae.config.scaling_factor if vae is not None else latent_scale
+        if self.latent_scale is None:
+            raise ValueError('without a VAE, pass latent_scale (the VAE config\'s scaling_factor)')
+        self._flops_per_image: dict[tuple, int] = {}
+        self.model_dir: Path | None = None  # set by build_model, with the parts whose weights it loaded
+        self.weights_loaded: list[str] = []
+
+    def train(self, mode: bool = True):
+        # Composer calls model.train() every epoch; the frozen encoders must stay in eval mode.
+        super().train(mode)
+        for encoder in (self.vae, self.text_encoder):
+            if encoder is not None:
+                encoder.eval()
+        return self
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        latents, text_embeddings = self.encode(batch)
+        noise = batch.get('noise')
+        if noise is None:
+            noise = torch.randn_like(latents)
+        timesteps = batch.get('timesteps')
+        if timesteps is None:  # uniform over all training steps
+            timesteps = torch.randint(0, self.noise_scheduler.config.num_train_timesteps, (latents.shape[0],),
+                                      device=latents.device)
+        noisy_latents = self.noise_scheduler.add_noise(latents, noise, timesteps)
+        if self.noise_scheduler.config.prediction_type == 'v_prediction':
+            target = self.noise_scheduler.get_velocity(latents, noise, timesteps)
+        else:
+            target = noise
+        prediction = self.unet(noisy_latents, timesteps, text_embeddings).sample
+        return prediction, target
+
+    @torch.no_grad()
+    def encode(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scaled latents sampled from the VAE's latent distribution, and the text embeddings: computed by
+        the frozen encoders, or read from a precomputed batch. Both in fp32, whatever the encoders hold."""
+        if 'latent_mean' in batch:
+            mean = batch['latent_mean'].float()
+            std = torch.exp(0.5 * batch['latent_logvar'].float())  # as Diffusers' DiagonalGaussianDistribution
+            text_embeddings = batch['text_embedding'].float()
+        else:
+            if self.vae is None:
+                raise ValueError('this model has no VAE or text encoder (precomputed latents): the batch needs '
+                                 "'latent_mean', 'latent_logvar' and 'text_embedding'")
+            latent_dist = self.vae.encode(unit_range(batch['image']).to(self.vae.dtype)).latent_dist
+            mean, std = latent_dist.mean.float(), latent_dist.std.float()
+            text_embeddings = self.text_encoder(batch['input_ids'])[0].float()
+        latent_noise = batch.get('latent_noise')
+        if latent_noise is None:
+            latent_noise = torch.randn_like(mean)
+        return (mean + std * latent_noise) * self.latent_scale, text_embeddings
+
+    def loss(self, outputs, batch) -> torch.Tensor:
+        prediction, target = outputs
+        return F.mse_loss(prediction.float(), target.float())
+
+    def flops_per_batch(self, batch: dict) -> int:
+        """Training FLOPs of this batch, for Composer's SpeedMonitor (FLOP/s and MFU)."""
+        if 'latent_mean' in batch:
+            latents = batch['latent_mean']
+            return latents.shape[0] * self.flops_per_image(LATENT_DOWNSAMPLE * latents.shape[-2],
+                                                           LATENT_DOWNSAMPLE * latents.shape[-1],
+                                                           batch['text_embedding'].shape[-2])
+        images = batch['image']
+        return images.shape[0] * self.flops_per_image(images.shape[-2], images.shape[-1],
+                                                      batch['input_ids'].shape[-1])
+
+    def flops_per_image(self, height: int, width: int, caption_length: int = CAPTION_LENGTH) -> int:
+        key = (height, width, caption_length)
+        if key not in self._flops_per_image:
+            if self.vae is None:  # precomputed: the UNet alone
+                parts = {'unet': count_unet_forward_flops(self.unet.config, height // LATENT_DOWNSAMPLE,
+                                                          width // LATENT_DOWNSAMPLE, caption_length)}
+            else:
+                parts = count_forward_flops(self.unet.config, self.vae.config, self.text_encoder.config, *key)
+            # Backward costs twice the forward (gradients of activations and of weights): UNet x3.
+            # The frozen encoders run forward only.
+            self._flops_per_image[key] = 3 * parts['unet'] + parts.get('vae_encoder', 0) + parts.get('text_encoder', 0)
+        return self._flops_per_image[key]
+
+
+def count_forward_flops(unet_config, vae_config, text_config, height: int, width: int,
+                        caption_length: int) -> dict[str, int]:
+    """Forward FLOPs per image of each part: matmuls and convolutions, attention included.
+
+    Counted by PyTorch's FlopCounterMode on meta-device copies (no memory, no compute, any config and
+    size) with the math attention kernel: the fused CPU flash-attention kernel is invisible to the counter.
+    """
+    counts = {}
+    with torch.device('meta'), sdpa_kernel(SDPBackend.MATH):
+        vae = AutoencoderKL.from_config(vae_config)
+        text_encoder = CLIPTextModel(text_config)
+        with FlopCounterMode(display=False) as counter:
+            latents = vae.encode(torch.empty(1, vae_config.in_channels, height, width)).latent_dist.mean
+        counts['vae_encoder'] = counter.get_total_flops()
+        with FlopCounterMode(display=False) as counter:
+            text_encoder(torch.zeros(1, caption_length, dtype=torch.long))
+        counts['text_encoder'] = counter.get_total_flops()
+    counts['unet'] = count_unet_forward_flops(unet_config, latents.shape[-2], latents.shape[-1], caption_length)
+    return counts
+
+
+def count_unet_forward_flops(unet_config, latent_height: int, latent_width: int, caption_length: int) -> int:
+    """Forward FLOPs per sample of the UNet alone at a latent size, counted as in count_forward_flops."""
+    with torch.device('meta'), sdpa_kernel(SDPBackend.MATH):
+        unet = UNet2DConditionModel.from_config(unet_config)
+        latents = torch.empty(1, unet_config.in_channels, latent_height, latent_width)
+        text_embeddings = torch.empty(1, caption_length, unet_config.cross_attention_dim)
+        with FlopCounterMode(display=False) as counter:
+            unet(latents, torch.tensor([500]), text_embeddings)
+    return counter.get_total_flops()
+
+
+def has_weights(model_dir: Path, part: str) -> bool:
+    return any((model_dir / part / name).is_file() for name in WEIGHT_FILES[part])
+
+
+def build_part(model_dir: Path, part: str,
+               init_device: torch.device | str | None = None) -> tuple[torch.nn.Module, bool]:
+    """One part of a model folder ('unet', 'vae' or 'text_encoder') and whether its weights were loaded: they load
+    (on the CPU) where the folder has them, otherwise the part is randomly initialized from its config on
+    init_device (default: torch's default device, the CPU unless a caller set another)."""
+    model_class = MODEL_PARTS[part]
+    if has_weights(model_dir, part):
+        return model_class.from_pretrained(model_dir, subfolder=part), True
+    # SD2 base's 1.3B parameters take about 20 s of CPU time and 5 GB of host memory per rank to initialize
+    # (measured on 2 cores); built on the GPU the Trainer would move them to anyway, well under a second.
+    with contextlib.nullcontext() if init_device is None else torch.device(init_device):
+        if part == 'text_encoder':  # Transformers' models take a config object
+            return model_class(CLIPTextConfig.from_pretrained(model_dir, subfolder=part)), False
+        return model_class.from_config(model_class.load_config(model_dir, subfolder=part)), False
+
+
+def build_encoders(model_dir: Path, encoders_bf16: bool = False,
+                   init_device: torch.device | str | None = None) -> tuple[AutoencoderKL, CLIPTextModel, list[str]]:
+    """The VAE and text encoder of a model folder, and the names of those whose weights were loaded."""
+    vae, vae_loaded = build_part(model_dir, 'vae', init_device)
+    text_encoder, text_encoder_loaded = build_part(model_dir, 'text_encoder', init_device)
+    if encoders_bf16:
+        vae, text_encoder = vae.to(torch.bfloat16), text_encoder.to(torch.bfloat16)
+    return vae, text_encoder, ['vae'] * vae_loaded + ['text_encoder'] * text_encoder_loaded
+
+
+def build_model(model_name: str, prediction_type: str | None = None, attention: str = 'sdpa',
+                precomputed: bool = False, encoders_bf16: bool = False,
+                init_device: torch.device | str | None = None) -> StableDiffusion:
+    """The model of a built-in name, folder or hub id (see config.resolve_model_dir). precomputed: the UNet
+    alone (the batches carry the encoders' outputs); encoders_bf16: the frozen VAE and text encoder weights in bf16; init_device: where the
+    parts without weights are randomly initialized (see build_part)."""
+    model_dir = resolve_model_dir(model_name)
+    unet, unet_loaded = build_part(model_dir, 'unet', init_device)  # first: the same init with or without encoders
+    scheduler_config = DDPMScheduler.load_config(model_dir, subfolder='scheduler')
+    if prediction_type is not None:
+        scheduler_config['prediction_type'] = prediction_type
+    noise_scheduler = DDPMScheduler.from_config(scheduler_config)
+    if attention == 'xformers':
+        unet.enable_xformers_memory_efficient_attention()
+    if precomputed:  # the UNet alone: the batches carry the encoders' outputs
+        latent_scale = AutoencoderKL.load_config(model_dir, subfolder='vae')['scaling_factor']
+        model = StableDiffusion(unet, None, None, noise_scheduler, latent_scale)
+        encoders_loaded = []
+    else:
+        vae, text_encoder, encoders_loaded = build_encoders(model_dir, encoders_bf16, init_device)
+        model = StableDiffusion(unet, vae, text_encoder, noise_scheduler)
+    model.model_dir = model_dir
+    model.weights_loaded = ['unet'] * unet_loaded + encoders_loaded
+    return model

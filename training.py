@@ -1,0 +1,139 @@
+"""The Composer Trainer of a run, assembled from its RunConfig: the data loader (synthetic tensors or MDS shards
+through Streaming), the published optimizer, the algorithms and callbacks the flags ask for, FSDP units, the
+profiler. benchmark.py runs it; benchmarks/framework_overhead.py times it against a bare loop.
+"""
+
+import torch
+from composer import Trainer
+from composer.algorithms import ChannelsLast, LowPrecisionGroupNorm, LowPrecisionLayerNorm
+from composer.callbacks import SpeedMonitor
+from composer.loggers import InMemoryLogger, WandBLogger
+from composer.optim import ConstantScheduler
+from composer.profiler import Profiler, cyclic_schedule
+from composer.utils import dist
+from torch.utils.data import DataLoader
+
+from config import LATENT_DOWNSAMPLE, SYNTHETIC_SAMPLES, ConfigError, RunConfig
+from data import (
+    BadSampleCounter,
+    DataError,
+    PrecomputedLatentsDataset,
+    StreamingLAIONDataset,
+    SyntheticImageCaptionDataset,
+    SyntheticLatentsDataset,
+    collate,
+)
+from ema import EMA
+from model import StableDiffusion
+
+# torch.compile options for --compile, as Composer's compile_config: Inductor with its defaults.
+COMPILE_CONFIG: dict = {}
+
+
+def build_dataloader(config: RunConfig, model: StableDiffusion) -> DataLoader:
+    if not config.use_synth_data:
+        return build_streaming_dataloader(config)
+    if config.precomputed_latents:
+        unet = model.unet.config
+        dataset = SyntheticLatentsDataset(unet.in_channels, config.image_size // LATENT_DOWNSAMPLE,
+                                          unet.cross_attention_dim, num_samples=SYNTHETIC_SAMPLES, seed=config.seed)
+    else:
+        dataset = SyntheticImageCaptionDataset(config.image_size, num_samples=SYNTHETIC_SAMPLES, seed=config.seed)
+    # Composer's sampler gives each rank its own slice of every global batch.
+    sampler = dist.get_sampler(dataset, shuffle=False, drop_last=True)
+    return DataLoader(dataset, batch_size=config.device_batch_size, sampler=sampler, drop_last=True,
+                      num_workers=config.num_workers, pin_memory=config.pin_memory,
+                      persistent_workers=config.num_workers > 0)
+
+
+def build_streaming_dataloader(config: RunConfig) -> DataLoader:
+    """MDS shards through Streaming, which splits samples over ranks and workers itself (no sampler here) and,
+    given the device batch size, lets Composer's checkpoints resume mid-epoch on exactly the remaining samples."""
+    try:
+        if config.precomputed_latents:
+            dataset = PrecomputedLatentsDataset(remote=config.remote, local=config.local,
+                                                batch_size=config.device_batch_size, shuffle=True, seed=config.seed)
+        else:
+            dataset = StreamingLAIONDataset(remote=config.remote, local=config.local, image_size=config.image_size,
+                                            tokenizer=config.tokenizer, batch_size=config.device_batch_size,
+                                            shuffle=True, seed=config.seed, epoch_size=config.epoch_size)
+    except DataError as error:
+        raise ConfigError(str(error))
+    return DataLoader(dataset, batch_size=config.device_batch_size, drop_last=True, num_workers=config.num_workers,
+                      collate_fn=None if config.precomputed_latents else collate, pin_memory=config.pin_memory,
+                      persistent_workers=config.num_workers > 0)
+
+
+def build_optimizer(config: RunConfig, model: StableDiffusion) -> torch.optim.Optimizer:
+    # The published optimizer. fused=True: one kernel for all parameters, the same update.
+    return torch.optim.AdamW(model.unet.parameters(), lr=1e-4, weight_decay=1e-3, fused=config.fused_adamw or None)
+
+
+def mark_fsdp_units(model: StableDiffusion) -> None:
+    """Composer wraps each child module of the model (unet, vae, text_encoder) in FSDP, and inside it every
+    module marked _fsdp_wrap (a ComposerModel's own fsdp_wrap_fn is never consulted for its children)."""
+    unet = model.unet
+    for block in (*unet.down_blocks, unet.mid_block, *unet.up_blocks):
+        block._fsdp_wrap = True  # one unit per resolution block: full_shard gathers one block's weights at a time
+    for encoder in (model.vae, model.text_encoder):
+        if encoder is None:
+            continue
+        # The frozen encoders stay whole on every GPU (1.7 GB in fp32): FSDP gathers weights only in forward(),
+        # which encode() never calls, and their weights have no gradients or optimizer state to shard.
+        encoder._fsdp_wrap = False
+        if torch.cuda.is_available():  # under FSDP the Trainer moves only the modules FSDP wraps
+            encoder.to(torch.device('cuda', torch.cuda.current_device()))
+
+
+def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoader,
+                  callbacks: tuple = ()) -> Trainer:
+    optimizer = build_optimizer(config, model)
+    if config.fsdp != 'none':
+        mark_fsdp_units(model)
+    algorithms = [EMA(half_life=config.ema_half_life, offload=config.ema_offload)] if config.use_ema else []
+    if config.channels_last:
+        algorithms.append(ChannelsLast())
+    if config.low_precision_norm:
+        algorithms += [LowPrecisionGroupNorm(), LowPrecisionLayerNorm()]
+    # Throughput is a rolling mean over this many batches (100 as published, fewer on short runs),
+    # so the first batch, which holds one-off setup costs, is never inside a window.
+    speed_window = max(1, min(100, config.num_batches // 2))
+    loggers = [InMemoryLogger()]
+    if config.wandb_project:
+        loggers.append(WandBLogger(project=config.wandb_project, name=config.wandb_name))
+    return Trainer(
+        model=model,
+        train_dataloader=dataloader,
+        optimizers=optimizer,
+        schedulers=ConstantScheduler(),
+        max_duration=config.max_duration,
+        device_train_microbatch_size=config.device_train_microbatch_size,
+        precision=config.precision,
+        callbacks=[SpeedMonitor(window_size=speed_window), BadSampleCounter(), *callbacks],
+        loggers=loggers,
+        progress_bar=True,
+        seed=config.seed,
+        run_name=config.run_name,
+        save_folder=config.save_folder,
+        save_interval=config.save_interval,
+        autoresume=config.autoresume,
+        algorithms=algorithms,
+        compile_config=COMPILE_CONFIG if config.compile else None,
+        profiler=None if config.profile is None else build_profiler(config),
+        parallelism_config=None if config.fsdp == 'none' else {
+            'fsdp': {'sharding_strategy': config.fsdp.upper(), 'use_orig_params': True,
+                     'state_dict_type': config.fsdp_state_dict_type}},
+    )
+
+
+def build_profiler(config: RunConfig) -> Profiler:
+    """PyTorch's profiler on the last batch (the one before it warms the profiler up), traces kept locally."""
+    return Profiler(
+        schedule=cyclic_schedule(skip_first=config.num_batches - 2, wait=0, warmup=1, active=1, repeat=1),
+        trace_handlers=[],
+        sys_prof_cpu=False,
+        torch_prof_folder=config.profile,
+        torch_prof_remote_file_name=None,
+        torch_prof_memory_remote_file_name=None,
+        torch_prof_with_flops=False,  # FLOP counting adds CPU time to every op; SpeedMonitor counts FLOPs
+    )
