@@ -14,6 +14,7 @@ training.py the Trainer. This file runs them and reports the throughput: printed
 import argparse
 import datetime
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ from data import DataError
 from ema import export_ema_unet
 from model import StableDiffusion, build_model
 from results import Results, cpu_name, mfu, package_versions, peak_flops
+from tokenizer import TokenizerError
 from training import build_dataloader, build_trainer
 
 
@@ -40,8 +42,10 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
     microbatch = config.device_train_microbatch_size
     accumulation = '?' if microbatch == 'auto' else config.device_batch_size // microbatch
     announce(f'config: {json.dumps(config.as_dict(), sort_keys=True)}')
-    announce(f'batch: global {config.batch_size} = {config.world_size} device(s) x microbatch {microbatch} '
-             f'x {accumulation} accumulation step(s)')
+    announce(
+        f'batch: global {config.batch_size} = {config.world_size} device(s) x microbatch {microbatch} '
+        f'x {accumulation} accumulation step(s)'
+    )
     # One process group for the whole run, made now through Composer (the Trainer then reuses it). Otherwise
     # Streaming makes and destroys one of its own twice (clean_stale_shared_memory, StreamingDataset) before
     # the Trainer makes its own, each time on MASTER_PORT, and a rank that reaches the next one while rank 0
@@ -50,8 +54,14 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
     reproducibility.seed_all(config.seed)  # same random init on every run and rank
     # On a GPU the random init runs there: Composer set this rank's device in initialize_dist.
     init_device = torch.device('cuda', torch.cuda.current_device()) if torch.cuda.is_available() else None
-    model = build_model(config.model_dir, config.prediction_type, config.attention, config.precomputed_latents,
-                        config.encoders_bf16, init_device)
+    model = build_model(
+        config.model_dir,
+        config.prediction_type,
+        config.attention,
+        config.precomputed_latents,
+        config.encoders_bf16,
+        init_device,
+    )
     announce(describe_model(config, model))
     if not config.use_synth_data:
         clean_stale_shared_memory()  # Streaming's shared memory left by a killed run would block this one
@@ -76,10 +86,12 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
 def describe_model(config: RunConfig, model: StableDiffusion) -> str:
     where = f'model {config.model_name!r} from {config.model_dir}'
     if config.precomputed_latents:
-        return (f'{where}: UNet only ({"weights loaded" if model.weights_loaded else "random init"}); no VAE or '
-                'text encoder: the data holds their outputs')
-    return (f'{where}: weights loaded for {", ".join(model.weights_loaded) or "nothing"}, '
-            'random init for the rest')
+        return (
+            f'{where}: UNet only ({"weights loaded" if model.weights_loaded else "random init"}); no VAE or '
+            'text encoder: the data holds their outputs'
+        )
+    return f'{where}: weights loaded for {", ".join(model.weights_loaded) or "nothing"}, random init for the rest'
+
 
 def announce(message: str) -> None:
     if dist.get_global_rank() == 0:
@@ -125,16 +137,22 @@ def print_summary(results: Results) -> None:
     if results.img_per_sec is None:
         print('throughput: the run was too short for a throughput window (needs at least 2 batches)')
         return
-    line = (f'throughput: {results.img_per_sec:.2f} img/s ({results.img_per_sec_per_device:.2f} per device, '
-            f'{results.num_devices} x {results.device_name})')
+    line = (
+        f'throughput: {results.img_per_sec:.2f} img/s ({results.img_per_sec_per_device:.2f} per device, '
+        f'{results.num_devices} x {results.device_name})'
+    )
     if results.flops_per_sec:
         line += f', {results.flops_per_sec / 1e12:.3g} TFLOP/s'
     if results.mfu:
         line += f', MFU {100 * results.mfu:.1f}%'
     print(line + f'; median of {results.throughput_windows} rolling windows', flush=True)
     if results.bad_samples:
-        print(f'data: {results.bad_samples} bad sample(s) read and replaced by the next good ones '
-              '(each warned about once)', flush=True)
+        print(
+            f'data: {results.bad_samples} bad sample(s) read and replaced by the next good ones '
+            '(each warned about once)',
+            flush=True,
+        )
+
 
 if __name__ == '__main__':
     try:
@@ -142,7 +160,8 @@ if __name__ == '__main__':
     except ConfigError as error:
         print(f'error: {error}', file=sys.stderr)
         sys.exit(2)
-    except DataError as error:  # e.g. a dataset of mostly bad samples, found while training
+    except (DataError, TokenizerError) as error:  # found while training, e.g. a dataset of mostly bad samples
         # Raised in a dataloader worker, the message carries the worker's traceback: its last line is the reason.
-        print(f"error: {str(error).strip().splitlines()[-1].removeprefix('data.DataError: ')}", file=sys.stderr)
+        reason = re.sub(r'^(data\.DataError|tokenizer\.TokenizerError): ', '', str(error).strip().splitlines()[-1])
+        print(f'error: {reason}', file=sys.stderr)
         sys.exit(1)

@@ -24,8 +24,7 @@ from ema import EMA
 CONFIGS_DIR = Path(__file__).resolve().parent / 'configs'
 BUILTIN_MODELS = sorted(path.name for path in CONFIGS_DIR.iterdir() if path.is_dir())
 # Files a model folder must hold: the layout of Diffusers' pipelines (stabilityai/stable-diffusion-2-base).
-CONFIG_FILES = ('unet/config.json', 'vae/config.json', 'text_encoder/config.json',
-                'scheduler/scheduler_config.json')
+CONFIG_FILES = ('unet/config.json', 'vae/config.json', 'text_encoder/config.json', 'scheduler/scheduler_config.json')
 # Weight files of each part, as Diffusers and Transformers save them; a part without them is randomly initialized.
 WEIGHT_FILES = {
     'unet': ('diffusion_pytorch_model.safetensors', 'diffusion_pytorch_model.bin'),
@@ -43,6 +42,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class Preset:
     """A built-in model's values for the flags a run leaves unset."""
+
     image_size: int
     batch_size: int  # global, over all devices
     device_train_microbatch_size: int | None  # None: the whole device batch in one forward/backward
@@ -60,6 +60,7 @@ PRESETS = {'sd2-base': SD2_BASE, 'tiny': TINY}
 @dataclass(frozen=True)
 class RunConfig:
     """Every flag of benchmark.py with its default settled, and the values derived from them."""
+
     # model
     model_name: str
     model_dir: str  # the folder the model is built from (a built-in config, or the user's)
@@ -116,91 +117,180 @@ class RunConfig:
 
 # -------------------------------------------------------------------------------------------- flags
 
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description='Measure Stable Diffusion 2 training throughput (img/s, FLOP/s, MFU) with Composer. '
-        'Flags left unset take the preset of the model: the published run for sd2-base, a CPU smoke run for tiny.')
+        'Flags left unset take the preset of the model: the published run for sd2-base, a CPU smoke run for tiny.'
+    )
     model = parser.add_argument_group('model')
-    model.add_argument('--model_name', default=None,
-                       help=f'built-in config ({", ".join(BUILTIN_MODELS)}), a local folder in the Diffusers '
-                       'layout (weights load when present, random init otherwise), or a hub id (needs network). '
-                       'Default: sd2-base on a GPU, tiny without one')
-    model.add_argument('--prediction_type', choices=['epsilon', 'v_prediction'], default=None,
-                       help="training target; default: the model's scheduler config (epsilon for SD2 base)")
-    model.add_argument('--attention', choices=['sdpa', 'xformers'], default='sdpa',
-                       help='UNet attention backend: PyTorch scaled_dot_product_attention or xFormers (default: %(default)s)')
+    model.add_argument(
+        '--model_name',
+        default=None,
+        help=f'built-in config ({", ".join(BUILTIN_MODELS)}), a local folder in the Diffusers '
+        'layout (weights load when present, random init otherwise), or a hub id (needs network). '
+        'Default: sd2-base on a GPU, tiny without one',
+    )
+    model.add_argument(
+        '--prediction_type',
+        choices=['epsilon', 'v_prediction'],
+        default=None,
+        help="training target; default: the model's scheduler config (epsilon for SD2 base)",
+    )
+    model.add_argument(
+        '--attention',
+        choices=['sdpa', 'xformers'],
+        default='sdpa',
+        help='UNet attention backend: PyTorch scaled_dot_product_attention or xFormers (default: %(default)s)',
+    )
     data = parser.add_argument_group('data')
     data.add_argument('--use_synth_data', action='store_true', help='train on random images and captions')
-    data.add_argument('--remote', default=None, help='streaming dataset location, e.g. s3://bucket/laion/mds '
-                      '(S3-compatible servers: set S3_ENDPOINT_URL); write one with convert.py')
-    data.add_argument('--local', default=None, help='a local MDS dataset folder, or with --remote its cache folder '
-                      '(default: a fresh temporary folder per run). Without --remote, --local and --use_synth_data: '
-                      'a generated sample dataset in data/sample-mds')
-    data.add_argument('--precomputed_latents', action='store_true',
-                      help="train the UNet alone on precompute.py's output (--remote/--local), or with --use_synth_data "
-                      'on random latents and text embeddings: no VAE or text encoder in memory or in the step')
-    data.add_argument('--tokenizer', default=None, help='local tokenizer folder (Transformers layout) for the captions '
-                      "(default: SD2's CLIP BPE, ids as OpenCLIP's, padded with 0)")
-    data.add_argument('--image_size', type=int, default=None, help='training resolution in pixels (preset: 512; tiny: 64)')
-    data.add_argument('--num_workers', type=int, default=None,
-                      help='dataloader workers per device (default: 8 on a GPU, 0 on CPU)')
+    data.add_argument(
+        '--remote',
+        default=None,
+        help='streaming dataset location, e.g. s3://bucket/laion/mds '
+        '(S3-compatible servers: set S3_ENDPOINT_URL); write one with convert.py',
+    )
+    data.add_argument(
+        '--local',
+        default=None,
+        help='a local MDS dataset folder, or with --remote its cache folder '
+        '(default: a fresh temporary folder per run). Without --remote, --local and --use_synth_data: '
+        'a generated sample dataset in data/sample-mds',
+    )
+    data.add_argument(
+        '--precomputed_latents',
+        action='store_true',
+        help="train the UNet alone on precompute.py's output (--remote/--local), or with --use_synth_data "
+        'on random latents and text embeddings: no VAE or text encoder in memory or in the step',
+    )
+    data.add_argument(
+        '--tokenizer',
+        default=None,
+        help='local tokenizer folder (Transformers layout) for the captions '
+        "(default: SD2's CLIP BPE, ids as OpenCLIP's, padded with 0)",
+    )
+    data.add_argument(
+        '--image_size', type=int, default=None, help='training resolution in pixels (preset: 512; tiny: 64)'
+    )
+    data.add_argument(
+        '--num_workers', type=int, default=None, help='dataloader workers per device (default: 8 on a GPU, 0 on CPU)'
+    )
     train = parser.add_argument_group('training')
-    train.add_argument('--batch_size', type=int, default=None,
-                       help='global batch size over all devices (preset: 2048, the published run; tiny: 16)')
-    train.add_argument('--device_train_microbatch_size', default=None,
-                       help="samples per forward/backward on each device, or 'auto' (GPU only); the device "
-                       'batch is accumulated over microbatches (preset: 4 for sd2-base, whole device batch for tiny)')
-    train.add_argument('--max_duration', default=None,
-                       help="run length as a Composer time string: '10ba' batches, '1ep', '20000sp' samples (preset: 10ba; tiny: 40ba)")
-    train.add_argument('--precision', choices=['fp32', 'amp_bf16', 'amp_fp16'], default=None,
-                       help='default: amp_bf16 on a GPU, fp32 on CPU')
-    train.add_argument('--fsdp', choices=['none', 'shard_grad_op', 'full_shard'], default='none',
-                       help='shard the UNet with FSDP through Composer: shard_grad_op shards gradients and optimizer '
-                       'state, full_shard the weights too; none replicates it with DDP (default: %(default)s)')
-    train.add_argument('--fsdp_state_dict_type', choices=['full', 'sharded'], default='full',
-                       help='checkpoints under --fsdp: full is one file gathered to and written by rank 0; sharded '
-                       'has each rank write its own shards into a folder (torch.distributed.checkpoint) '
-                       '(default: %(default)s)')
+    train.add_argument(
+        '--batch_size',
+        type=int,
+        default=None,
+        help='global batch size over all devices (preset: 2048, the published run; tiny: 16)',
+    )
+    train.add_argument(
+        '--device_train_microbatch_size',
+        default=None,
+        help="samples per forward/backward on each device, or 'auto' (GPU only); the device "
+        'batch is accumulated over microbatches (preset: 4 for sd2-base, whole device batch for tiny)',
+    )
+    train.add_argument(
+        '--max_duration',
+        default=None,
+        help="run length as a Composer time string: '10ba' batches, '1ep', '20000sp' samples "
+        '(preset: 10ba; tiny: 40ba)',
+    )
+    train.add_argument(
+        '--precision',
+        choices=['fp32', 'amp_bf16', 'amp_fp16'],
+        default=None,
+        help='default: amp_bf16 on a GPU, fp32 on CPU',
+    )
+    train.add_argument(
+        '--fsdp',
+        choices=['none', 'shard_grad_op', 'full_shard'],
+        default='none',
+        help='shard the UNet with FSDP through Composer: shard_grad_op shards gradients and optimizer '
+        'state, full_shard the weights too; none replicates it with DDP (default: %(default)s)',
+    )
+    train.add_argument(
+        '--fsdp_state_dict_type',
+        choices=['full', 'sharded'],
+        default='full',
+        help='checkpoints under --fsdp: full is one file gathered to and written by rank 0; sharded '
+        'has each rank write its own shards into a folder (torch.distributed.checkpoint) '
+        '(default: %(default)s)',
+    )
     train.add_argument('--use_ema', action='store_true', help='keep an exponential moving average of the UNet')
-    train.add_argument('--ema_half_life', default='1000ba',
-                       help="EMA half life as a Composer time string (Composer's default, as in the published run)")
-    train.add_argument('--ema_offload', action='store_true',
-                       help='keep the EMA in host memory, updated off the training thread: no GPU memory')
-    train.add_argument('--export_ema_unet', default=None, metavar='DIR',
-                       help='after training, save the EMA UNet here (Diffusers save_pretrained layout)')
+    train.add_argument(
+        '--ema_half_life',
+        default='1000ba',
+        help="EMA half life as a Composer time string (Composer's default, as in the published run)",
+    )
+    train.add_argument(
+        '--ema_offload',
+        action='store_true',
+        help='keep the EMA in host memory, updated off the training thread: no GPU memory',
+    )
+    train.add_argument(
+        '--export_ema_unet',
+        default=None,
+        metavar='DIR',
+        help='after training, save the EMA UNet here (Diffusers save_pretrained layout)',
+    )
     train.add_argument('--seed', type=int, default=17, help='seeds the random init and the data (default: %(default)s)')
-    speed = parser.add_argument_group('speed paths (off by default, pinned memory aside: none has been measured on a '
-                                      'GPU for this repo yet; benchmarks/speed_sweep.py measures them)')
-    speed.add_argument('--channels_last', action='store_true',
-                       help="convolutions in channels-last memory layout (Composer's ChannelsLast algorithm)")
+    speed = parser.add_argument_group(
+        'speed paths (off by default, pinned memory aside: none has been measured on a '
+        'GPU for this repo yet; benchmarks/speed_sweep.py measures them)'
+    )
+    speed.add_argument(
+        '--channels_last',
+        action='store_true',
+        help="convolutions in channels-last memory layout (Composer's ChannelsLast algorithm)",
+    )
     speed.add_argument('--compile', action='store_true', help='torch.compile the model through Composer')
     speed.add_argument('--fused_adamw', action='store_true', help="PyTorch's fused AdamW kernel (same update)")
-    speed.add_argument('--low_precision_norm', action='store_true',
-                       help="GroupNorm and LayerNorm in the autocast precision (Composer's LowPrecisionGroupNorm "
-                       'and LowPrecisionLayerNorm); needs --precision amp_bf16 or amp_fp16')
-    speed.add_argument('--encoders_bf16', action='store_true',
-                       help='keep the frozen VAE and text encoder weights in bf16 (half the memory and weight reads)')
-    speed.add_argument('--pin_memory', action=argparse.BooleanOptionalAction, default=None,
-                       help='page-locked host memory for batches, so their copy to the GPU can overlap compute '
-                       '(default: on with a GPU; --no-pin_memory turns it off)')
+    speed.add_argument(
+        '--low_precision_norm',
+        action='store_true',
+        help="GroupNorm and LayerNorm in the autocast precision (Composer's LowPrecisionGroupNorm "
+        'and LowPrecisionLayerNorm); needs --precision amp_bf16 or amp_fp16',
+    )
+    speed.add_argument(
+        '--encoders_bf16',
+        action='store_true',
+        help='keep the frozen VAE and text encoder weights in bf16 (half the memory and weight reads)',
+    )
+    speed.add_argument(
+        '--pin_memory',
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help='page-locked host memory for batches, so their copy to the GPU can overlap compute '
+        '(default: on with a GPU; --no-pin_memory turns it off)',
+    )
     ckpt = parser.add_argument_group('checkpoints')
     ckpt.add_argument('--run_name', default=None, help='run name (needed with --autoresume)')
     ckpt.add_argument('--save_folder', default=None, help='where Composer writes checkpoints (none by default)')
-    ckpt.add_argument('--save_interval', default='1ep', help='checkpoint every this Composer time string (default: %(default)s)')
+    ckpt.add_argument(
+        '--save_interval', default='1ep', help='checkpoint every this Composer time string (default: %(default)s)'
+    )
     ckpt.add_argument('--autoresume', action='store_true', help='resume from the latest checkpoint in --save_folder')
     log = parser.add_argument_group('logging')
     log.add_argument('--wandb_name', default=None, help='W&B run name')
     log.add_argument('--wandb_project', default=None, help='log to this W&B project (WANDB_MODE=offline works)')
-    log.add_argument('--results_json', default=None,
-                     help='write the measured throughput, config, versions and device here at the end')
-    log.add_argument('--profile', default=None, metavar='DIR',
-                     help="record a PyTorch profiler trace of the last batch (Composer's profiler) into DIR, one "
-                     'Chrome trace per rank; benchmarks/profile_summary.py says where its time went. The profiled '
-                     'batch runs slower: measure throughput without it')
+    log.add_argument(
+        '--results_json',
+        default=None,
+        help='write the measured throughput, config, versions and device here at the end',
+    )
+    log.add_argument(
+        '--profile',
+        default=None,
+        metavar='DIR',
+        help="record a PyTorch profiler trace of the last batch (Composer's profiler) into DIR, one "
+        'Chrome trace per rank; benchmarks/profile_summary.py says where its time went. The profiled '
+        'batch runs slower: measure throughput without it',
+    )
     return parser.parse_args(argv)
 
 
 # ------------------------------------------------------------------------------------------ resolve
+
 
 def resolve_config(args: argparse.Namespace) -> RunConfig:
     """The frozen configuration of parsed flags; raises ConfigError naming the first bad flag."""
@@ -238,16 +328,20 @@ def fill_defaults(draft: argparse.Namespace, has_gpu: bool) -> None:
 def check_batch(draft: argparse.Namespace, has_gpu: bool) -> None:
     """Global batch = world size x device batch; device batch = microbatch x accumulation steps."""
     if draft.image_size <= 0 or draft.image_size % LATENT_DOWNSAMPLE:
-        raise ConfigError(f'--image_size {draft.image_size}: must be a positive multiple of {LATENT_DOWNSAMPLE} '
-                          f'(the VAE downsamples {LATENT_DOWNSAMPLE}x)')
+        raise ConfigError(
+            f'--image_size {draft.image_size}: must be a positive multiple of {LATENT_DOWNSAMPLE} '
+            f'(the VAE downsamples {LATENT_DOWNSAMPLE}x)'
+        )
     if draft.batch_size <= 0:
         raise ConfigError(f'--batch_size {draft.batch_size}: must be positive')
     if draft.num_workers < 0:
         raise ConfigError(f'--num_workers {draft.num_workers}: must be 0 or more')
     draft.world_size = world_size = dist.get_world_size()
     if draft.batch_size % world_size:
-        raise ConfigError(f'--batch_size {draft.batch_size} is not divisible by the world size {world_size}: '
-                          f'pass a multiple of {world_size}')
+        raise ConfigError(
+            f'--batch_size {draft.batch_size} is not divisible by the world size {world_size}: '
+            f'pass a multiple of {world_size}'
+        )
     draft.device_batch_size = device_batch = draft.batch_size // world_size
     microbatch = draft.device_train_microbatch_size
     if microbatch is None:
@@ -255,8 +349,10 @@ def check_batch(draft: argparse.Namespace, has_gpu: bool) -> None:
         return
     if str(microbatch) == 'auto':
         if not has_gpu:
-            raise ConfigError("--device_train_microbatch_size auto needs a GPU (Composer searches for the largest "
-                              'microbatch that fits in GPU memory); on CPU pass a number that divides the device batch')
+            raise ConfigError(
+                '--device_train_microbatch_size auto needs a GPU (Composer searches for the largest '
+                'microbatch that fits in GPU memory); on CPU pass a number that divides the device batch'
+            )
         return
     try:
         microbatch = int(microbatch)
@@ -269,43 +365,58 @@ def check_batch(draft: argparse.Namespace, has_gpu: bool) -> None:
             f'--batch_size {draft.batch_size} over {world_size} device(s) gives {device_batch} samples '
             f'per device, which is not divisible by --device_train_microbatch_size {microbatch}: choose a '
             f'microbatch that divides {device_batch}, or a batch size divisible by '
-            f'{world_size} x {microbatch} = {world_size * microbatch}')
+            f'{world_size} x {microbatch} = {world_size * microbatch}'
+        )
     draft.device_train_microbatch_size = microbatch
 
 
 def check_device(draft: argparse.Namespace, has_gpu: bool) -> None:
     """Flags that need a GPU, or a package, or another flag, on this machine."""
     if not has_gpu and draft.precision != 'fp32':
-        raise ConfigError(f'--precision {draft.precision} needs a GPU; on CPU Composer trains in fp32 only: '
-                          'pass --precision fp32 or leave it unset')
+        raise ConfigError(
+            f'--precision {draft.precision} needs a GPU; on CPU Composer trains in fp32 only: '
+            'pass --precision fp32 or leave it unset'
+        )
     if has_gpu and draft.precision == 'amp_bf16' and not torch.cuda.is_bf16_supported():
-        raise ConfigError(f'--precision amp_bf16: {torch.cuda.get_device_name()} has no bf16 support; '
-                          'pass --precision amp_fp16')
+        raise ConfigError(
+            f'--precision amp_bf16: {torch.cuda.get_device_name()} has no bf16 support; pass --precision amp_fp16'
+        )
     if draft.attention == 'xformers':
         try:
             import xformers  # noqa: F401
         except ImportError:
-            raise ConfigError('--attention xformers: xformers is not installed; install it with '
-                              "pip install 'xformers==0.0.30' (Linux x86_64 with CUDA) or use --attention sdpa")
+            raise ConfigError(
+                '--attention xformers: xformers is not installed; install it with '
+                "pip install 'xformers==0.0.30' (Linux x86_64 with CUDA) or use --attention sdpa"
+            )
         if not has_gpu:
-            raise ConfigError('--attention xformers: xFormers attention runs on CUDA GPUs only; '
-                              'use --attention sdpa on this machine')
+            raise ConfigError(
+                '--attention xformers: xFormers attention runs on CUDA GPUs only; use --attention sdpa on this machine'
+            )
     if draft.compile and not has_gpu:
         # Measured: the forward pass compiles, then Inductor's C++ codegen (outer-loop fusion with a local buffer,
         # which GPUs' Triton codegen does not use) fails on the backward graph. Dynamo's tracing is tested on CPU.
-        raise ConfigError("--compile: torch 2.7.0's Inductor fails compiling this model's backward pass for CPU "
-                          '(KeyError in its C++ code generation, after minutes of compiling); use --compile on a GPU')
+        raise ConfigError(
+            "--compile: torch 2.7.0's Inductor fails compiling this model's backward pass for CPU "
+            '(KeyError in its C++ code generation, after minutes of compiling); use --compile on a GPU'
+        )
     if draft.pin_memory and not has_gpu:
         raise ConfigError('--pin_memory pins batches for copies to a GPU, and there is none: leave it out')
     if draft.low_precision_norm and draft.precision == 'fp32':
-        raise ConfigError('--low_precision_norm runs the norms in the autocast precision: it needs --precision '
-                          'amp_bf16 or amp_fp16 (a GPU)')
+        raise ConfigError(
+            '--low_precision_norm runs the norms in the autocast precision: it needs --precision '
+            'amp_bf16 or amp_fp16 (a GPU)'
+        )
     if draft.fsdp != 'none' and not has_gpu:
-        raise ConfigError(f'--fsdp {draft.fsdp}: Composer shards with FSDP on CUDA GPUs only; on CPU leave '
-                          '--fsdp none (each rank holds a full replica, synchronized by DDP over gloo)')
+        raise ConfigError(
+            f'--fsdp {draft.fsdp}: Composer shards with FSDP on CUDA GPUs only; on CPU leave '
+            '--fsdp none (each rank holds a full replica, synchronized by DDP over gloo)'
+        )
     if draft.fsdp_state_dict_type != 'full' and draft.fsdp == 'none':
-        raise ConfigError(f'--fsdp_state_dict_type {draft.fsdp_state_dict_type}: applies to --fsdp checkpoints only; '
-                          'without --fsdp rank 0 writes one file')
+        raise ConfigError(
+            f'--fsdp_state_dict_type {draft.fsdp_state_dict_type}: applies to --fsdp checkpoints only; '
+            'without --fsdp rank 0 writes one file'
+        )
 
 
 def check_ema(draft: argparse.Namespace) -> None:
@@ -328,8 +439,11 @@ def check_outputs(draft: argparse.Namespace) -> None:
         raise ConfigError('--autoresume needs --save_folder and --run_name (Composer finds the checkpoint by both)')
     if draft.save_folder and not draft.autoresume and '://' not in draft.save_folder:
         # Composer refuses too, with a traceback that does not say how to continue the earlier run.
-        refuse_used_output_folder('--save_folder', draft.save_folder, 'checkpoints are never overwritten; or pass '
-                                  '--autoresume with the earlier run\'s --run_name to continue it')
+        refuse_used_output_folder(
+            '--save_folder',
+            draft.save_folder,
+            "checkpoints are never overwritten; or pass --autoresume with the earlier run's --run_name to continue it",
+        )
 
 
 def refuse_used_output_folder(flag: str, folder: str, why: str) -> None:
@@ -354,23 +468,31 @@ def check_duration(draft: argparse.Namespace) -> None:
     else:
         raise ConfigError(f"--max_duration {duration}: use batches, samples or epochs ('10ba', '20000sp', '1ep')")
     if draft.profile and draft.num_batches < 2:
-        raise ConfigError(f'--profile: the profiler warms up on the batch before the one it records; run at least '
-                          f'2 batches (--max_duration {draft.max_duration} is {draft.num_batches})')
+        raise ConfigError(
+            f'--profile: the profiler warms up on the batch before the one it records; run at least '
+            f'2 batches (--max_duration {draft.max_duration} is {draft.num_batches})'
+        )
 
 
 def check_data(draft: argparse.Namespace) -> None:
     """Which dataset, and what it implies: the sample dataset's epoch, the batches of an epoch of real data,
     and the image size precomputed latents were made at."""
     if draft.use_synth_data and (draft.remote or draft.local):
-        raise ConfigError('--use_synth_data trains on random tensors: leave out --remote/--local, or drop --use_synth_data')
+        raise ConfigError(
+            '--use_synth_data trains on random tensors: leave out --remote/--local, or drop --use_synth_data'
+        )
     if draft.precomputed_latents and not (draft.use_synth_data or draft.remote or draft.local):
-        raise ConfigError('--precomputed_latents needs a dataset written by precompute.py (--local DIR or --remote URL; '
-                          'e.g. python precompute.py --out data/sample-latents, then --local data/sample-latents), '
-                          'or --use_synth_data for random latents')
+        raise ConfigError(
+            '--precomputed_latents needs a dataset written by precompute.py (--local DIR or --remote URL; '
+            'e.g. python precompute.py --out data/sample-latents, then --local data/sample-latents), '
+            'or --use_synth_data for random latents'
+        )
     if draft.precomputed_latents and draft.encoders_bf16:
         raise ConfigError('--encoders_bf16: with --precomputed_latents there is no VAE or text encoder to keep in bf16')
     if draft.precomputed_latents and draft.tokenizer:
-        raise ConfigError('--tokenizer: precomputed captions are already embeddings (choose the tokenizer in precompute.py)')
+        raise ConfigError(
+            '--tokenizer: precomputed captions are already embeddings (choose the tokenizer in precompute.py)'
+        )
     if draft.tokenizer is not None and not Path(draft.tokenizer).is_dir():
         raise ConfigError(f'--tokenizer {draft.tokenizer}: no such folder')
     draft.sample_data = not (draft.use_synth_data or draft.remote or draft.local)
@@ -380,9 +502,11 @@ def check_data(draft: argparse.Namespace) -> None:
     duration = Time.from_timestring(draft.max_duration)
     if draft.sample_data:
         draft.local = str(SAMPLE_DATASET)
-        draft.notes.append(f'no --remote/--local given: training on the sample dataset {draft.local} ({SAMPLE_SIZE} '
-                           'generated JPEGs with captions, built on first use); --use_synth_data trains on random '
-                           'tensors as published')
+        draft.notes.append(
+            f'no --remote/--local given: training on the sample dataset {draft.local} ({SAMPLE_SIZE} '
+            'generated JPEGs with captions, built on first use); --use_synth_data trains on random '
+            'tensors as published'
+        )
         ensure_sample_dataset(SAMPLE_DATASET)
         # A few hundred images: one epoch spans the whole run (at least one global batch), repeating samples.
         wanted = draft.batch_size if duration.unit == TimeUnit.EPOCH else draft.batch_size * draft.num_batches
@@ -395,8 +519,10 @@ def check_data(draft: argparse.Namespace) -> None:
     samples_per_device = -(-(draft.epoch_size or dataset.num_samples) // draft.world_size)
     batches_per_epoch = samples_per_device // draft.device_batch_size
     if batches_per_epoch == 0:
-        raise ConfigError(f'{dataset.location}: {samples_per_device} samples per device, fewer than one device '
-                          f'batch ({draft.device_batch_size}): use a larger dataset or a smaller --batch_size')
+        raise ConfigError(
+            f'{dataset.location}: {samples_per_device} samples per device, fewer than one device '
+            f'batch ({draft.device_batch_size}): use a larger dataset or a smaller --batch_size'
+        )
     if duration.unit == TimeUnit.EPOCH:
         draft.num_batches = duration.value * batches_per_epoch
     if draft.precomputed_latents:
@@ -408,15 +534,19 @@ def check_precomputed_shapes(draft: argparse.Namespace, dataset: DatasetDescript
     unet = json.loads((Path(draft.model_dir) / 'unet' / 'config.json').read_text())
     channels, height, width = dataset.latent_shape
     if channels != unet['in_channels'] or dataset.embedding_width != unet['cross_attention_dim']:
-        raise ConfigError(f'{dataset.location}: precomputed latents with {channels} channels and text embeddings of '
-                          f"width {dataset.embedding_width}, but {draft.model_name}'s UNet takes "
-                          f"{unet['in_channels']} and {unet['cross_attention_dim']}: precompute it with the same "
-                          '--model_name')
+        raise ConfigError(
+            f'{dataset.location}: precomputed latents with {channels} channels and text embeddings of '
+            f"width {dataset.embedding_width}, but {draft.model_name}'s UNet takes "
+            f'{unet["in_channels"]} and {unet["cross_attention_dim"]}: precompute it with the same '
+            '--model_name'
+        )
     if height != width:
         raise ConfigError(f'{dataset.location}: latents of {height}x{width}; square ones expected')
     if height * LATENT_DOWNSAMPLE != draft.image_size:
-        draft.notes.append(f'--image_size {draft.image_size}: the data was precomputed at '
-                           f'{height * LATENT_DOWNSAMPLE}px, which is what this run trains at')
+        draft.notes.append(
+            f'--image_size {draft.image_size}: the data was precomputed at '
+            f'{height * LATENT_DOWNSAMPLE}px, which is what this run trains at'
+        )
         draft.image_size = height * LATENT_DOWNSAMPLE
 
 
@@ -428,16 +558,29 @@ def resolve_model_dir(model_name: str) -> Path:
     if not path.is_dir():
         looks_like_hub_id = model_name.count('/') == 1 and not model_name.startswith(('.', '/', '~'))
         if not looks_like_hub_id:
-            raise ConfigError(f'--model_name {model_name!r}: not a built-in model ({", ".join(BUILTIN_MODELS)}) '
-                              'and no such folder')
+            raise ConfigError(
+                f'--model_name {model_name!r}: not a built-in model ({", ".join(BUILTIN_MODELS)}) and no such folder'
+            )
         if os.environ.get('HF_HUB_OFFLINE', '0') not in ('0', '', 'false'):
-            raise ConfigError(f'--model_name {model_name!r}: looks like a hub id, but HF_HUB_OFFLINE is set; '
-                              f'use a built-in model ({", ".join(BUILTIN_MODELS)}) or a local folder')
+            raise ConfigError(
+                f'--model_name {model_name!r}: looks like a hub id, but HF_HUB_OFFLINE is set; '
+                f'use a built-in model ({", ".join(BUILTIN_MODELS)}) or a local folder'
+            )
         from huggingface_hub import snapshot_download
-        path = Path(snapshot_download(model_name, allow_patterns=[
-            *CONFIG_FILES, *(f'{part}/{name}' for part, names in WEIGHT_FILES.items() for name in names[:1])]))
+
+        path = Path(
+            snapshot_download(
+                model_name,
+                allow_patterns=[
+                    *CONFIG_FILES,
+                    *(f'{part}/{name}' for part, names in WEIGHT_FILES.items() for name in names[:1]),
+                ],
+            )
+        )
     missing = [name for name in CONFIG_FILES if not (path / name).is_file()]
     if missing:
-        raise ConfigError(f'--model_name {model_name!r}: missing config file(s) {", ".join(missing)} in {path} '
-                          f'(expected the Diffusers layout: {", ".join(CONFIG_FILES)})')
+        raise ConfigError(
+            f'--model_name {model_name!r}: missing config file(s) {", ".join(missing)} in {path} '
+            f'(expected the Diffusers layout: {", ".join(CONFIG_FILES)})'
+        )
     return path

@@ -27,7 +27,8 @@ from PIL import Image, ImageDraw, ImageOps
 from streaming import MDSWriter
 from tqdm import tqdm
 
-from data import BadSample, decode_image, s3_client
+from data import s3_client
+from images import BadSample, decode_image
 
 COLUMNS = {'jpg': 'bytes', 'caption': 'str'}  # the LAION convention of the published benchmark
 IMAGE_EXTENSIONS = ('jpg', 'jpeg', 'png', 'webp', 'bmp', 'gif', 'tif', 'tiff')
@@ -42,6 +43,7 @@ class ConvertError(ValueError):
 # ------------------------------------------------------------------------------------------- inputs
 # Each reader yields (name, image bytes or None, caption or None, reason to skip or None).
 
+
 def folder_samples(folder: Path):
     for path in sorted(p for p in folder.rglob('*') if p.suffix.lower().lstrip('.') in IMAGE_EXTENSIONS):
         caption_file = path.with_suffix('.txt')
@@ -53,6 +55,7 @@ def folder_samples(folder: Path):
 
 def tar_samples(path: Path):
     """webdataset tars (img2dataset): members {key}.jpg, {key}.txt, {key}.json, one sample's members in a row."""
+
     def sample(key, members):
         image = next((members[ext] for ext in IMAGE_EXTENSIONS if ext in members), None)
         caption = members.get('txt')
@@ -102,17 +105,22 @@ def expand_inputs(inputs: list[str]) -> list[tuple[str, Path]]:
 
 # ------------------------------------------------------------------------------------------- output
 
+
 def check_output(out: str, overwrite: bool, inputs: list[str]) -> None:
     url = urllib.parse.urlparse(out)
     if url.scheme == 's3':
         from botocore.exceptions import BotoCoreError, ClientError
+
         prefix = url.path.strip('/')
         try:
-            listing = s3_client(timeout=30).list_objects_v2(Bucket=url.netloc, Prefix=prefix + '/' if prefix else '',
-                                                            MaxKeys=1)
+            listing = s3_client(timeout=30).list_objects_v2(
+                Bucket=url.netloc, Prefix=prefix + '/' if prefix else '', MaxKeys=1
+            )
         except ClientError as error:
-            raise ConvertError(f'{out}: {error.response.get("Error", {}).get("Code")} from '
-                               f'{os.environ.get("S3_ENDPOINT_URL") or "AWS"} (does bucket {url.netloc!r} exist?)')
+            raise ConvertError(
+                f'{out}: {error.response.get("Error", {}).get("Code")} from '
+                f'{os.environ.get("S3_ENDPOINT_URL") or "AWS"} (does bucket {url.netloc!r} exist?)'
+            )
         except BotoCoreError as error:
             raise ConvertError(f'{out}: cannot reach the S3 server: {error}')
         if listing.get('KeyCount', 0) and not overwrite:
@@ -125,13 +133,15 @@ def check_output(out: str, overwrite: bool, inputs: list[str]) -> None:
             raise ConvertError(f'{out} is not empty; pass --overwrite to replace its contents')
 
 
-def write_mds(samples, out: str, overwrite: bool = False, size_limit=1 << 26, total: int | None = None,
-              progress: bool = True) -> dict:
+def write_mds(
+    samples, out: str, overwrite: bool = False, size_limit=1 << 26, total: int | None = None, progress: bool = True
+) -> dict:
     """Write (name, image bytes, caption, reason) samples that pass the loader's own checks; count the rest."""
     written, skipped = 0, Counter()
     with MDSWriter(out=out, columns=COLUMNS, size_limit=size_limit, exist_ok=overwrite) as writer:
-        for name, image, caption, reason in tqdm(samples, total=total, unit='img', disable=not progress,
-                                                 desc='converting'):
+        for _name, image, caption, reason in tqdm(
+            samples, total=total, unit='img', disable=not progress, desc='converting'
+        ):
             if reason is None:
                 reason = problem(image, caption)
             if reason is not None:
@@ -165,8 +175,9 @@ def convert(inputs: list[str], out: str, overwrite: bool = False, size_limit=1 <
     check_output(out, overwrite, inputs)
     total = None
     if all(kind == 'folder' for kind, _ in sources):
-        total = sum(1 for _, folder in sources for p in folder.rglob('*')
-                    if p.suffix.lower().lstrip('.') in IMAGE_EXTENSIONS)
+        total = sum(
+            1 for _, folder in sources for p in folder.rglob('*') if p.suffix.lower().lstrip('.') in IMAGE_EXTENSIONS
+        )
 
     def samples():
         for kind, path in sources:
@@ -177,9 +188,17 @@ def convert(inputs: list[str], out: str, overwrite: bool = False, size_limit=1 <
 
 # ------------------------------------------------------------------------------- generated samples
 
-COLORS = {'red': (215, 48, 39), 'orange': (244, 140, 40), 'yellow': (250, 215, 60), 'green': (60, 160, 70),
-          'blue': (50, 100, 200), 'purple': (130, 70, 170), 'white': (245, 245, 245), 'black': (20, 20, 20),
-          'gray': (128, 128, 128)}
+COLORS = {
+    'red': (215, 48, 39),
+    'orange': (244, 140, 40),
+    'yellow': (250, 215, 60),
+    'green': (60, 160, 70),
+    'blue': (50, 100, 200),
+    'purple': (130, 70, 170),
+    'white': (245, 245, 245),
+    'black': (20, 20, 20),
+    'gray': (128, 128, 128),
+}
 SHAPES = ('circle', 'square', 'triangle')
 SIZES = ((512, 512), (640, 512), (512, 640), (768, 512), (576, 768))  # width x height, shorter side >= 512
 
@@ -245,20 +264,32 @@ def ensure_sample_dataset(path: Path = SAMPLE_DATASET, num_samples: int = SAMPLE
 
 # --------------------------------------------------------------------------------------------- main
 
+
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description='Convert images with captions to Streaming MDS shards '
-                                     '(columns jpg: image bytes as they are, caption: text).')
-    parser.add_argument('inputs', nargs='+', help='folders of images with same-name .txt captions, img2dataset '
-                        '.tar shards, or folders of .tar shards')
+    parser = argparse.ArgumentParser(
+        description='Convert images with captions to Streaming MDS shards '
+        '(columns jpg: image bytes as they are, caption: text).'
+    )
+    parser.add_argument(
+        'inputs',
+        nargs='+',
+        help='folders of images with same-name .txt captions, img2dataset .tar shards, or folders of .tar shards',
+    )
     parser.add_argument('out', help='output folder, or a remote such as s3://bucket/laion/mds (uploaded as written)')
-    parser.add_argument('--overwrite', action='store_true', help='write into a non-empty output (a local one is emptied first)')
-    parser.add_argument('--size_limit', default='64mb', help='shard size before a new shard starts (default: %(default)s)')
+    parser.add_argument(
+        '--overwrite', action='store_true', help='write into a non-empty output (a local one is emptied first)'
+    )
+    parser.add_argument(
+        '--size_limit', default='64mb', help='shard size before a new shard starts (default: %(default)s)'
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     stats = convert(args.inputs, args.out, args.overwrite, args.size_limit, progress=True)
     skipped = ', '.join(f'{count} {reason}' for reason, count in sorted(stats['skipped'].items())) or 'none'
-    print(f"wrote {stats['written']} samples in {stats['shards']} shard(s) to {args.out} "
-          f'in {time.perf_counter() - start:.1f} s; skipped {sum(stats["skipped"].values())}: {skipped}')
+    print(
+        f'wrote {stats["written"]} samples in {stats["shards"]} shard(s) to {args.out} '
+        f'in {time.perf_counter() - start:.1f} s; skipped {sum(stats["skipped"].values())}: {skipped}'
+    )
     return stats
 
 

@@ -1,20 +1,17 @@
-"""Datasets for the benchmark: synthetic image-caption pairs, and LAION-style Streaming (MDS) shards.
+"""Datasets for the benchmark: synthetic image-caption pairs, and LAION-style Streaming (MDS) shards, with
+the checks of a dataset's location and index made before a run builds anything (`describe_dataset`).
 
 Every dataset yields dicts {'image': tensor (3, H, W), 'input_ids': long tensor (77,)}: captions as CLIP
 token ids padded to the text encoder's 77 positions. Synthetic images are floats in [-1, 1], the VAE's
 input range; real images leave the loader as uint8 in [0, 255] and the model maps them to [-1, 1] on its
-device (`unit_range`): a quarter of the bytes to batch, pin and copy, and no float conversion in the loader,
+device (`images.unit_range`): a quarter of the bytes to batch, pin and copy, and no float conversion in the loader,
 which at 512px cost more than the JPEG decode itself. The streaming dataset adds 'sample_id' (the sample's
 position in the dataset) and 'bad_samples' (1 where a bad sample was replaced), which the model ignores
 and `BadSampleCounter` logs.
 """
 
 import atexit
-import gzip
 import hashlib
-import html
-import importlib.util
-import io
 import itertools
 import json
 import logging
@@ -22,44 +19,22 @@ import os
 import shutil
 import tempfile
 import urllib.parse
-import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import ftfy
-import numpy as np
-import regex
 import torch
-import transformers
 from composer.core import Callback
 from composer.utils import dist
-from PIL import Image
 from streaming import StreamingDataset
 from streaming.base.compression import decompress
 from streaming.base.format import reader_from_json
 from streaming.base.storage.download import CloudDownloader
 from torch.utils.data import Dataset, default_collate
-from transformers import AutoTokenizer, CLIPTokenizerFast
-from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-# CLIP's text encoder has 77 positions (SD2 tokenizes every caption to exactly this length).
-CAPTION_LENGTH = 77
-# CLIP BPE vocabulary size; random ids are drawn below it so any CLIP text encoder accepts them.
-CLIP_VOCAB_SIZE = 49408
-# OpenCLIP (SD2's text tower) pads with id 0 ("!") after the end-of-text token, not with end-of-text.
-CLIP_PAD_ID = 0
-CLIP_START_ID, CLIP_END_ID = 49406, 49407  # <|startoftext|>, <|endoftext|>
-# Pillow's own decompression-bomb threshold (~89.5 megapixels): larger images are bad samples.
-MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS
-TOKENIZER_CACHE = Path(__file__).resolve().parent / 'data' / 'clip-tokenizer-v1'  # bump when the build changes
-# CLIP's own ids (clip-anytorch's SimpleTokenizer) for captions with merges, punctuation and a combining mark.
-# The built-in tokenizer is checked against them when it loads: another transformers release can build it
-# differently (5.x ignores the vocabulary files and normalizes to NFC) and would train on wrong captions silently.
-TOKENIZER_CHECKS = {
-    'a photo of a cat, on the mat!': [320, 1125, 539, 320, 2368, 267, 525, 518, 9063, 256],
-    'T\u0308 \u00e9': [339, 136, 486, 4166],
-}
+from images import MAX_IMAGE_PIXELS, BadSample, decode_image
+from tokenizer import CAPTION_LENGTH, CLIP_VOCAB_SIZE, CaptionTokenizer
+
 log = logging.getLogger(__name__)
 
 
@@ -83,8 +58,14 @@ class SyntheticDataset(Dataset):
 class SyntheticImageCaptionDataset(SyntheticDataset):
     """Random images in [-1, 1] and random caption token ids, as in the published benchmark."""
 
-    def __init__(self, image_size: int, num_samples: int = 100_000, seed: int = 17,
-                 vocab_size: int = CLIP_VOCAB_SIZE, caption_length: int = CAPTION_LENGTH):
+    def __init__(
+        self,
+        image_size: int,
+        num_samples: int = 100_000,
+        seed: int = 17,
+        vocab_size: int = CLIP_VOCAB_SIZE,
+        caption_length: int = CAPTION_LENGTH,
+    ):
         super().__init__(num_samples, seed)
         self.image_size = image_size
         self.vocab_size = vocab_size
@@ -102,8 +83,15 @@ class SyntheticLatentsDataset(SyntheticDataset):
     fp16 as precompute.py stores them. Trains the UNet alone, as from real precomputed data, with no VAE
     or text encoder anywhere."""
 
-    def __init__(self, latent_channels: int, latent_size: int, embedding_dim: int, num_samples: int = 100_000,
-                 seed: int = 17, caption_length: int = CAPTION_LENGTH):
+    def __init__(
+        self,
+        latent_channels: int,
+        latent_size: int,
+        embedding_dim: int,
+        num_samples: int = 100_000,
+        seed: int = 17,
+        caption_length: int = CAPTION_LENGTH,
+    ):
         super().__init__(num_samples, seed)
         self.shape = (latent_channels, latent_size, latent_size)
         self.embedding_shape = (caption_length, embedding_dim)
@@ -121,184 +109,8 @@ class DataError(RuntimeError):
     """The data cannot be trained on: an unreachable or missing dataset, or one that is mostly bad samples."""
 
 
-class BadSample(ValueError):
-    """One sample that cannot be trained on: `kind` counts it, the message says why."""
-
-    def __init__(self, kind: str, detail: str = ''):
-        super().__init__(f'{kind}: {detail}' if detail else kind)
-        self.kind = kind
-
-
-# ----------------------------------------------------------------------------------------- captions
-
-def clean_caption(text: str) -> str:
-    """CLIP's text cleaning (its SimpleTokenizer): fix mojibake, unescape HTML twice, collapse whitespace, lowercase."""
-    text = html.unescape(html.unescape(ftfy.fix_text(text)))
-    return regex.sub(r'\s+', ' ', text).strip().lower()
-
-
-def clip_tokenizer_folder(folder: Path = TOKENIZER_CACHE) -> Path:
-    """Transformers' fast CLIP tokenizer, built once from the BPE merges that clip-anytorch ships.
-
-    The vocabulary is the 256 byte symbols, the same with the end-of-word mark, one token per merge,
-    then <|startoftext|> (49406) and <|endoftext|> (49407): 256 + 256 + 48,894 + 2 = 49,408.
-    """
-    if (folder / 'tokenizer.json').is_file():
-        return folder
-    spec = importlib.util.find_spec('clip')  # finds the package without importing it (and torchvision)
-    if spec is None or not spec.submodule_search_locations:
-        raise DataError('the CLIP vocabulary comes from the clip-anytorch package: pip install clip-anytorch==2.6.0, '
-                        'or pass --tokenizer with a local tokenizer folder')
-    bpe_file = Path(spec.submodule_search_locations[0]) / 'bpe_simple_vocab_16e6.txt.gz'
-    merges = gzip.open(bpe_file).read().decode('utf-8').split('\n')[1:49152 - 256 - 2 + 1]
-    symbols = list(bytes_to_unicode().values())
-    vocab = symbols + [s + '</w>' for s in symbols] + [m.replace(' ', '') for m in merges]
-    vocab += ['<|startoftext|>', '<|endoftext|>']
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f'.{folder.name}-'))
-    (work / 'vocab.json').write_text(json.dumps({token: i for i, token in enumerate(vocab)}))
-    (work / 'merges.txt').write_text('#version: 0.2\n' + '\n'.join(merges) + '\n')
-    tokenizer = CLIPTokenizerFast(vocab_file=str(work / 'vocab.json'), merges_file=str(work / 'merges.txt'),
-                                  model_max_length=CAPTION_LENGTH)
-    # Captions arrive cleaned by clean_caption(); the default normalizer's NFC would recompose characters
-    # after lowercasing ('T' + combining diaeresis -> one letter) and differ from CLIP's own ids.
-    tokenizer.backend_tokenizer.normalizer = None
-    tokenizer.save_pretrained(work)
-    try:
-        work.rename(folder)  # atomic: concurrent ranks or workers never read a half-written folder
-    except OSError:  # another process got there first
-        shutil.rmtree(work, ignore_errors=True)
-    return folder
-
-
-class CaptionTokenizer:
-    """Caption -> 77 CLIP token ids: <|startoftext|>, tokens, <|endoftext|> kept last when truncating, then padding.
-
-    Built-in: ids equal OpenAI/OpenCLIP's SimpleTokenizer, padded with 0 as SD2 (OpenCLIP) does. A folder
-    (`--tokenizer`) is loaded with AutoTokenizer and pads with its own pad token. Loads lazily, so that
-    each dataloader worker builds its own after the fork.
-    """
-
-    def __init__(self, folder: str | None = None):
-        if folder is not None and not Path(folder).is_dir():
-            raise DataError(f'--tokenizer {folder}: no such folder')
-        self.folder = str(clip_tokenizer_folder()) if folder is None else folder
-        self.builtin = folder is None
-        self._encode = None
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, '_encode': None}  # workers started by spawn load their own
-
-    def load(self) -> None:
-        tokenizer = AutoTokenizer.from_pretrained(self.folder)
-        pad = tokenizer.pad_token_id
-        self.pad_id = CLIP_PAD_ID if self.builtin or pad is None else pad
-        if tokenizer.is_fast:  # the Rust tokenizer itself: half the time of the Python wrapper around it
-            backend = tokenizer.backend_tokenizer
-            backend.no_padding()
-            backend.enable_truncation(CAPTION_LENGTH)  # keeps room for the special tokens, so <|endoftext|> stays
-            self._encode = lambda text: backend.encode(text).ids
-        else:
-            self._encode = lambda text: tokenizer(text, truncation=True, max_length=CAPTION_LENGTH).input_ids
-        if self.builtin:
-            for text, expected in TOKENIZER_CHECKS.items():
-                got = self._encode(clean_caption(text))
-                if got != [CLIP_START_ID, *expected, CLIP_END_ID]:
-                    raise DataError(f'the built-in CLIP tokenizer ({self.folder}) gives ids {got} for {text!r}, where '
-                                    f'CLIP gives {expected} between start and end. Transformers releases other than '
-                                    f'the pinned one build it differently (this is {transformers.__version__}): '
-                                    'install requirements.txt, delete that folder and run again, or pass --tokenizer')
-
-    def __call__(self, caption: str) -> torch.Tensor:
-        if self._encode is None:
-            self.load()
-        ids = self._encode(clean_caption(caption))
-        return torch.tensor(ids + [self.pad_id] * (CAPTION_LENGTH - len(ids)), dtype=torch.long)
-
-
-# ------------------------------------------------------------------------------------------- images
-
-def unit_range(images: torch.Tensor) -> torch.Tensor:
-    """uint8 images in [0, 255] -> floats in [-1, 1] (what ToTensor + Normalize(0.5, 0.5) give); floats pass."""
-    if images.dtype != torch.uint8:
-        return images
-    return images.float().div(127.5).sub(1).contiguous()  # from `collate`'s channels-last layout
-
-
-def decode_image(data, size: int, max_pixels: int = MAX_IMAGE_PIXELS, draft: bool = True) -> torch.Tensor:
-    """Image bytes -> uint8 tensor (3, size, size): EXIF orientation applied, any mode made RGB, shorter
-    side resized to `size` and center-cropped (no aspect distortion). Raises BadSample otherwise."""
-    if isinstance(data, Image.Image):  # a column Streaming decodes itself ('jpeg', 'png', 'pil')
-        image = data
-    elif not isinstance(data, bytes):
-        raise BadSample('no image bytes', f'got {type(data).__name__}')
-    elif not data:
-        raise BadSample('empty image bytes', 'a failed download')
-    else:
-        try:
-            with warnings.catch_warnings():  # size is checked below, with a clearer message
-                warnings.simplefilter('ignore', Image.DecompressionBombWarning)
-                image = Image.open(io.BytesIO(data))
-        except Image.DecompressionBombError as error:
-            raise BadSample('decompression bomb', str(error))
-        except Image.UnidentifiedImageError:
-            raise BadSample('not an image', f'the bytes start with {data[:32]!r}')
-        except Exception as error:  # a header Pillow recognizes but cannot parse
-            raise BadSample('corrupt image', f'{type(error).__name__}: {error}')
-    width, height = image.size
-    if width * height > max_pixels:
-        raise BadSample('decompression bomb', f'{width}x{height} pixels, more than {max_pixels}')
-    try:
-        if draft and image.format == 'JPEG':
-            # DCT-domain downscaling by 1/2, 1/4 or 1/8 while decoding, as far as the shorter side stays
-            # >= size: up to 64x fewer pixels to decode and resize. A no-op below 2x the target.
-            short = min(width, height)
-            image.draft(None, (max(1, width * size // short), max(1, height * size // short)))
-        image.load()  # decodes: truncated or corrupt data raises here
-        orientation = image.getexif().get(0x0112, 1)  # EXIF Orientation
-        if orientation in ORIENTATION_TRANSPOSE:
-            image = image.transpose(ORIENTATION_TRANSPOSE[orientation])
-        image = to_rgb(image)
-    except BadSample:
-        raise
-    except Exception as error:
-        raise BadSample('corrupt image', f'{type(error).__name__}: {error}')
-    width, height = image.size
-    if (width, height) != (size, size):
-        # Resize the centered square straight to size x size: the same as resizing the shorter side,
-        # then center-cropping, in one pass over fewer pixels.
-        short = min(width, height)
-        left, top = (width - short) / 2, (height - short) / 2
-        image = image.resize((size, size), Image.BILINEAR, box=(left, top, left + short, top + short),
-                             reducing_gap=3.0)
-    with warnings.catch_warnings():
-        # A read-only view of Pillow's pixel bytes, no copy: batching copies it (a fresh copy of 0.8 MB
-        # costs about as much as the whole resize here, page faults included).
-        warnings.simplefilter('ignore', UserWarning)
-        return torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
-
-
-ORIENTATION_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
-                         4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
-                         6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE, 8: Image.Transpose.ROTATE_90}
-
-
-def to_rgb(image: Image.Image) -> Image.Image:
-    if image.mode == 'RGB':
-        return image
-    if image.mode.startswith('I') or image.mode == 'F':
-        # 16-bit (and 32-bit) grey: Pillow's convert() clips at 255, turning most of the image white.
-        array = np.asarray(image, dtype=np.float32)
-        scale = 257.0 if image.mode.startswith('I;16') or array.max() > 255 else 1.0
-        image = Image.fromarray(np.clip(array / scale, 0, 255).astype(np.uint8), 'L')
-    if image.mode in ('RGBA', 'LA', 'PA', 'RGBa', 'La') or 'transparency' in image.info:
-        # Transparent pixels hold arbitrary colors: composite onto white rather than dropping alpha.
-        rgba = image.convert('RGBA')
-        image = Image.alpha_composite(Image.new('RGBA', rgba.size, (255, 255, 255, 255)), rgba)
-    return image.convert('RGB')  # L, P, CMYK, YCbCr, 1, ...
-
-
 # -------------------------------------------------------------------------------- streaming dataset
+
 
 class StreamingLAIONDataset(StreamingDataset):
     """LAION-style MDS shards, columns `jpg` (raw image bytes) and `caption` (str), streamed from `remote`
@@ -316,11 +128,23 @@ class StreamingLAIONDataset(StreamingDataset):
     MIN_READS = 32
     MAX_REPLACEMENTS = 100
 
-    def __init__(self, *, remote: str | None = None, local: str | None = None, image_size: int = 512,
-                 tokenizer: str | None = None, batch_size: int | None = None, shuffle: bool = True,
-                 seed: int = 17, download_retry: int = 2, download_timeout: float = 60,
-                 max_bad_fraction: float = 0.5, max_image_pixels: int = MAX_IMAGE_PIXELS, keep_caption: bool = False,
-                 **streaming_kwargs):
+    def __init__(
+        self,
+        *,
+        remote: str | None = None,
+        local: str | None = None,
+        image_size: int = 512,
+        tokenizer: str | None = None,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 17,
+        download_retry: int = 2,
+        download_timeout: float = 60,
+        max_bad_fraction: float = 0.5,
+        max_image_pixels: int = MAX_IMAGE_PIXELS,
+        keep_caption: bool = False,
+        **streaming_kwargs,
+    ):
         remote, local = resolve_location(remote, local, download_retry, download_timeout)
         self.location = remote or local
         self.image_size = image_size
@@ -328,8 +152,16 @@ class StreamingLAIONDataset(StreamingDataset):
         self.max_image_pixels = max_image_pixels
         self.keep_caption = keep_caption  # precompute.py stores the caption beside its embedding
         self.tokenize = CaptionTokenizer(tokenizer)
-        super().__init__(remote=remote, local=local, batch_size=batch_size, shuffle=shuffle, shuffle_seed=seed,
-                         download_retry=download_retry, download_timeout=download_timeout, **streaming_kwargs)
+        super().__init__(
+            remote=remote,
+            local=local,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            shuffle_seed=seed,
+            download_retry=download_retry,
+            download_timeout=download_timeout,
+            **streaming_kwargs,
+        )
         for shard in self.shards:
             check_columns(self.location, shard.raw_data.basename, getattr(shard, 'column_names', None), False)
         self._reads = 0
@@ -346,8 +178,10 @@ class StreamingLAIONDataset(StreamingDataset):
             except BadSample as error:
                 failures.append((index, error))
         else:
-            raise DataError(f'{self.location}: {len(failures)} bad samples in a row from sample {sample_id}, '
-                            f'e.g. {self.where(failures[0][0])}: {failures[0][1]}')
+            raise DataError(
+                f'{self.location}: {len(failures)} bad samples in a row from sample {sample_id}, '
+                f'e.g. {self.where(failures[0][0])}: {failures[0][1]}'
+            )
         self._reads += 1
         if failures:
             self._bad[failures[0][1].kind] += 1
@@ -356,8 +190,10 @@ class StreamingLAIONDataset(StreamingDataset):
                     self._reported.add(bad)
                     log.warning(f'bad sample {self.where(bad)}: {reason}; trained on sample {index} instead')
             if self._reads >= self.MIN_READS and sum(self._bad.values()) > self.max_bad_fraction * self._reads:
-                raise DataError(f'{self.location}: {sum(self._bad.values())} of the {self._reads} samples read '
-                                f'are bad ({dict(self._bad)}): check the dataset (convert.py skips bad samples)')
+                raise DataError(
+                    f'{self.location}: {sum(self._bad.values())} of the {self._reads} samples read '
+                    f'are bad ({dict(self._bad)}): check the dataset (convert.py skips bad samples)'
+                )
         sample['sample_id'] = sample_id
         sample['bad_samples'] = int(bool(failures))
         return sample
@@ -366,8 +202,10 @@ class StreamingLAIONDataset(StreamingDataset):
         caption = raw.get('caption')
         if not isinstance(caption, str):
             raise BadSample('missing or non-string caption', f'got {type(caption).__name__}')
-        sample = {'image': decode_image(raw.get('jpg'), self.image_size, self.max_image_pixels),
-                  'input_ids': self.tokenize(caption)}
+        sample = {
+            'image': decode_image(raw.get('jpg'), self.image_size, self.max_image_pixels),
+            'input_ids': self.tokenize(caption),
+        }
         if self.keep_caption:
             sample['caption'] = caption
         return sample
@@ -378,21 +216,42 @@ class StreamingLAIONDataset(StreamingDataset):
 
 
 # precompute.py's output: the VAE's latent distribution and the text encoder's output, fp16, and the caption.
-PRECOMPUTED_COLUMNS = {'latent_mean': 'ndarray:float16', 'latent_logvar': 'ndarray:float16',
-                       'text_embedding': 'ndarray:float16', 'caption': 'str'}
+PRECOMPUTED_COLUMNS = {
+    'latent_mean': 'ndarray:float16',
+    'latent_logvar': 'ndarray:float16',
+    'text_embedding': 'ndarray:float16',
+    'caption': 'str',
+}
 
 
 class PrecomputedLatentsDataset(StreamingDataset):
     """MDS shards written by precompute.py, streamed like StreamingLAIONDataset (same remotes, caches,
     resumption). Samples: 'latent_mean', 'latent_logvar' (C, H/8, W/8) and 'text_embedding' (77, D), fp16."""
 
-    def __init__(self, *, remote: str | None = None, local: str | None = None, batch_size: int | None = None,
-                 shuffle: bool = True, seed: int = 17, download_retry: int = 2, download_timeout: float = 60,
-                 **streaming_kwargs):
+    def __init__(
+        self,
+        *,
+        remote: str | None = None,
+        local: str | None = None,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 17,
+        download_retry: int = 2,
+        download_timeout: float = 60,
+        **streaming_kwargs,
+    ):
         remote, local = resolve_location(remote, local, download_retry, download_timeout)
         self.location = remote or local
-        super().__init__(remote=remote, local=local, batch_size=batch_size, shuffle=shuffle, shuffle_seed=seed,
-                         download_retry=download_retry, download_timeout=download_timeout, **streaming_kwargs)
+        super().__init__(
+            remote=remote,
+            local=local,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            shuffle_seed=seed,
+            download_retry=download_retry,
+            download_timeout=download_timeout,
+            **streaming_kwargs,
+        )
         for shard in self.shards:
             check_columns(self.location, shard.raw_data.basename, getattr(shard, 'column_names', None), True)
 
@@ -407,11 +266,15 @@ def check_columns(location: str, shard: str, columns: list[str] | None, precompu
     if columns is None:
         return
     if precomputed and not set(PRECOMPUTED_COLUMNS) - {'caption'} <= set(columns):
-        raise DataError(f'{location}: shard {shard} has columns {columns}, not precompute.py\'s latent_mean, '
-                        'latent_logvar and text_embedding: for images and captions leave out --precomputed_latents')
+        raise DataError(
+            f"{location}: shard {shard} has columns {columns}, not precompute.py's latent_mean, "
+            'latent_logvar and text_embedding: for images and captions leave out --precomputed_latents'
+        )
     if not precomputed and not {'jpg', 'caption'} <= set(columns):
-        raise DataError(f'{location}: shard {shard} has columns {columns}; expected jpg (image bytes) and caption '
-                        '(text), as convert.py writes')
+        raise DataError(
+            f'{location}: shard {shard} has columns {columns}; expected jpg (image bytes) and caption '
+            '(text), as convert.py writes'
+        )
 
 
 def collate(samples: list[dict]) -> dict:
@@ -484,9 +347,13 @@ def s3_client(timeout: float = 60, attempts: int = 3, unsigned: bool = False):
     import boto3
     from botocore import UNSIGNED
     from botocore.config import Config
-    config = Config(connect_timeout=min(timeout, 10), read_timeout=timeout,
-                    retries={'mode': 'standard', 'total_max_attempts': attempts},
-                    signature_version=UNSIGNED if unsigned else None)
+
+    config = Config(
+        connect_timeout=min(timeout, 10),
+        read_timeout=timeout,
+        retries={'mode': 'standard', 'total_max_attempts': attempts},
+        signature_version=UNSIGNED if unsigned else None,
+    )
     return boto3.session.Session().client('s3', endpoint_url=os.environ.get('S3_ENDPOINT_URL') or None, config=config)
 
 
@@ -508,13 +375,15 @@ def check_dataset(remote: str | None, local: str | None, retries: int = 2, timeo
     bucket or prefix, or a server that is down (after `retries` retries), rather than deep inside Streaming."""
     if remote is None:
         if not (Path(local) / 'index.json').is_file():
-            raise DataError(f'no Streaming dataset at {local}: {local}/index.json is missing '
-                            '(write one with convert.py)')
+            raise DataError(
+                f'no Streaming dataset at {local}: {local}/index.json is missing (write one with convert.py)'
+            )
         return
     url = urllib.parse.urlparse(remote)
     if url.scheme != 's3':
         return  # other Streaming remotes (gs://, oci://, hf://, ...) are checked by Streaming itself
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
     bucket, key = url.netloc, '/'.join(part for part in (url.path.strip('/'), 'index.json') if part)
     endpoint = os.environ.get('S3_ENDPOINT_URL') or 'AWS'
     for unsigned in (False, True):
@@ -531,8 +400,10 @@ def check_dataset(remote: str | None, local: str | None, retries: int = 2, timeo
                     client.head_bucket(Bucket=bucket)
                 except ClientError:
                     raise DataError(f'{remote}: bucket {bucket!r} does not exist on {endpoint}')
-                raise DataError(f'{remote}: no index.json under this prefix on {endpoint} (wrong prefix? '
-                                'write shards with convert.py)')
+                raise DataError(
+                    f'{remote}: no index.json under this prefix on {endpoint} (wrong prefix? '
+                    'write shards with convert.py)'
+                )
             raise DataError(f'{remote}: {endpoint} refused access ({code}): check the credentials')
         except BotoCoreError as error:
             raise DataError(f'{remote}: cannot reach the S3 server {endpoint} after {retries + 1} attempts: {error}')
@@ -541,14 +412,16 @@ def check_dataset(remote: str | None, local: str | None, retries: int = 2, timeo
 @dataclass(frozen=True)
 class DatasetDescription:
     """What a run must know of a dataset before it is built (see describe_dataset)."""
+
     location: str
     num_samples: int
     latent_shape: tuple[int, int, int] | None = None  # precomputed latents: (C, H/8, W/8) of the first sample
     embedding_width: int | None = None  # precomputed latents: the text embedding's width
 
 
-def describe_dataset(remote: str | None, local: str | None, precomputed: bool = False, retries: int = 2,
-                     timeout: float = 60) -> DatasetDescription:
+def describe_dataset(
+    remote: str | None, local: str | None, precomputed: bool = False, retries: int = 2, timeout: float = 60
+) -> DatasetDescription:
     """The size of an MDS dataset, read from its index.json, its columns checked; for precomputed latents also
     the shapes of the first sample (its shard is read into a temporary folder when the dataset is remote)."""
     if remote is not None and not urllib.parse.urlparse(remote).scheme and local is None:
@@ -560,7 +433,7 @@ def describe_dataset(remote: str | None, local: str | None, precomputed: bool = 
 
         def fetch(basename: str) -> None:
             if remote is not None:
-                CloudDownloader.direct_download(f"{remote.rstrip('/')}/{basename}", f'{work}/{basename}', timeout)
+                CloudDownloader.direct_download(f'{remote.rstrip("/")}/{basename}', f'{work}/{basename}', timeout)
 
         fetch('index.json')
         try:
@@ -581,5 +454,6 @@ def describe_dataset(remote: str | None, local: str | None, precomputed: bool = 
                 folder = work
                 (Path(work) / raw).write_bytes(data)
         sample = reader_from_json(folder, None, shard).get_item(0)
-    return DatasetDescription(location, num_samples, tuple(sample['latent_mean'].shape),
-                              sample['text_embedding'].shape[-1])
+    return DatasetDescription(
+        location, num_samples, tuple(sample['latent_mean'].shape), sample['text_embedding'].shape[-1]
+    )

@@ -73,7 +73,8 @@ def _local(param: torch.Tensor) -> torch.Tensor:
 
 def _is_sharded(model: torch.nn.Module) -> bool:
     return any(isinstance(module, FullyShardedDataParallel) for module in model.modules()) or any(
-        isinstance(param, DTensor) for param in model.parameters())
+        isinstance(param, DTensor) for param in model.parameters()
+    )
 
 
 class EMAWeights:
@@ -98,7 +99,7 @@ class EMAWeights:
         if not named:
             raise ValueError('EMA: the model has no trainable parameters')
         if any(name.endswith('_flat_param') for name, _ in named):
-            raise ValueError('EMA under FSDP needs use_orig_params=True (Composer\'s default) to name parameters')
+            raise ValueError("EMA under FSDP needs use_orig_params=True (Composer's default) to name parameters")
         names = []
         for name, _ in named:
             for prefix in _WRAPPER_PREFIXES:
@@ -163,8 +164,9 @@ class EMAWeights:
             self._staging = [torch.empty(self._staging_numel, dtype=torch.float32, pin_memory=pin) for _ in range(2)]
         self._reads_done.clear()
         self._reads_event, self._error = None, None
-        self._worker = threading.Thread(target=self._offloaded, args=(sources, weight, ready), name='ema-offload',
-                                        daemon=True)
+        self._worker = threading.Thread(
+            target=self._offloaded, args=(sources, weight, ready), name='ema-offload', daemon=True
+        )
         self._worker.start()
 
     @staticmethod
@@ -267,25 +269,28 @@ class EMAWeights:
         if not self.sharded:
             return dict(zip(self.names, self.tensors))
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
         # cpu_offload also means rank 0 only. On CPU, PyTorch crashes gathering FSDP weights with it.
         rank0_only = mode != 'sharded' and self._device.type == 'cuda'
         with self.swapped():  # the model's shards hold the average while torch gathers them
-            state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                                         cpu_offload=rank0_only))
+            state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=rank0_only))
         return {name: state[name].cpu() for name in self.names if name in state}
 
     def load_state_dict(self, model: torch.nn.Module, state: dict[str, torch.Tensor]):
         self.join()
         missing, unexpected = set(self.names) - set(state), set(state) - set(self.names)
         if missing or unexpected:
-            raise ValueError(f'EMA checkpoint does not match the trainable parameters: missing {sorted(missing)[:3]}'
-                             f'{"..." if len(missing) > 3 else ""}, unexpected {sorted(unexpected)[:3]}'
-                             f'{"..." if len(unexpected) > 3 else ""}')
+            raise ValueError(
+                f'EMA checkpoint does not match the trainable parameters: missing {sorted(missing)[:3]}'
+                f'{"..." if len(missing) > 3 else ""}, unexpected {sorted(unexpected)[:3]}'
+                f'{"..." if len(unexpected) > 3 else ""}'
+            )
         if not self.sharded:
             with torch.no_grad():
                 torch._foreach_copy_(self.tensors, [state[name] for name in self.names])
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
         with self.swapped():  # each rank loads its shards of the full tensors, which then swap into the average
             set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
 
@@ -304,14 +309,21 @@ class EMA(Algorithm):
         offload: keep the average in host memory and update it off the training thread (see the module doc).
     """
 
-    def __init__(self, half_life: Optional[str] = '1000ba', smoothing: Optional[float] = None,
-                 ema_start: str = '0.0dur', update_interval: Optional[str] = None, offload: bool = False):
+    def __init__(
+        self,
+        half_life: Optional[str] = '1000ba',
+        smoothing: Optional[float] = None,
+        ema_start: str = '0.0dur',
+        update_interval: Optional[str] = None,
+        offload: bool = False,
+    ):
         if half_life is not None and smoothing is not None:
             raise ValueError(f'EMA: pass half_life ({half_life!r}) or smoothing ({smoothing!r}), not both')
         if half_life is None and smoothing is None:
             raise ValueError("EMA: pass half_life (e.g. '1000ba') or smoothing (e.g. 0.999)")
-        self.half_life = None if half_life is None else _parse_time('half_life', half_life,
-                                                                    (TimeUnit.BATCH, TimeUnit.EPOCH))
+        self.half_life = (
+            None if half_life is None else _parse_time('half_life', half_life, (TimeUnit.BATCH, TimeUnit.EPOCH))
+        )
         if self.half_life is not None and self.half_life.value == 0:
             raise ValueError(f'EMA half_life={half_life!r}: must be positive')
         self.ema_start = _parse_time('ema_start', ema_start, (TimeUnit.DURATION, TimeUnit.BATCH, TimeUnit.EPOCH))
@@ -322,13 +334,15 @@ class EMA(Algorithm):
             if self.update_interval.value == 0:
                 raise ValueError(f'EMA update_interval={update_interval!r}: must be positive')
         if self.half_life is not None and self.half_life.unit != self.update_interval.unit:
-            raise ValueError(f'EMA: half_life {half_life!r} and update_interval {update_interval!r} must use the '
-                             'same unit')
+            raise ValueError(
+                f'EMA: half_life {half_life!r} and update_interval {update_interval!r} must use the same unit'
+            )
         if smoothing is not None and not 0 < smoothing < 1:
             raise ValueError(f'EMA smoothing={smoothing!r}: must be strictly between 0 and 1')
         # Composer's conversion, per update: the weight of the old average after one half life is 1/2.
-        self.smoothing = float(smoothing) if smoothing is not None else \
-            2 ** -(self.update_interval.value / self.half_life.value)
+        self.smoothing = (
+            float(smoothing) if smoothing is not None else 2 ** -(self.update_interval.value / self.half_life.value)
+        )
         self.offload = offload
         self.update_event = Event.BATCH_END if self.update_interval.unit == TimeUnit.BATCH else Event.EPOCH_END
         self.weights: Optional[EMAWeights] = None  # allocated when averaging starts (or a checkpoint is loaded)
@@ -343,8 +357,16 @@ class EMA(Algorithm):
         return f'EMA({", ".join(f"{n}={v!r}" for n, v in zip(names, self._options))})'
 
     def match(self, event: Event, state: State) -> bool:
-        return event in (Event.INIT, Event.FIT_START, Event.BATCH_START, Event.AFTER_TRAIN_BATCH, self.update_event,
-                         Event.EVAL_START, Event.EVAL_END, Event.FIT_END)
+        return event in (
+            Event.INIT,
+            Event.FIT_START,
+            Event.BATCH_START,
+            Event.AFTER_TRAIN_BATCH,
+            self.update_event,
+            Event.EVAL_START,
+            Event.EVAL_END,
+            Event.FIT_END,
+        )
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.INIT:
@@ -377,8 +399,10 @@ class EMA(Algorithm):
             if self._should_start(state):
                 if self.weights is None:
                     self.weights = EMAWeights(state.model, self.offload)
-                    log.info(f'EMA: averaging {len(self.weights.names)} tensors, {self.weights.num_bytes / 1e9:.2f} GB'
-                             f' on {"the host" if self.offload else self.weights.flat.device}')
+                    log.info(
+                        f'EMA: averaging {len(self.weights.names)} tensors, {self.weights.num_bytes / 1e9:.2f} GB'
+                        f' on {"the host" if self.offload else self.weights.flat.device}'
+                    )
                 self.weights.reset()
                 self.started = True
         elif state.timestamp.get(self.update_interval.unit).value % self.update_interval.value == 0:
@@ -441,8 +465,10 @@ def export_ema_unet(trainer, out_dir: str | Path) -> Path:
     with ema.ema_weights():
         if ema.weights.sharded:  # a single-file export needs full tensors: gather once, here only
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-            state = get_model_state_dict(unet, options=StateDictOptions(
-                full_state_dict=True, cpu_offload=ema.weights._device.type == 'cuda'))
+
+            state = get_model_state_dict(
+                unet, options=StateDictOptions(full_state_dict=True, cpu_offload=ema.weights._device.type == 'cuda')
+            )
             inner = unet.module if isinstance(unet, FullyShardedDataParallel) else unet
             if dist.get_global_rank() == 0:
                 full_unet = type(inner).from_config(inner.config)

@@ -1,8 +1,8 @@
 """Check mcloud.yaml offline and launch it, or a sweep over GPU counts, on the MosaicML platform.
 
-    python mcloud.py check [mcloud.yaml]                  # offline: every problem, exit 1 if any
-    python mcloud.py sweep --gpus 8 16 32 64 128          # print the runs of the published table
-    python mcloud.py sweep --gpus 8 16 32 64 128 --submit # and submit them (needs `mcli init`)
+python mcloud.py check [mcloud.yaml]                  # offline: every problem, exit 1 if any
+python mcloud.py sweep --gpus 8 16 32 64 128          # print the runs of the published table
+python mcloud.py sweep --gpus 8 16 32 64 128 --submit # and submit them (needs `mcli init`)
 """
 
 import argparse
@@ -17,11 +17,14 @@ from mcli.models.run_config import FinalRunConfig
 
 REPO = Path(__file__).resolve().parent
 # Top-level fields mosaicml-cli 0.7.5 still reads but has deprecated in favour of `compute`.
-DEPRECATED_FIELDS = {'gpu_num': 'compute.gpus', 'gpu_type': 'compute.gpu_type', 'cluster': 'compute.cluster',
-                     'cpus': 'compute.cpus'}
+DEPRECATED_FIELDS = {
+    'gpu_num': 'compute.gpus',
+    'gpu_type': 'compute.gpu_type',
+    'cluster': 'compute.cluster',
+    'cpus': 'compute.cpus',
+}
 # mcli passes integrations through unchecked; these are the git_repo integration's documented keys.
-GIT_REPO_KEYS = {'integration_type', 'git_repo', 'git_branch', 'git_commit', 'path', 'ssh_clone', 'pip_install',
-                 'host'}
+GIT_REPO_KEYS = {'integration_type', 'git_repo', 'git_branch', 'git_commit', 'path', 'ssh_clone', 'pip_install', 'host'}
 
 
 def check(path: Path) -> list[str]:
@@ -49,8 +52,10 @@ def check(path: Path) -> list[str]:
                 problems.append(f'{path}: integrations[{number}]: unknown git_repo field {key!r}')
     torch_pin = re.search(r'^torch==(\S+)', (REPO / 'requirements.txt').read_text(), re.MULTILINE).group(1)
     if config.image and f':{torch_pin}_' not in config.image:
-        problems.append(f'{path}: image {config.image!r} does not carry torch {torch_pin}, the version '
-                        'requirements.txt pins (mosaicml/pytorch tags start with the torch version)')
+        problems.append(
+            f'{path}: image {config.image!r} does not carry torch {torch_pin}, the version '
+            'requirements.txt pins (mosaicml/pytorch tags start with the torch version)'
+        )
     try:
         FinalRunConfig.finalize_config(copy.deepcopy(config))
     except Exception as error:
@@ -66,7 +71,7 @@ def sweep_configs(path: Path, gpu_counts: list[int], gpu_type: str | None) -> li
         config.compute['gpus'] = gpus
         if gpu_type:
             config.compute['gpu_type'] = gpu_type
-        config.name = f"{base.name}-{gpus}x{config.compute.get('gpu_type', 'gpu').replace('_', '-')}"
+        config.name = f'{base.name}-{gpus}x{config.compute.get("gpu_type", "gpu").replace("_", "-")}'
         configs.append(config)
     return configs
 
@@ -93,9 +98,10 @@ def main(argv=None) -> int:
     if any(gpus <= 0 for gpus in args.gpus):
         parser.error(f'--gpus {args.gpus}: GPU counts must be positive')
     for config in sweep_configs(Path(args.yaml), args.gpus, args.gpu_type):
-        print(f"{config.name}: {config.compute['gpus']} x {config.compute.get('gpu_type')}")
+        print(f'{config.name}: {config.compute["gpus"]} x {config.compute.get("gpu_type")}')
         if args.submit:
             from mcli import create_run
+
             run = create_run(config)
             print(f'  submitted as {run.name}')
     if not args.submit:

@@ -18,7 +18,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import CLIPTextConfig, CLIPTextModel
 
 from config import LATENT_DOWNSAMPLE, WEIGHT_FILES, resolve_model_dir
-from data import CAPTION_LENGTH, unit_range
+from images import unit_range
+from tokenizer import CAPTION_LENGTH
 
 MODEL_PARTS = {'unet': UNet2DConditionModel, 'vae': AutoencoderKL, 'text_encoder': CLIPTextModel}
 
@@ -33,8 +34,14 @@ class StableDiffusion(ComposerModel):
     the latent distribution) to make a step deterministic; otherwise each is drawn at random.
     """
 
-    def __init__(self, unet: UNet2DConditionModel, vae: AutoencoderKL | None, text_encoder: CLIPTextModel | None,
-                 noise_scheduler: DDPMScheduler, latent_scale: float | None = None):
+    def __init__(
+        self,
+        unet: UNet2DConditionModel,
+        vae: AutoencoderKL | None,
+        text_encoder: CLIPTextModel | None,
+        noise_scheduler: DDPMScheduler,
+        latent_scale: float | None = None,
+    ):
         super().__init__()
         self.unet = unet
         self.vae = None if vae is None else vae.requires_grad_(False).eval()
@@ -43,7 +50,7 @@ class StableDiffusion(ComposerModel):
         # 0.18215 for SD2: scales latents to unit variance (the VAE config's scaling_factor).
         self.latent_scale = vae.config.scaling_factor if vae is not None else latent_scale
         if self.latent_scale is None:
-            raise ValueError('without a VAE, pass latent_scale (the VAE config\'s scaling_factor)')
+            raise ValueError("without a VAE, pass latent_scale (the VAE config's scaling_factor)")
         self._flops_per_image: dict[tuple, int] = {}
         self.model_dir: Path | None = None  # set by build_model, with the parts whose weights it loaded
         self.weights_loaded: list[str] = []
@@ -63,8 +70,9 @@ class StableDiffusion(ComposerModel):
             noise = torch.randn_like(latents)
         timesteps = batch.get('timesteps')
         if timesteps is None:  # uniform over all training steps
-            timesteps = torch.randint(0, self.noise_scheduler.config.num_train_timesteps, (latents.shape[0],),
-                                      device=latents.device)
+            timesteps = torch.randint(
+                0, self.noise_scheduler.config.num_train_timesteps, (latents.shape[0],), device=latents.device
+            )
         noisy_latents = self.noise_scheduler.add_noise(latents, noise, timesteps)
         if self.noise_scheduler.config.prediction_type == 'v_prediction':
             target = self.noise_scheduler.get_velocity(latents, noise, timesteps)
@@ -83,8 +91,10 @@ class StableDiffusion(ComposerModel):
             text_embeddings = batch['text_embedding'].float()
         else:
             if self.vae is None:
-                raise ValueError('this model has no VAE or text encoder (precomputed latents): the batch needs '
-                                 "'latent_mean', 'latent_logvar' and 'text_embedding'")
+                raise ValueError(
+                    'this model has no VAE or text encoder (precomputed latents): the batch needs '
+                    "'latent_mean', 'latent_logvar' and 'text_embedding'"
+                )
             latent_dist = self.vae.encode(unit_range(batch['image']).to(self.vae.dtype)).latent_dist
             mean, std = latent_dist.mean.float(), latent_dist.std.float()
             text_embeddings = self.text_encoder(batch['input_ids'])[0].float()
@@ -101,19 +111,23 @@ class StableDiffusion(ComposerModel):
         """Training FLOPs of this batch, for Composer's SpeedMonitor (FLOP/s and MFU)."""
         if 'latent_mean' in batch:
             latents = batch['latent_mean']
-            return latents.shape[0] * self.flops_per_image(LATENT_DOWNSAMPLE * latents.shape[-2],
-                                                           LATENT_DOWNSAMPLE * latents.shape[-1],
-                                                           batch['text_embedding'].shape[-2])
+            return latents.shape[0] * self.flops_per_image(
+                LATENT_DOWNSAMPLE * latents.shape[-2],
+                LATENT_DOWNSAMPLE * latents.shape[-1],
+                batch['text_embedding'].shape[-2],
+            )
         images = batch['image']
-        return images.shape[0] * self.flops_per_image(images.shape[-2], images.shape[-1],
-                                                      batch['input_ids'].shape[-1])
+        return images.shape[0] * self.flops_per_image(images.shape[-2], images.shape[-1], batch['input_ids'].shape[-1])
 
     def flops_per_image(self, height: int, width: int, caption_length: int = CAPTION_LENGTH) -> int:
         key = (height, width, caption_length)
         if key not in self._flops_per_image:
             if self.vae is None:  # precomputed: the UNet alone
-                parts = {'unet': count_unet_forward_flops(self.unet.config, height // LATENT_DOWNSAMPLE,
-                                                          width // LATENT_DOWNSAMPLE, caption_length)}
+                parts = {
+                    'unet': count_unet_forward_flops(
+                        self.unet.config, height // LATENT_DOWNSAMPLE, width // LATENT_DOWNSAMPLE, caption_length
+                    )
+                }
             else:
                 parts = count_forward_flops(self.unet.config, self.vae.config, self.text_encoder.config, *key)
             # Backward costs twice the forward (gradients of activations and of weights): UNet x3.
@@ -122,8 +136,9 @@ class StableDiffusion(ComposerModel):
         return self._flops_per_image[key]
 
 
-def count_forward_flops(unet_config, vae_config, text_config, height: int, width: int,
-                        caption_length: int) -> dict[str, int]:
+def count_forward_flops(
+    unet_config, vae_config, text_config, height: int, width: int, caption_length: int
+) -> dict[str, int]:
     """Forward FLOPs per image of each part: matmuls and convolutions, attention included.
 
     Counted by PyTorch's FlopCounterMode on meta-device copies (no memory, no compute, any config and
@@ -158,8 +173,9 @@ def has_weights(model_dir: Path, part: str) -> bool:
     return any((model_dir / part / name).is_file() for name in WEIGHT_FILES[part])
 
 
-def build_part(model_dir: Path, part: str,
-               init_device: torch.device | str | None = None) -> tuple[torch.nn.Module, bool]:
+def build_part(
+    model_dir: Path, part: str, init_device: torch.device | str | None = None
+) -> tuple[torch.nn.Module, bool]:
     """One part of a model folder ('unet', 'vae' or 'text_encoder') and whether its weights were loaded: they load
     (on the CPU) where the folder has them, otherwise the part is randomly initialized from its config on
     init_device (default: torch's default device, the CPU unless a caller set another)."""
@@ -174,8 +190,9 @@ def build_part(model_dir: Path, part: str,
         return model_class.from_config(model_class.load_config(model_dir, subfolder=part)), False
 
 
-def build_encoders(model_dir: Path, encoders_bf16: bool = False,
-                   init_device: torch.device | str | None = None) -> tuple[AutoencoderKL, CLIPTextModel, list[str]]:
+def build_encoders(
+    model_dir: Path, encoders_bf16: bool = False, init_device: torch.device | str | None = None
+) -> tuple[AutoencoderKL, CLIPTextModel, list[str]]:
     """The VAE and text encoder of a model folder, and the names of those whose weights were loaded."""
     vae, vae_loaded = build_part(model_dir, 'vae', init_device)
     text_encoder, text_encoder_loaded = build_part(model_dir, 'text_encoder', init_device)
@@ -184,12 +201,18 @@ def build_encoders(model_dir: Path, encoders_bf16: bool = False,
     return vae, text_encoder, ['vae'] * vae_loaded + ['text_encoder'] * text_encoder_loaded
 
 
-def build_model(model_name: str, prediction_type: str | None = None, attention: str = 'sdpa',
-                precomputed: bool = False, encoders_bf16: bool = False,
-                init_device: torch.device | str | None = None) -> StableDiffusion:
-    """The model of a built-in name, folder or hub id (see config.resolve_model_dir). precomputed: the UNet
-    alone (the batches carry the encoders' outputs); encoders_bf16: the frozen VAE and text encoder weights in bf16; init_device: where the
-    parts without weights are randomly initialized (see build_part)."""
+def build_model(
+    model_name: str,
+    prediction_type: str | None = None,
+    attention: str = 'sdpa',
+    precomputed: bool = False,
+    encoders_bf16: bool = False,
+    init_device: torch.device | str | None = None,
+) -> StableDiffusion:
+    """The model of a built-in name, folder or hub id (see config.resolve_model_dir), with `model_dir` and
+    `weights_loaded` (the parts whose weights the folder held) set. precomputed: the UNet alone (the batches
+    carry the encoders' outputs); encoders_bf16: the frozen VAE and text encoder weights in bf16; init_device:
+    where the parts without weights are randomly initialized (see build_part)."""
     model_dir = resolve_model_dir(model_name)
     unet, unet_loaded = build_part(model_dir, 'unet', init_device)  # first: the same init with or without encoders
     scheduler_config = DDPMScheduler.load_config(model_dir, subfolder='scheduler')

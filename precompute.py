@@ -32,34 +32,66 @@ from tqdm import tqdm
 
 from config import PRESETS, SD2_BASE, ConfigError, resolve_model_dir
 from convert import SAMPLE_DATASET, ensure_sample_dataset
-from data import PRECOMPUTED_COLUMNS, DataError, StreamingLAIONDataset, collate, s3_client, unit_range
+from data import PRECOMPUTED_COLUMNS, DataError, StreamingLAIONDataset, collate, s3_client
+from images import unit_range
 from model import build_encoders
+from tokenizer import TokenizerError
 
 SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun never mixes two settings
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description='Precompute VAE latents and text embeddings of an MDS dataset '
-                                     '(images and captions, as convert.py writes) for --precomputed_latents.')
+    parser = argparse.ArgumentParser(
+        description='Precompute VAE latents and text embeddings of an MDS dataset '
+        '(images and captions, as convert.py writes) for --precomputed_latents.'
+    )
     parser.add_argument('--remote', default=None, help='input dataset to stream, e.g. s3://bucket/laion/mds')
-    parser.add_argument('--local', default=None, help='input MDS folder, or with --remote its cache folder '
-                        '(default without either: the sample dataset data/sample-mds)')
+    parser.add_argument(
+        '--local',
+        default=None,
+        help='input MDS folder, or with --remote its cache folder '
+        '(default without either: the sample dataset data/sample-mds)',
+    )
     parser.add_argument('--out', required=True, help='output folder, or a remote such as s3://bucket/laion/latents')
-    parser.add_argument('--model_name', default=None, help='the model whose VAE and text encoder to run: as in '
-                        'benchmark.py (default: sd2-base on a GPU, tiny without one)')
+    parser.add_argument(
+        '--model_name',
+        default=None,
+        help='the model whose VAE and text encoder to run: as in '
+        'benchmark.py (default: sd2-base on a GPU, tiny without one)',
+    )
     parser.add_argument('--image_size', type=int, default=None, help='resolution in pixels (default: the model preset)')
-    parser.add_argument('--tokenizer', default=None, help='local tokenizer folder (default: SD2\'s CLIP BPE)')
-    parser.add_argument('--batch_size', type=int, default=None, help='samples per encoder pass per device '
-                        '(default: 32 on a GPU, 16 on CPU)')
-    parser.add_argument('--num_workers', type=int, default=None, help='decoding workers per device (default: 8 on '
-                        'a GPU, 0 on CPU)')
-    parser.add_argument('--part_size', type=int, default=10_000, help='samples per part: the unit of resumption '
-                        'and of work per rank (default: %(default)s)')
-    parser.add_argument('--precision', choices=['fp32', 'bf16'], default=None,
-                        help='encoder weights and compute (default: bf16 on a GPU, fp32 on CPU); stored as fp16 either way')
-    parser.add_argument('--seed', type=int, default=17, help='seeds encoders that have no weights in the model folder, '
-                        'whose random-init latents are for benchmarking only (default: %(default)s)')
-    parser.add_argument('--overwrite', action='store_true', help='start over: discard an output made with other settings')
+    parser.add_argument('--tokenizer', default=None, help="local tokenizer folder (default: SD2's CLIP BPE)")
+    parser.add_argument(
+        '--batch_size',
+        type=int,
+        default=None,
+        help='samples per encoder pass per device (default: 32 on a GPU, 16 on CPU)',
+    )
+    parser.add_argument(
+        '--num_workers', type=int, default=None, help='decoding workers per device (default: 8 on a GPU, 0 on CPU)'
+    )
+    parser.add_argument(
+        '--part_size',
+        type=int,
+        default=10_000,
+        help='samples per part: the unit of resumption and of work per rank (default: %(default)s)',
+    )
+    parser.add_argument(
+        '--precision',
+        choices=['fp32', 'bf16'],
+        default=None,
+        help='encoder weights and compute (default: bf16 on a GPU, fp32 on CPU); stored as fp16 either way',
+    )
+    parser.add_argument(
+        '--seed',
+        type=int,
+        default=17,
+        help='seeds encoders that have no weights in the model folder, '
+        'whose random-init latents are for benchmarking only (default: %(default)s)',
+    )
+    parser.add_argument(
+        '--overwrite', action='store_true', help='start over: discard an output made with other settings'
+    )
     return parser.parse_args(argv)
 
 
@@ -86,8 +118,10 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     for source in (args.remote, args.local):
         if source is not None and overlaps(args.out, source):
             # --overwrite empties the output, and the merged index.json replaces the one at its root.
-            raise ConfigError(f'--out {args.out}: overlaps the input {source}; write the precomputed dataset to '
-                              'a folder or prefix of its own')
+            raise ConfigError(
+                f'--out {args.out}: overlaps the input {source}; write the precomputed dataset to '
+                'a folder or prefix of its own'
+            )
     return args
 
 
@@ -104,6 +138,7 @@ def overlaps(out: str, source: str) -> bool:
 
 # ------------------------------------------------------------------------------------ output folder
 
+
 def is_remote(out: str) -> bool:
     return bool(urllib.parse.urlparse(out).scheme)
 
@@ -118,7 +153,7 @@ def read_text(out: str, name: str) -> str | None:
         raise ConfigError(f'--out {out}: outputs are local folders or s3:// remotes')
     client = s3_client()
     try:
-        return client.get_object(Bucket=url.netloc, Key=f"{url.path.strip('/')}/{name}")['Body'].read().decode()
+        return client.get_object(Bucket=url.netloc, Key=f'{url.path.strip("/")}/{name}')['Body'].read().decode()
     except client.exceptions.NoSuchKey:
         return None
 
@@ -129,22 +164,37 @@ def write_text(out: str, name: str, text: str) -> None:
         (Path(out) / name).write_text(text)
         return
     url = urllib.parse.urlparse(out)
-    s3_client().put_object(Bucket=url.netloc, Key=f"{url.path.strip('/')}/{name}", Body=text.encode())
+    s3_client().put_object(Bucket=url.netloc, Key=f'{url.path.strip("/")}/{name}', Body=text.encode())
 
 
 def check_settings(args: argparse.Namespace, num_samples: int) -> None:
     """Rank 0: the output is new, or was started by the same command (then finished parts are kept)."""
-    settings = {'input': args.remote or args.local, 'model_name': args.model_name, 'image_size': args.image_size,
-                'precision': args.precision, 'tokenizer': args.tokenizer, 'seed': args.seed, 'part_size': args.part_size,
-                'num_samples': num_samples}
+    settings = {
+        'input': args.remote or args.local,
+        'model_name': args.model_name,
+        'image_size': args.image_size,
+        'precision': args.precision,
+        'tokenizer': args.tokenizer,
+        'seed': args.seed,
+        'part_size': args.part_size,
+        'num_samples': num_samples,
+    }
     previous = read_text(args.out, SETTINGS_FILE)
     if previous is not None and json.loads(previous) != settings and not args.overwrite:
-        raise ConfigError(f'--out {args.out} holds a precomputation made with other settings ({previous.strip()}); '
-                          'pass --overwrite to start over, or choose another --out')
-    if previous is None and not is_remote(args.out) and Path(args.out).is_dir() and any(Path(args.out).iterdir()) \
-            and not args.overwrite:
-        raise ConfigError(f'--out {args.out} is not empty and was not made by precompute.py; pass --overwrite or '
-                          'choose another --out')
+        raise ConfigError(
+            f'--out {args.out} holds a precomputation made with other settings ({previous.strip()}); '
+            'pass --overwrite to start over, or choose another --out'
+        )
+    if (
+        previous is None
+        and not is_remote(args.out)
+        and Path(args.out).is_dir()
+        and any(Path(args.out).iterdir())
+        and not args.overwrite
+    ):
+        raise ConfigError(
+            f'--out {args.out} is not empty and was not made by precompute.py; pass --overwrite or choose another --out'
+        )
     if args.overwrite and not is_remote(args.out) and Path(args.out).is_dir():
         shutil.rmtree(args.out)  # a remote one is overwritten part by part
     write_text(args.out, SETTINGS_FILE, json.dumps(settings, indent=2) + '\n')
@@ -155,7 +205,7 @@ def part_name(part: int) -> str:
 
 
 def part_out(out: str, part: int) -> str:
-    return f"{out.rstrip('/')}/{part_name(part)}"
+    return f'{out.rstrip("/")}/{part_name(part)}'
 
 
 class _DropMessages(logging.Filter):
@@ -184,6 +234,7 @@ def without_streaming_notices():
 
 # ------------------------------------------------------------------------------------------ encoding
 
+
 @torch.no_grad()
 def encode(vae, text_encoder, batch: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The latent distribution's mean and log-variance and the text embedding of a batch, as fp16: exactly what
@@ -196,20 +247,32 @@ def encode(vae, text_encoder, batch: dict, device: torch.device) -> tuple[torch.
 
 def precompute_part(dataset, indices: range, out: str, vae, text_encoder, device, args, progress) -> tuple[int, int]:
     """Encode one part's samples and write them as one MDS folder; returns (written, bad samples left out)."""
-    loader = DataLoader(Subset(dataset, indices), batch_size=args.batch_size, num_workers=args.num_workers,
-                        collate_fn=collate, pin_memory=device.type == 'cuda')
+    loader = DataLoader(
+        Subset(dataset, indices),
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        collate_fn=collate,
+        pin_memory=device.type == 'cuda',
+    )
     written = bad = 0
     with MDSWriter(out=out, columns=PRECOMPUTED_COLUMNS, exist_ok=True) as writer:
         for batch in loader:
-            means, logvars, text_embeddings = (tensor.cpu().numpy() for tensor in
-                                               encode(vae, text_encoder, batch, device))
+            means, logvars, text_embeddings = (
+                tensor.cpu().numpy() for tensor in encode(vae, text_encoder, batch, device)
+            )
             for row, replaced in enumerate(batch['bad_samples'].tolist()):
                 # A bad sample was replaced by the next good one, which has its own position too: keep it once.
                 if replaced:
                     bad += 1
                     continue
-                writer.write({'latent_mean': means[row], 'latent_logvar': logvars[row],
-                              'text_embedding': text_embeddings[row], 'caption': batch['caption'][row]})
+                writer.write(
+                    {
+                        'latent_mean': means[row],
+                        'latent_logvar': logvars[row],
+                        'text_embedding': text_embeddings[row],
+                        'caption': batch['caption'][row],
+                    }
+                )
                 written += 1
             progress.update(len(batch['bad_samples']))
     return written, bad
@@ -224,9 +287,15 @@ def main(argv=None) -> dict:
         ensure_sample_dataset(Path(args.local))
     clean_stale_shared_memory()  # every rank calls it: local rank 0 cleans while the others wait at its barrier
     try:
-        dataset = StreamingLAIONDataset(remote=args.remote, local=args.local, image_size=args.image_size,
-                                        tokenizer=args.tokenizer, shuffle=False, keep_caption=True)
-    except DataError as error:
+        dataset = StreamingLAIONDataset(
+            remote=args.remote,
+            local=args.local,
+            image_size=args.image_size,
+            tokenizer=args.tokenizer,
+            shuffle=False,
+            keep_caption=True,
+        )
+    except (DataError, TokenizerError) as error:
         raise ConfigError(str(error))
     num_samples = dataset.num_samples  # the whole dataset, not this rank's share (len)
     if rank == 0:
@@ -242,18 +311,22 @@ def main(argv=None) -> dict:
     mine = [part for part in range(rank, num_parts, world_size)]
     todo = [part for part in mine if args.overwrite or read_text(part_out(args.out, part), 'index.json') is None]
     if rank == 0:
-        print(f'precompute: {num_samples} samples of {args.remote or args.local} in {num_parts} part(s) of '
-              f'{args.part_size} over {world_size} rank(s); {args.model_name} at {args.image_size}px, {args.precision} '
-              f'(weights loaded for {", ".join(loaded) or "nothing"}, random init for the rest); '
-              f'{len(mine) - len(todo)} of this rank\'s {len(mine)} part(s) already done', flush=True)
+        print(
+            f'precompute: {num_samples} samples of {args.remote or args.local} in {num_parts} part(s) of '
+            f'{args.part_size} over {world_size} rank(s); {args.model_name} at {args.image_size}px, {args.precision} '
+            f'(weights loaded for {", ".join(loaded) or "nothing"}, random init for the rest); '
+            f"{len(mine) - len(todo)} of this rank's {len(mine)} part(s) already done",
+            flush=True,
+        )
     start = time.perf_counter()
     written = bad = 0
     remaining = sum(len(range(p * args.part_size, min((p + 1) * args.part_size, num_samples))) for p in todo)
     with tqdm(total=remaining, unit='img', desc='precompute', disable=rank != 0) as progress:
         for part in todo:
             indices = range(part * args.part_size, min((part + 1) * args.part_size, num_samples))
-            part_written, part_bad = precompute_part(dataset, indices, part_out(args.out, part), vae, text_encoder,
-                                                     device._device, args, progress)
+            part_written, part_bad = precompute_part(
+                dataset, indices, part_out(args.out, part), vae, text_encoder, device._device, args, progress
+            )
             written, bad = written + part_written, bad + part_bad
     totals = torch.tensor([written, bad], dtype=torch.long, device=device._device)
     dist.all_reduce(totals)
@@ -265,11 +338,19 @@ def main(argv=None) -> dict:
             merge_index(args.out, keep_local=True)
         index = json.loads(read_text(args.out, 'index.json'))
         total = sum(shard['samples'] for shard in index['shards'])
-        print(f'precompute: encoded {int(totals[0])} samples ({int(totals[1])} bad ones left out) in '
-              f'{time.perf_counter() - start:.1f} s; {args.out} holds {total} samples in {len(index["shards"])} '
-              f'shard(s). Train on it: composer benchmark.py --precomputed_latents '
-              f'--{"remote" if is_remote(args.out) else "local"} {args.out} --model_name {args.model_name}', flush=True)
-    return {'encoded': int(totals[0]), 'bad': int(totals[1]), 'parts': num_parts, 'skipped_parts': len(mine) - len(todo)}
+        print(
+            f'precompute: encoded {int(totals[0])} samples ({int(totals[1])} bad ones left out) in '
+            f'{time.perf_counter() - start:.1f} s; {args.out} holds {total} samples in {len(index["shards"])} '
+            f'shard(s). Train on it: composer benchmark.py --precomputed_latents '
+            f'--{"remote" if is_remote(args.out) else "local"} {args.out} --model_name {args.model_name}',
+            flush=True,
+        )
+    return {
+        'encoded': int(totals[0]),
+        'bad': int(totals[1]),
+        'parts': num_parts,
+        'skipped_parts': len(mine) - len(todo),
+    }
 
 
 if __name__ == '__main__':

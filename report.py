@@ -48,33 +48,60 @@ class ReportError(ValueError):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description='Days, GPU-hours and cost to train SD2 from measured throughputs, with a scaling '
-                    'fit extrapolated to larger clusters. Prints a Markdown table; writes CSV and PNG.',
+        'fit extrapolated to larger clusters. Prints a Markdown table; writes CSV and PNG.',
         epilog='The published A100 table: report.py --gpu_type A100 --throughput 8=128.2 16=254.0 '
-               '32=485.7 64=912.2 128=1618.4 --extrapolate 256 --reference 256=2589.4')
-    parser.add_argument('results', nargs='*', metavar='RESULTS_JSON',
-                        help='results files written by benchmark.py --results_json')
-    parser.add_argument('--throughput', nargs='+', default=[], metavar='[RES:]GPUS=IMG_S',
-                        help='throughput given by hand, e.g. 8=128.2 16=254; prefix the image size '
-                             'when it is not 512px, e.g. 256:8=400')
-    parser.add_argument('--gpu_type', default=None,
-                        help='GPU of the --throughput values, e.g. A100 (default: the GPU of the '
-                             'results files when they share one, else unknown)')
-    parser.add_argument('--samples', nargs='+', default=[str(PUBLISHED_SAMPLES)],
-                        metavar='N | RES=N',
-                        help='training budget in samples (default: the published 2,867,200,000), or '
-                             'per phase with its own throughputs, e.g. 256=1126400000 512=1740800000')
+        '32=485.7 64=912.2 128=1618.4 --extrapolate 256 --reference 256=2589.4',
+    )
+    parser.add_argument(
+        'results', nargs='*', metavar='RESULTS_JSON', help='results files written by benchmark.py --results_json'
+    )
+    parser.add_argument(
+        '--throughput',
+        nargs='+',
+        default=[],
+        metavar='[RES:]GPUS=IMG_S',
+        help='throughput given by hand, e.g. 8=128.2 16=254; prefix the image size '
+        'when it is not 512px, e.g. 256:8=400',
+    )
+    parser.add_argument(
+        '--gpu_type',
+        default=None,
+        help='GPU of the --throughput values, e.g. A100 (default: the GPU of the '
+        'results files when they share one, else unknown)',
+    )
+    parser.add_argument(
+        '--samples',
+        nargs='+',
+        default=[str(PUBLISHED_SAMPLES)],
+        metavar='N | RES=N',
+        help='training budget in samples (default: the published 2,867,200,000), or '
+        'per phase with its own throughputs, e.g. 256=1126400000 512=1740800000',
+    )
     parser.add_argument('--price', type=float, default=2.0, help='dollars per GPU-hour (default 2.00)')
-    parser.add_argument('--extrapolate', nargs='*', type=int, default=None, metavar='GPUS',
-                        help='GPU counts to predict from the fit (default: one doubling past the '
-                             'largest measured count when at least two are measured; none if the '
-                             'flag is given without values)')
-    parser.add_argument('--reference', nargs='+', default=[], metavar='GPUS=IMG_S',
-                        help='throughputs from elsewhere to show and plot next to the predictions, '
-                             'not fitted, e.g. the published 256=2589.4')
-    parser.add_argument('--peak_tflops', type=float, default=None,
-                        help='dense bf16 peak per GPU, for GPUs not in the built-in table')
-    parser.add_argument('--per_gpu_type', action='store_true',
-                        help='one table, fit and curve per GPU type when inputs mix GPU types')
+    parser.add_argument(
+        '--extrapolate',
+        nargs='*',
+        type=int,
+        default=None,
+        metavar='GPUS',
+        help='GPU counts to predict from the fit (default: one doubling past the '
+        'largest measured count when at least two are measured; none if the '
+        'flag is given without values)',
+    )
+    parser.add_argument(
+        '--reference',
+        nargs='+',
+        default=[],
+        metavar='GPUS=IMG_S',
+        help='throughputs from elsewhere to show and plot next to the predictions, '
+        'not fitted, e.g. the published 256=2589.4',
+    )
+    parser.add_argument(
+        '--peak_tflops', type=float, default=None, help='dense bf16 peak per GPU, for GPUs not in the built-in table'
+    )
+    parser.add_argument(
+        '--per_gpu_type', action='store_true', help='one table, fit and curve per GPU type when inputs mix GPU types'
+    )
     parser.add_argument('--csv', default='report.csv', help="CSV output path (default report.csv; '' for none)")
     parser.add_argument('--plot', default='report.png', help="PNG output path (default report.png; '' for none)")
     args = parser.parse_args(argv)
@@ -122,15 +149,15 @@ def _positive(text, kind, what, parser=None):
 
 @dataclass
 class Point:
-    gpu: str            # GPU type key, e.g. 'A100', or a device name not in PEAK_FLOPS
+    gpu: str  # GPU type key, e.g. 'A100', or a device name not in PEAK_FLOPS
     gpus: int
     img_per_sec: float
     image_size: int
     flops_per_image: float | None = None
-    peak: float | None = None   # per-GPU peak FLOP/s when a results file implies one
+    peak: float | None = None  # per-GPU peak FLOP/s when a results file implies one
     model: str | None = None
     source: str = 'hand'
-    precomputed: bool | None = None   # trained from precompute.py's latents (the UNet alone); None: not known
+    precomputed: bool | None = None  # trained from precompute.py's latents (the UNet alone); None: not known
 
 
 def parse_throughput(item, gpu, what='--throughput'):
@@ -141,8 +168,7 @@ def parse_throughput(item, gpu, what='--throughput'):
         raise ReportError(f'{what}: expected GPUS=IMG_S (e.g. 8=128.2), got {item!r}')
     image_size = _positive(res, int, f'{what} {item!r}: image size') if colon else 512
     gpus = _positive(gpus, int, f'{what} {item!r}: GPU count')
-    return Point(gpu, gpus, _positive(thr, float, f'{what} {item!r}: img/s'), image_size,
-                 source=f'{what} {item}')
+    return Point(gpu, gpus, _positive(thr, float, f'{what} {item!r}: img/s'), image_size, source=f'{what} {item}')
 
 
 def load_results(path):
@@ -161,15 +187,24 @@ def load_results(path):
         raise ReportError(f"{path}: missing field 'device_name'")
     # mfu = img/s x FLOPs per image / (GPUs x peak): recovers the peak the benchmark assumed.
     peak = img_per_sec * flops / (gpus * mfu) if flops and mfu else None
-    return Point(gpu_key(name), gpus, img_per_sec, image_size, flops, peak,
-                 results.model_name, path, bool(results.config.get('precomputed_latents')))
+    return Point(
+        gpu_key(name),
+        gpus,
+        img_per_sec,
+        image_size,
+        flops,
+        peak,
+        results.model_name,
+        path,
+        bool(results.config.get('precomputed_latents')),
+    )
 
 
 @dataclass
 class Fit:
-    a: float        # seconds per image that do not shrink with more GPUs
-    b: float        # seconds per image on one GPU that do
-    points: dict    # {gpus: measured img/s}
+    a: float  # seconds per image that do not shrink with more GPUs
+    b: float  # seconds per image on one GPU that do
+    points: dict  # {gpus: measured img/s}
 
     def img_per_sec(self, gpus):
         return 1.0 / (self.a + self.b / gpus)
@@ -185,25 +220,29 @@ def fit_scaling(points):
     # Dividing each row by y turns least squares into least relative error.
     design = np.stack([np.ones_like(n), 1.0 / n], axis=1) / y[:, None]
     a, b = np.linalg.lstsq(design, np.ones_like(y), rcond=None)[0]
-    if a < 0:   # superlinear data: best fit with perfect scaling
+    if a < 0:  # superlinear data: best fit with perfect scaling
         a, b = 0.0, float(np.sum(1 / (n * y)) / np.sum(1 / (n * n * y * y)))
-    if b < 0:   # more GPUs never helped: best fit with constant throughput
+    if b < 0:  # more GPUs never helped: best fit with constant throughput
         a, b = float(np.sum(1 / y) / np.sum(1 / (y * y))), 0.0
     return Fit(float(a), float(b), dict(points))
 
 
 def describe_fit(label, fit, extra):
     measured = sorted(fit.points)
-    errors = [f'{k}: {fit.img_per_sec(k) / v - 1:+.1%}'.replace('-0.0%', '+0.0%')
-              for k, v in sorted(fit.points.items())]
-    lines = [f'- **{label}**: seconds/image = {fit.a:.4g} + {fit.b:.4g} / N, fitted to '
-             f'{len(measured)} measured counts ({", ".join(map(str, measured))} GPUs); '
-             f'fit error {", ".join(errors)}']
+    errors = [
+        f'{k}: {fit.img_per_sec(k) / v - 1:+.1%}'.replace('-0.0%', '+0.0%') for k, v in sorted(fit.points.items())
+    ]
+    lines = [
+        f'- **{label}**: seconds/image = {fit.a:.4g} + {fit.b:.4g} / N, fitted to '
+        f'{len(measured)} measured counts ({", ".join(map(str, measured))} GPUs); '
+        f'fit error {", ".join(errors)}'
+    ]
     steps, top = [measured[0]], max(measured + extra)
     while 2 * steps[-1] <= top:
         steps.append(2 * steps[-1])
-    lines.append('  per-doubling efficiency: ' + ', '.join(
-        f'{k}->{2 * k} {fit.doubling_efficiency(k):.1%}' for k in steps[:-1]))
+    lines.append(
+        '  per-doubling efficiency: ' + ', '.join(f'{k}->{2 * k} {fit.doubling_efficiency(k):.1%}' for k in steps[:-1])
+    )
     return '\n'.join(lines)
 
 
@@ -215,10 +254,12 @@ def build_rows(points, budget, extrapolate, references, price, peak):
     for ph in phases:
         sizes = {p.image_size for p in points if ph is None or p.image_size == ph}
         if len(sizes) > 1:
-            raise ReportError(f'{points[0].gpu}: throughputs at mixed image sizes '
-                             f'({", ".join(f"{k}px" for k in sorted(sizes))}); give one budget per phase, '
-                             'e.g. --samples 256=N 512=M (hand-given throughputs are 512px unless '
-                             'prefixed, e.g. 256:8=400)')
+            raise ReportError(
+                f'{points[0].gpu}: throughputs at mixed image sizes '
+                f'({", ".join(f"{k}px" for k in sorted(sizes))}); give one budget per phase, '
+                'e.g. --samples 256=N 512=M (hand-given throughputs are 512px unless '
+                'prefixed, e.g. 256:8=400)'
+            )
         known = [p.flops_per_image for p in points if p.image_size in sizes and p.flops_per_image]
         flops[ph] = known[0] if known else FLOPS_PER_IMAGE.get(next(iter(sizes), None))
     total_flops = sum(budget[ph] * flops[ph] for ph in phases) if all(flops.values()) else None
@@ -228,8 +269,10 @@ def build_rows(points, budget, extrapolate, references, price, peak):
     for p in points:
         phase = None if None in budget else p.image_size
         if phase not in budget:
-            raise ReportError(f'{p.source}: measured at {p.image_size}px, which matches no phase of '
-                             f'--samples ({", ".join(f"{k}px" for k in phases)})')
+            raise ReportError(
+                f'{p.source}: measured at {p.image_size}px, which matches no phase of '
+                f'--samples ({", ".join(f"{k}px" for k in phases)})'
+            )
         by_phase.setdefault(phase, {}).setdefault(p.gpus, []).append(p.img_per_sec)
     for phase in phases:
         if phase not in by_phase:
@@ -237,25 +280,38 @@ def build_rows(points, budget, extrapolate, references, price, peak):
     # Repeated runs at one GPU count are averaged.
     measured = {ph: {k: sum(v) / len(v) for k, v in d.items()} for ph, d in by_phase.items()}
     fits = {ph: fit_scaling(m) for ph, m in measured.items() if len(m) >= 2}
-    notes = [f'{points[0].gpu}, {ph or points[0].image_size}px: {len(v)} runs at {k} GPUs averaged'
-             for ph, d in by_phase.items() for k, v in d.items() if len(v) > 1]
-    notes += [f'{points[0].gpu}' + (f' {ph}px' if ph else '') + ': the fit misses a measured point '
-              'by more than 5%; treat its predictions with care' for ph, fit in fits.items()
-              if any(abs(fit.img_per_sec(k) / v - 1) > 0.05 for k, v in fit.points.items())]
+    notes = [
+        f'{points[0].gpu}, {ph or points[0].image_size}px: {len(v)} runs at {k} GPUs averaged'
+        for ph, d in by_phase.items()
+        for k, v in d.items()
+        if len(v) > 1
+    ]
+    notes += [
+        f'{points[0].gpu}' + (f' {ph}px' if ph else '') + ': the fit misses a measured point '
+        'by more than 5%; treat its predictions with care'
+        for ph, fit in fits.items()
+        if any(abs(fit.img_per_sec(k) / v - 1) > 0.05 for k, v in fit.points.items())
+    ]
 
     def row(gpus, kind, img_per_sec):
         seconds = sum(budget[ph] / img_per_sec[ph] for ph in phases)
         gpu_hours = seconds * gpus / 3600
-        return {'gpus': gpus, 'kind': kind, 'phase_img_per_sec': img_per_sec,
-                'img_per_sec': total / seconds, 'days': seconds / SECONDS_PER_DAY,
-                'gpu_hours': gpu_hours, 'cost': gpu_hours * price,
-                'mfu': total_flops / (gpu_hours * 3600 * peak) if total_flops and peak else None}
+        return {
+            'gpus': gpus,
+            'kind': kind,
+            'phase_img_per_sec': img_per_sec,
+            'img_per_sec': total / seconds,
+            'days': seconds / SECONDS_PER_DAY,
+            'gpu_hours': gpu_hours,
+            'cost': gpu_hours * price,
+            'mfu': total_flops / (gpu_hours * 3600 * peak) if total_flops and peak else None,
+        }
 
     rows, counts = [], sorted(set().union(*measured.values()))
     for gpus in counts:
         if all(gpus in m for m in measured.values()):
             rows.append(row(gpus, 'measured', {ph: measured[ph][gpus] for ph in phases}))
-    if extrapolate is None:   # one doubling past the largest count, as the published table did
+    if extrapolate is None:  # one doubling past the largest count, as the published table did
         extrapolate = [2 * counts[-1]] if len(fits) == len(phases) else []
     wanted = sorted(set(extrapolate) | {g for g in counts if g not in {r['gpus'] for r in rows}})
     for gpus in wanted:
@@ -263,10 +319,11 @@ def build_rows(points, budget, extrapolate, references, price, peak):
             continue
         missing = [ph for ph in phases if gpus not in measured[ph] and ph not in fits]
         if missing:
-            raise ReportError(f'{points[0].gpu}: cannot predict {gpus} GPUs: the fit needs at least '
-                             'two measured GPU counts' + (f' at {missing[0]}px' if missing[0] else ''))
-        rows.append(row(gpus, 'predicted', {ph: measured[ph].get(gpus) or fits[ph].img_per_sec(gpus)
-                                            for ph in phases}))
+            raise ReportError(
+                f'{points[0].gpu}: cannot predict {gpus} GPUs: the fit needs at least '
+                'two measured GPU counts' + (f' at {missing[0]}px' if missing[0] else '')
+            )
+        rows.append(row(gpus, 'predicted', {ph: measured[ph].get(gpus) or fits[ph].img_per_sec(gpus) for ph in phases}))
     for item in references:
         # A reference throughput is taken to hold for every phase of the budget.
         ref = parse_throughput(item, points[0].gpu, '--reference')
@@ -283,25 +340,41 @@ def build_rows(points, budget, extrapolate, references, price, peak):
         limit['efficiency'] = None
         rows.append(limit)
     else:
-        notes.append(f'{points[0].gpu}: no MFU or limit row (peak FLOP/s or FLOPs per image unknown; '
-                     'pass --peak_tflops)')
+        notes.append(
+            f'{points[0].gpu}: no MFU or limit row (peak FLOP/s or FLOPs per image unknown; pass --peak_tflops)'
+        )
     return rows, fits, notes, base['gpus']
 
 
 def markdown_table(rows, label, base_gpus, phases):
     hours = f'{label}-hours' if label in PEAK_FLOPS else 'GPU-hours'
     per_phase = [ph for ph in phases if ph is not None] if len(phases) > 1 else []
-    header = (['GPUs', 'kind'] + [f'img/s {ph}px' for ph in per_phase] +
-              ['img/s' if not per_phase else 'img/s overall', 'days', hours, 'cost',
-               f'scaling eff. (vs {base_gpus})', 'MFU'])
+    header = (
+        ['GPUs', 'kind']
+        + [f'img/s {ph}px' for ph in per_phase]
+        + [
+            'img/s' if not per_phase else 'img/s overall',
+            'days',
+            hours,
+            'cost',
+            f'scaling eff. (vs {base_gpus})',
+            'MFU',
+        ]
+    )
     lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
     for r in rows:
-        cells = ([f'{r["gpus"]:,}', r['kind']] +
-                 [f'{r["phase_img_per_sec"][ph]:,.1f}' for ph in per_phase] +
-                 [f'{r["img_per_sec"]:,.1f}', f'{r["days"]:,.2f}', f'{r["gpu_hours"]:,.0f}',
-                  f'${r["cost"]:,.0f}',
-                  '-' if r['efficiency'] is None else f'{r["efficiency"]:.1%}',
-                  '-' if r['mfu'] is None else f'{r["mfu"]:.1%}'])
+        cells = (
+            [f'{r["gpus"]:,}', r['kind']]
+            + [f'{r["phase_img_per_sec"][ph]:,.1f}' for ph in per_phase]
+            + [
+                f'{r["img_per_sec"]:,.1f}',
+                f'{r["days"]:,.2f}',
+                f'{r["gpu_hours"]:,.0f}',
+                f'${r["cost"]:,.0f}',
+                '-' if r['efficiency'] is None else f'{r["efficiency"]:.1%}',
+                '-' if r['mfu'] is None else f'{r["mfu"]:.1%}',
+            ]
+        )
         lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
 
@@ -310,39 +383,56 @@ def write_csv(path, tables, phases):
     per_phase = [ph for ph in phases if ph is not None] if len(phases) > 1 else []
     with open(path, 'w', newline='') as f:
         writer = csv.writer(f)
-        writer.writerow(['gpu_type', 'gpus', 'kind'] + [f'img_per_sec_{ph}px' for ph in per_phase] +
-                        ['img_per_sec', 'days', 'gpu_hours', 'cost_usd', 'scaling_efficiency', 'mfu'])
+        writer.writerow(
+            ['gpu_type', 'gpus', 'kind']
+            + [f'img_per_sec_{ph}px' for ph in per_phase]
+            + ['img_per_sec', 'days', 'gpu_hours', 'cost_usd', 'scaling_efficiency', 'mfu']
+        )
         for label, rows in tables:
             for r in rows:
-                writer.writerow([label, r['gpus'], r['kind']] +
-                                [f'{r["phase_img_per_sec"][ph]:.6g}' for ph in per_phase] +
-                                [f'{r[k]:.6g}' if r[k] is not None else ''
-                                 for k in ('img_per_sec', 'days', 'gpu_hours', 'cost', 'efficiency', 'mfu')])
+                writer.writerow(
+                    [label, r['gpus'], r['kind']]
+                    + [f'{r["phase_img_per_sec"][ph]:.6g}' for ph in per_phase]
+                    + [
+                        f'{r[k]:.6g}' if r[k] is not None else ''
+                        for k in ('img_per_sec', 'days', 'gpu_hours', 'cost', 'efficiency', 'mfu')
+                    ]
+                )
 
 
 def plot(path, tables, budget):
     import matplotlib
-    matplotlib.use('Agg')   # files only, no display needed
+
+    matplotlib.use('Agg')  # files only, no display needed
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=100)
     ticks = set()
     for color, (label, rows, curve) in zip(plt.rcParams['axes.prop_cycle'].by_key()['color'], tables):
-        for kind, style in (('measured', dict(marker='o')),
-                            ('predicted', dict(marker='o', markerfacecolor='white')),
-                            ('reference', dict(marker='x', markersize=9))):
+        for kind, style in (
+            ('measured', dict(marker='o')),
+            ('predicted', dict(marker='o', markerfacecolor='white')),
+            ('reference', dict(marker='x', markersize=9)),
+        ):
             pts = [r for r in rows if r['kind'] == kind]
             if pts:
-                ax.plot([r['gpus'] for r in pts], [r['days'] for r in pts], linestyle='none',
-                        color=color, label=f'{label} {kind}', **style)
+                ax.plot(
+                    [r['gpus'] for r in pts],
+                    [r['days'] for r in pts],
+                    linestyle='none',
+                    color=color,
+                    label=f'{label} {kind}',
+                    **style,
+                )
         if curve:
             ax.plot(*curve, color=color, linewidth=1, linestyle='--', label=f'{label} fit')
         limit = [r for r in rows if r['kind'] == 'limit']
-        if limit:   # days at the limit scale as 1/N
+        if limit:  # days at the limit scale as 1/N
             n = np.array([min(r['gpus'] for r in rows), limit[0]['gpus']], float)
-            ax.plot(n, limit[0]['days'] * limit[0]['gpus'] / n, color=color, linestyle=':',
-                    label=f'{label} at 100% of peak')
+            ax.plot(
+                n, limit[0]['days'] * limit[0]['gpus'] / n, color=color, linestyle=':', label=f'{label} at 100% of peak'
+            )
         ticks |= {r['gpus'] for r in rows}
     ax.set_xscale('log', base=2)
     ax.set_yscale('log')
@@ -373,18 +463,19 @@ def collect_points(args):
         groups.setdefault(p.gpu, []).append(p)
     if len(groups) > 1 and not args.per_gpu_type:
         listing = '; '.join(f'{g}: ' + ', '.join(p.source for p in ps) for g, ps in groups.items())
-        raise ReportError(f'inputs mix GPU types ({listing}); pass --per_gpu_type for one table per '
-                         'type, or give inputs of one type')
+        raise ReportError(
+            f'inputs mix GPU types ({listing}); pass --per_gpu_type for one table per type, or give inputs of one type'
+        )
     if args.reference and len(groups) > 1:
         raise ReportError('--reference is ambiguous with several GPU types; report one type at a time')
     for gpu, pts in groups.items():
         models = {p.model for p in pts if p.model}
         if len(models) > 1:
-            raise ReportError(f'{gpu}: results mix models ({", ".join(sorted(models))}); '
-                             'report one model at a time')
+            raise ReportError(f'{gpu}: results mix models ({", ".join(sorted(models))}); report one model at a time')
         if len({p.precomputed for p in pts if p.precomputed is not None}) > 1:
-            raise ReportError(f'{gpu}: results mix training from precomputed latents with encoders online; '
-                             'report one at a time')
+            raise ReportError(
+                f'{gpu}: results mix training from precomputed latents with encoders online; report one at a time'
+            )
     return groups
 
 
@@ -393,37 +484,48 @@ def main(args):
     phases = sorted(args.budget, key=lambda k: -1 if k is None else k)
     tables, fit_lines, notes = [], [], []
     for gpu, pts in groups.items():
-        peak = (args.peak_tflops * 1e12 if args.peak_tflops else PEAK_FLOPS.get(gpu)
-                or next((p.peak for p in pts if p.peak), None))
-        rows, fits, group_notes, base = build_rows(pts, args.budget, args.extrapolate,
-                                                   args.reference, args.price, peak)
+        peak = (
+            args.peak_tflops * 1e12
+            if args.peak_tflops
+            else PEAK_FLOPS.get(gpu) or next((p.peak for p in pts if p.peak), None)
+        )
+        rows, fits, group_notes, base = build_rows(pts, args.budget, args.extrapolate, args.reference, args.price, peak)
         notes += group_notes
         if 'tiny' in {p.model for p in pts}:
-            notes.append(f"{gpu}: measured on the 'tiny' smoke-test model, not SD2 base: these days and costs "
-                         'are that model\'s, not what training SD2 takes')
+            notes.append(
+                f"{gpu}: measured on the 'tiny' smoke-test model, not SD2 base: these days and costs "
+                "are that model's, not what training SD2 takes"
+            )
         if any(p.precomputed for p in pts):
-            notes.append(f'{gpu}: measured from precomputed latents (the UNet alone): add the one-off pass of '
-                         'precompute.py (the VAE and text encoder over the data once) to the cost')
+            notes.append(
+                f'{gpu}: measured from precomputed latents (the UNet alone): add the one-off pass of '
+                'precompute.py (the VAE and text encoder over the data once) to the cost'
+            )
         curve = None
-        if len(fits) == len(phases):   # days against GPUs along the fitted model, for the plot
+        if len(fits) == len(phases):  # days against GPUs along the fitted model, for the plot
             n = np.geomspace(min(r['gpus'] for r in rows), max(r['gpus'] for r in rows), 50)
             curve = (n, sum(args.budget[ph] / fits[ph].img_per_sec(n) for ph in phases) / SECONDS_PER_DAY)
         tables.append((gpu, rows, curve, base))
         extra = [r['gpus'] for r in rows if r['kind'] == 'predicted']
         fit_lines += [describe_fit(gpu + (f' {ph}px' if ph else ''), fit, extra) for ph, fit in fits.items()]
         refs = {r['gpus']: r for r in rows if r['kind'] == 'reference'}
-        fit_lines += [f'- {gpu} at {r["gpus"]} GPUs: predicted {r["img_per_sec"]:,.1f} img/s vs reference '
-                      f'{refs[r["gpus"]]["img_per_sec"]:,.1f} img/s '
-                      f'({r["img_per_sec"] / refs[r["gpus"]]["img_per_sec"] - 1:+.1%})'
-                      for r in rows if r['kind'] == 'predicted' and r['gpus'] in refs]
+        fit_lines += [
+            f'- {gpu} at {r["gpus"]} GPUs: predicted {r["img_per_sec"]:,.1f} img/s vs reference '
+            f'{refs[r["gpus"]]["img_per_sec"]:,.1f} img/s '
+            f'({r["img_per_sec"] / refs[r["gpus"]]["img_per_sec"] - 1:+.1%})'
+            for r in rows
+            if r['kind'] == 'predicted' and r['gpus'] in refs
+        ]
 
     budget_text = ' + '.join(f'{n:,} samples' + (f' at {ph}px' if ph else '') for ph, n in args.budget.items())
     print(f'# SD2 training time and cost\n\nBudget: {budget_text}; ${args.price:.2f} per GPU-hour.\n')
     for gpu, rows, _, base in tables:
         print((f'## {gpu}\n\n' if len(tables) > 1 else '') + markdown_table(rows, gpu, base, phases) + '\n')
     if fit_lines:
-        print("Scaling fit (seconds/image = a + b/N: Amdahl's law at a fixed global batch; "
-              'a is per-step work that does not shrink with more GPUs):\n\n' + '\n'.join(fit_lines) + '\n')
+        print(
+            "Scaling fit (seconds/image = a + b/N: Amdahl's law at a fixed global batch; "
+            'a is per-step work that does not shrink with more GPUs):\n\n' + '\n'.join(fit_lines) + '\n'
+        )
     if notes:
         print('Notes:\n\n' + '\n'.join(f'- {n}' for n in notes) + '\n')
     for path in (args.csv, args.plot):

@@ -20,8 +20,7 @@ SCHEMA = 'sd2-benchmark-results/1'
 # Dense (no sparsity) BF16/FP16 tensor-core peak per GPU, from NVIDIA's datasheets: A100 (40 and 80 GB)
 # 312 TFLOP/s; H100 SXM 989, PCIe 756, NVL 835; H200 989; B200 about 2250 (HGX B200).
 # Matched by substring of the device name, most specific first.
-PEAK_FLOPS = {'H100 PCIE': 756e12, 'H100 NVL': 835e12, 'A100': 312e12, 'H100': 989e12,
-              'H200': 989e12, 'B200': 2250e12}
+PEAK_FLOPS = {'H100 PCIE': 756e12, 'H100 NVL': 835e12, 'A100': 312e12, 'H100': 989e12, 'H200': 989e12, 'B200': 2250e12}
 
 
 class ResultsError(ValueError):
@@ -32,6 +31,7 @@ class ResultsError(ValueError):
 class Results:
     """What one benchmark run measured: throughput over all devices, per device, FLOPs and MFU, with what is
     needed to compare runs (device, model, size, the resolved configuration, package versions, date)."""
+
     img_per_sec: float | None = None  # median of Composer's SpeedMonitor rolling windows, warm-up excluded
     img_per_sec_per_device: float | None = None
     flops_per_image: float | None = None  # training FLOPs: 3 x UNet forward + the frozen encoders' forward
@@ -59,7 +59,7 @@ class Results:
         if not isinstance(data, dict) or not str(data.get('schema', '')).startswith('sd2-benchmark-results/'):
             raise ResultsError(f"{source}: not a benchmark.py results file (no 'schema': '{SCHEMA}')")
         if data['schema'] != SCHEMA:
-            raise ResultsError(f"{source}: results schema {data['schema']!r}; this version reads {SCHEMA!r}")
+            raise ResultsError(f'{source}: results schema {data["schema"]!r}; this version reads {SCHEMA!r}')
         names = {f.name for f in dataclasses.fields(cls)}
         results = cls(**{key: value for key, value in data.items() if key in names})
         if not isinstance(results.config, dict):

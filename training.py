@@ -25,6 +25,7 @@ from data import (
 )
 from ema import EMA
 from model import StableDiffusion
+from tokenizer import TokenizerError
 
 # torch.compile options for --compile, as Composer's compile_config: Inductor with its defaults.
 COMPILE_CONFIG: dict = {}
@@ -35,15 +36,26 @@ def build_dataloader(config: RunConfig, model: StableDiffusion) -> DataLoader:
         return build_streaming_dataloader(config)
     if config.precomputed_latents:
         unet = model.unet.config
-        dataset = SyntheticLatentsDataset(unet.in_channels, config.image_size // LATENT_DOWNSAMPLE,
-                                          unet.cross_attention_dim, num_samples=SYNTHETIC_SAMPLES, seed=config.seed)
+        dataset = SyntheticLatentsDataset(
+            unet.in_channels,
+            config.image_size // LATENT_DOWNSAMPLE,
+            unet.cross_attention_dim,
+            num_samples=SYNTHETIC_SAMPLES,
+            seed=config.seed,
+        )
     else:
         dataset = SyntheticImageCaptionDataset(config.image_size, num_samples=SYNTHETIC_SAMPLES, seed=config.seed)
     # Composer's sampler gives each rank its own slice of every global batch.
     sampler = dist.get_sampler(dataset, shuffle=False, drop_last=True)
-    return DataLoader(dataset, batch_size=config.device_batch_size, sampler=sampler, drop_last=True,
-                      num_workers=config.num_workers, pin_memory=config.pin_memory,
-                      persistent_workers=config.num_workers > 0)
+    return DataLoader(
+        dataset,
+        batch_size=config.device_batch_size,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=config.num_workers,
+        pin_memory=config.pin_memory,
+        persistent_workers=config.num_workers > 0,
+    )
 
 
 def build_streaming_dataloader(config: RunConfig) -> DataLoader:
@@ -51,17 +63,35 @@ def build_streaming_dataloader(config: RunConfig) -> DataLoader:
     given the device batch size, lets Composer's checkpoints resume mid-epoch on exactly the remaining samples."""
     try:
         if config.precomputed_latents:
-            dataset = PrecomputedLatentsDataset(remote=config.remote, local=config.local,
-                                                batch_size=config.device_batch_size, shuffle=True, seed=config.seed)
+            dataset = PrecomputedLatentsDataset(
+                remote=config.remote,
+                local=config.local,
+                batch_size=config.device_batch_size,
+                shuffle=True,
+                seed=config.seed,
+            )
         else:
-            dataset = StreamingLAIONDataset(remote=config.remote, local=config.local, image_size=config.image_size,
-                                            tokenizer=config.tokenizer, batch_size=config.device_batch_size,
-                                            shuffle=True, seed=config.seed, epoch_size=config.epoch_size)
-    except DataError as error:
+            dataset = StreamingLAIONDataset(
+                remote=config.remote,
+                local=config.local,
+                image_size=config.image_size,
+                tokenizer=config.tokenizer,
+                batch_size=config.device_batch_size,
+                shuffle=True,
+                seed=config.seed,
+                epoch_size=config.epoch_size,
+            )
+    except (DataError, TokenizerError) as error:
         raise ConfigError(str(error))
-    return DataLoader(dataset, batch_size=config.device_batch_size, drop_last=True, num_workers=config.num_workers,
-                      collate_fn=None if config.precomputed_latents else collate, pin_memory=config.pin_memory,
-                      persistent_workers=config.num_workers > 0)
+    return DataLoader(
+        dataset,
+        batch_size=config.device_batch_size,
+        drop_last=True,
+        num_workers=config.num_workers,
+        collate_fn=None if config.precomputed_latents else collate,
+        pin_memory=config.pin_memory,
+        persistent_workers=config.num_workers > 0,
+    )
 
 
 def build_optimizer(config: RunConfig, model: StableDiffusion) -> torch.optim.Optimizer:
@@ -85,8 +115,7 @@ def mark_fsdp_units(model: StableDiffusion) -> None:
             encoder.to(torch.device('cuda', torch.cuda.current_device()))
 
 
-def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoader,
-                  callbacks: tuple = ()) -> Trainer:
+def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoader, callbacks: tuple = ()) -> Trainer:
     optimizer = build_optimizer(config, model)
     if config.fsdp != 'none':
         mark_fsdp_units(model)
@@ -120,9 +149,15 @@ def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoa
         algorithms=algorithms,
         compile_config=COMPILE_CONFIG if config.compile else None,
         profiler=None if config.profile is None else build_profiler(config),
-        parallelism_config=None if config.fsdp == 'none' else {
-            'fsdp': {'sharding_strategy': config.fsdp.upper(), 'use_orig_params': True,
-                     'state_dict_type': config.fsdp_state_dict_type}},
+        parallelism_config=None
+        if config.fsdp == 'none'
+        else {
+            'fsdp': {
+                'sharding_strategy': config.fsdp.upper(),
+                'use_orig_params': True,
+                'state_dict_type': config.fsdp_state_dict_type,
+            }
+        },
     )
 
 

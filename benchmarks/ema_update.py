@@ -104,9 +104,16 @@ def measure(name, make, update, device, repeats, finish=lambda state: None):
     with AllocationCounter() as counter:
         update(state)
         finish(state)
-    row = {'name': name, 'seconds': statistics.median(times), 'blocking': statistics.median(blocking),
-           'state_bytes': state_bytes(state), 'host_bytes': held_host, 'device_bytes': held_device, 'temp_total': counter.total,
-           'temp_peak': counter.peak}
+    row = {
+        'name': name,
+        'seconds': statistics.median(times),
+        'blocking': statistics.median(blocking),
+        'state_bytes': state_bytes(state),
+        'host_bytes': held_host,
+        'device_bytes': held_device,
+        'temp_total': counter.total,
+        'temp_peak': counter.peak,
+    }
     del state
     gc.collect()
     if device.type == 'cuda':
@@ -117,10 +124,13 @@ def measure(name, make, update, device, repeats, finish=lambda state: None):
 def step_seconds(device, steps=5) -> tuple[float, float]:
     """Median fwd+bwd time of one microbatch of 4 at 512px and of one AdamW step, SD2 base, bf16 autocast."""
     from benchmark import build_model
+
     model = build_model('sd2-base', init_device=device)
     optimizer = torch.optim.AdamW(model.unet.parameters(), lr=1e-4, weight_decay=1e-3)
-    batch = {'image': torch.rand(4, 3, 512, 512, device=device) * 2 - 1,
-             'input_ids': torch.randint(0, 49408, (4, 77), device=device)}
+    batch = {
+        'image': torch.rand(4, 3, 512, 512, device=device) * 2 - 1,
+        'input_ids': torch.randint(0, 49408, (4, 77), device=device),
+    }
     micro, opt = [], []
     for _ in range(steps + 1):
         sync(device)
@@ -152,31 +162,55 @@ def main():
     numel = sum(p.numel() for p in unet.parameters())
     weight = 1 - SMOOTHING
 
-    rows = [measure('composer.algorithms.EMA', lambda: EMAParameters(unet),
-                    lambda ema: compute_ema(unet, ema, smoothing=SMOOTHING), device, options.repeats),
-            measure('ema.py', lambda: _reset(EMAWeights(unet)), lambda ema: ema.update(weight), device,
-                    options.repeats)]
+    rows = [
+        measure(
+            'composer.algorithms.EMA',
+            lambda: EMAParameters(unet),
+            lambda ema: compute_ema(unet, ema, smoothing=SMOOTHING),
+            device,
+            options.repeats,
+        ),
+        measure('ema.py', lambda: _reset(EMAWeights(unet)), lambda ema: ema.update(weight), device, options.repeats),
+    ]
     if device.type == 'cuda':
-        rows.append(measure('ema.py --ema_offload', lambda: _reset(EMAWeights(unet, offload=True)),
-                            lambda ema: ema.update(weight), device, options.repeats, finish=lambda ema: ema.join()))
+        rows.append(
+            measure(
+                'ema.py --ema_offload',
+                lambda: _reset(EMAWeights(unet, offload=True)),
+                lambda ema: ema.update(weight),
+                device,
+                options.repeats,
+                finish=lambda ema: ema.join(),
+            )
+        )
 
     where = torch.cuda.get_device_name(device) if device.type == 'cuda' else f'{cpu_name()}, {os.cpu_count()} cores'
-    print(f'\nEMA update, SD2 base UNet: {numel:,} trainable fp32 parameters = {4 * numel / 1e9:.3f} GB; '
-          f'{where}; torch {torch.__version__}, {torch.get_num_threads()} threads; median of {options.repeats}')
-    print(f'{"implementation":<24} {"s/update":>9} {"speedup":>8} {"state GB":>9} {"RSS +GB":>8} '
-          f'{"GPU +GB":>8} {"temp GB/upd":>12} {"temp peak GB":>13}')
+    print(
+        f'\nEMA update, SD2 base UNet: {numel:,} trainable fp32 parameters = {4 * numel / 1e9:.3f} GB; '
+        f'{where}; torch {torch.__version__}, {torch.get_num_threads()} threads; median of {options.repeats}'
+    )
+    print(
+        f'{"implementation":<24} {"s/update":>9} {"speedup":>8} {"state GB":>9} {"RSS +GB":>8} '
+        f'{"GPU +GB":>8} {"temp GB/upd":>12} {"temp peak GB":>13}'
+    )
     base = rows[0]['seconds']
     for row in rows:
         device_gb = '-' if row['device_bytes'] is None else f'{row["device_bytes"] / 1e9:.3f}'
-        print(f'{row["name"]:<24} {row["seconds"]:>9.3f} {base / row["seconds"]:>7.2f}x {row["state_bytes"] / 1e9:>9.3f} '
-              f'{row["host_bytes"] / 1e9:>8.3f} {device_gb:>8} {row["temp_total"] / 1e9:>12.3f} '
-              f'{row["temp_peak"] / 1e9:>13.3f}')
-    print('state GB: the averaged tensors (both keep the trainable parameters only; Composer also keeps every buffer,'
-          ' none in the UNet). RSS/GPU +GB: memory the state added. temp: bytes allocated by one update.')
+        print(
+            f'{row["name"]:<24} {row["seconds"]:>9.3f} {base / row["seconds"]:>7.2f}x {row["state_bytes"] / 1e9:>9.3f} '
+            f'{row["host_bytes"] / 1e9:>8.3f} {device_gb:>8} {row["temp_total"] / 1e9:>12.3f} '
+            f'{row["temp_peak"] / 1e9:>13.3f}'
+        )
+    print(
+        'state GB: the averaged tensors (both keep the trainable parameters only; Composer also keeps every buffer,'
+        ' none in the UNet). RSS/GPU +GB: memory the state added. temp: bytes allocated by one update.'
+    )
     if device.type == 'cuda':
         offload = rows[-1]
-        print(f'offload: the training thread is blocked {offload["blocking"] * 1e3:.1f} ms per update; the host-side '
-              f'average takes {offload["seconds"]:.3f} s in the background')
+        print(
+            f'offload: the training thread is blocked {offload["blocking"] * 1e3:.1f} ms per update; the host-side '
+            f'average takes {offload["seconds"]:.3f} s in the background'
+        )
         if not options.no_step:
             del unet
             gc.collect()
@@ -185,9 +219,11 @@ def main():
             # Published run: global batch 2048 = 8 GPUs x microbatch 4 x 64 accumulation steps.
             step = 64 * micro + opt
             for row in rows:
-                print(f'{row["name"]:<24} EMA / training step: {row["seconds"] / step:.2%} of a published step '
-                      f'({step:.2f} s = 64 x {micro:.3f} s + AdamW {opt:.3f} s), '
-                      f'{row["seconds"] / (micro + opt):.2%} of a single-microbatch step')
+                print(
+                    f'{row["name"]:<24} EMA / training step: {row["seconds"] / step:.2%} of a published step '
+                    f'({step:.2f} s = 64 x {micro:.3f} s + AdamW {opt:.3f} s), '
+                    f'{row["seconds"] / (micro + opt):.2%} of a single-microbatch step'
+                )
 
 
 def _reset(weights: EMAWeights) -> EMAWeights:

@@ -49,8 +49,13 @@ PHASES = ('data', 'forward', 'loss', 'backward', 'optimizer')
 # Trainer's loop bookkeeping too; 'loss' frees the previous step's autograd graph (the Trainer holds each loss until
 # the next replaces it; the bare loop frees its own in 'optimizer'); 'optimizer' holds AdamW's step, the loss's
 # .item() and the per-batch logging.
-PHASE_ENDS = {Event.BEFORE_FORWARD: 'data', Event.AFTER_FORWARD: 'forward', Event.AFTER_LOSS: 'loss',
-              Event.AFTER_BACKWARD: 'backward', Event.BATCH_END: 'optimizer'}
+PHASE_ENDS = {
+    Event.BEFORE_FORWARD: 'data',
+    Event.AFTER_FORWARD: 'forward',
+    Event.AFTER_LOSS: 'loss',
+    Event.AFTER_BACKWARD: 'backward',
+    Event.BATCH_END: 'optimizer',
+}
 
 
 # The Trainer's own host work per batch, timed where it is called: composer 0.32.1's internals (pinned).
@@ -96,6 +101,7 @@ class ComposerHostTimer:
                 self.depth -= 1
                 if self.depth == 0:
                     self.seconds[part] += time.perf_counter() - start
+
         return timed_call
 
     def take(self) -> dict:
@@ -175,7 +181,7 @@ class InterleavedBareLoop(Callback):
     def steady_steps(self, warmup: int) -> tuple[list[dict], list[dict], list[dict]]:
         """Bare steps, Composer steps and their host work after warm-up, the same number of each."""
         composer = self.composer_steps[warmup:]
-        return self.bare_steps[warmup + 1:warmup + 1 + len(composer)], composer, self.composer_parts[warmup:]
+        return self.bare_steps[warmup + 1 : warmup + 1 + len(composer)], composer, self.composer_parts[warmup:]
 
 
 def interleaved_round(args, warmup: int) -> tuple[list[dict], list[dict], list[dict]]:
@@ -207,9 +213,22 @@ def main():
         parser.error(f'only these benchmark.py flags have a bare-loop equivalent: {sorted(mirrored)}')
     if options.steps < options.warmup + 3:
         parser.error(f'--steps {options.steps}: at least --warmup + 3 ({options.warmup + 3})')
-    args = resolve_config(parse_args(['--model_name', 'tiny', '--use_synth_data', '--batch_size', str(options.batch_size),
-                                    '--image_size', str(options.image_size), '--max_duration', f'{options.steps}ba',
-                                    *flags]))
+    args = resolve_config(
+        parse_args(
+            [
+                '--model_name',
+                'tiny',
+                '--use_synth_data',
+                '--batch_size',
+                str(options.batch_size),
+                '--image_size',
+                str(options.image_size),
+                '--max_duration',
+                f'{options.steps}ba',
+                *flags,
+            ]
+        )
+    )
     bare, composer, parts, ratios = [], [], [], []
     for _ in range(options.rounds):
         round_bare, round_composer, round_parts = interleaved_round(args, options.warmup)
@@ -217,15 +236,19 @@ def main():
         composer += round_composer
         parts += round_parts
         ratios.append(median_ms(round_composer) / median_ms(round_bare))
-    print(f'\ntiny model, batch {options.batch_size}, {options.image_size}px, {torch.get_num_threads()} threads, '
-          f'{options.rounds} x {len(bare) // options.rounds} steady steps of each loop, interleaved; '
-          f'{" ".join(flags) or "no flags"}')
+    print(
+        f'\ntiny model, batch {options.batch_size}, {options.image_size}px, {torch.get_num_threads()} threads, '
+        f'{options.rounds} x {len(bare) // options.rounds} steady steps of each loop, interleaved; '
+        f'{" ".join(flags) or "no flags"}'
+    )
     print(f'{"median ms":<10} {"bare":>8} {"Composer":>9} {"extra":>8}')
     for phase in (*PHASES, None):
         bare_ms, composer_ms = median_ms(bare, phase), median_ms(composer, phase)
         print(f'{phase or "step":<10} {bare_ms:8.2f} {composer_ms:9.2f} {composer_ms - bare_ms:+8.2f}')
-    print(f'ratio      {median_ms(composer) / median_ms(bare):8.3f}  (target <= 1.05; '
-          f'each round: {", ".join(f"{ratio:.3f}" for ratio in ratios)})')
+    print(
+        f'ratio      {median_ms(composer) / median_ms(bare):8.3f}  (target <= 1.05; '
+        f'each round: {", ".join(f"{ratio:.3f}" for ratio in ratios)})'
+    )
     print("\nComposer's own host work in its step, median ms:")
     for part in (*COMPOSER_PARTS, None):
         print(f'{part or "all":<11}{median_ms(parts, part):8.2f}')

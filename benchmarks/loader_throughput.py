@@ -30,7 +30,8 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from streaming import MDSWriter  # noqa: E402
 
-from data import StreamingLAIONDataset, collate, decode_image  # noqa: E402
+from data import StreamingLAIONDataset, collate  # noqa: E402
+from images import decode_image  # noqa: E402
 
 # img/s per GPU: MosaicML's published benchmark (8 x A100-40GB), NVIDIA's MLPerf Training v4.1 (8 x H100).
 ANCHORS = {'seed benchmark, 8x A100': 16.0, 'MLPerf v4.1, 8x H100': 137.0}
@@ -82,8 +83,13 @@ def main() -> None:
                 writer.write({'jpg': data, 'caption': ' '.join(words.choices(WORDS, k=words.randint(5, 25)))})
         # An epoch of 4 passes over the files, so Streaming's per-epoch start is amortized as in real epochs.
         passes = 4
-        dataset = StreamingLAIONDataset(local=str(folder), image_size=args.size, batch_size=args.batch_size,
-                                        shuffle=False, epoch_size=passes * len(images))
+        dataset = StreamingLAIONDataset(
+            local=str(folder),
+            image_size=args.size,
+            batch_size=args.batch_size,
+            shuffle=False,
+            epoch_size=passes * len(images),
+        )
 
         def loader():
             batch = []
@@ -96,26 +102,46 @@ def main() -> None:
         loader()  # warm-up: page cache, tokenizer load
         timings = {'bare': [], 'nodraft': [], 'loader': []}
         for _ in range(args.rounds):
-            timings['bare'].append(rate(lambda: [bare_pillow(d, args.size) for d in images * passes],
-                                        passes * len(images)))
-            timings['nodraft'].append(rate(lambda: [decode_image(d, args.size, draft=False) for d in images * passes],
-                                           passes * len(images)))
+            timings['bare'].append(
+                rate(lambda: [bare_pillow(d, args.size) for d in images * passes], passes * len(images))
+            )
+            timings['nodraft'].append(
+                rate(lambda: [decode_image(d, args.size, draft=False) for d in images * passes], passes * len(images))
+            )
             timings['loader'].append(rate(loader, passes * len(images)))
         medians = {key: statistics.median(values) for key, values in timings.items()}
         rows.append((short, sum(map(len, images)) / len(images) / 1024, medians))
 
-    cpu = next((line.split(':', 1)[1].strip() for line in Path('/proc/cpuinfo').read_text().splitlines()
-                if line.startswith('model name')), platform.processor()) if Path('/proc/cpuinfo').exists() else platform.processor()
-    print(f'{datetime.date.today()}, {cpu}, {os.cpu_count()} cores; {args.images} images per size, '
-          f'median of {args.rounds} rounds, {args.size}px output, one core each')
-    print(f'{"source":>12} {"JPEG KB":>8} {"bare Pillow":>12} {"decode_image":>13} {"loader":>9} {"loader/bare":>12}'
-          f' {"cores@16":>9} {"cores@137":>10}')
+    cpu = (
+        next(
+            (
+                line.split(':', 1)[1].strip()
+                for line in Path('/proc/cpuinfo').read_text().splitlines()
+                if line.startswith('model name')
+            ),
+            platform.processor(),
+        )
+        if Path('/proc/cpuinfo').exists()
+        else platform.processor()
+    )
+    print(
+        f'{datetime.date.today()}, {cpu}, {os.cpu_count()} cores; {args.images} images per size, '
+        f'median of {args.rounds} rounds, {args.size}px output, one core each'
+    )
+    print(
+        f'{"source":>12} {"JPEG KB":>8} {"bare Pillow":>12} {"decode_image":>13} {"loader":>9} {"loader/bare":>12}'
+        f' {"cores@16":>9} {"cores@137":>10}'
+    )
     print(f'{"":>12} {"":>8} {"img/s":>12} {"(no draft)":>13} {"img/s":>9}')
     for short, kb, m in rows:
-        print(f'{short * 4 // 3}x{short:<6} {kb:8.0f} {m["bare"]:12.1f} {m["nodraft"]:13.1f} {m["loader"]:9.1f} '
-              f'{m["loader"] / m["bare"]:11.2f}x {16 / m["loader"]:9.2f} {137 / m["loader"]:10.2f}')
-    print('cores@N: loader workers (cores) one GPU needs to feed N img/s, ' +
-          ', '.join(f'{n:g} img/s = {name}' for name, n in ANCHORS.items()))
+        print(
+            f'{short * 4 // 3}x{short:<6} {kb:8.0f} {m["bare"]:12.1f} {m["nodraft"]:13.1f} {m["loader"]:9.1f} '
+            f'{m["loader"] / m["bare"]:11.2f}x {16 / m["loader"]:9.2f} {137 / m["loader"]:10.2f}'
+        )
+    print(
+        'cores@N: loader workers (cores) one GPU needs to feed N img/s, '
+        + ', '.join(f'{n:g} img/s = {name}' for name, n in ANCHORS.items())
+    )
 
 
 if __name__ == '__main__':

@@ -23,10 +23,16 @@ CLASSES = (
     ('attention', r'flash|fmha|attention|scaled_dot_product|efficient_attention|cutlassf'),
     ('normalization', r'norm'),
     ('optimizer + EMA', r'adam|multi_tensor|_foreach|lerp'),
-    ('matmul/conv', r'gemm|cutlass|xmma|wgmma|cudnn|conv|addmm|aten::mm\b|aten::bmm|matmul|linear|mkldnn|sm\d\d_|'
-                    r'ampere_|hopper_|winograd|implicit'),
-    ('data movement', r'memcpy|memset|copy|contiguous|aten::cat\b|cat_|transpose|permute|nchw|nhwc|clone|fill|'
-                      r'index|gather|scatter|pin_memory'),
+    (
+        'matmul/conv',
+        r'gemm|cutlass|xmma|wgmma|cudnn|conv|addmm|aten::mm\b|aten::bmm|matmul|linear|mkldnn|sm\d\d_|'
+        r'ampere_|hopper_|winograd|implicit',
+    ),
+    (
+        'data movement',
+        r'memcpy|memset|copy|contiguous|aten::cat\b|cat_|transpose|permute|nchw|nhwc|clone|fill|'
+        r'index|gather|scatter|pin_memory',
+    ),
 )
 OTHER = 'other (elementwise, activations, ...)'
 
@@ -106,15 +112,33 @@ def summarize(events: list[dict]) -> dict:
         gpu_by_class[classify(event['name'])] += event['dur'] / 1000
         gpu_by_name[event['name']] += event['dur'] / 1000
         calls[event['name']] += 1
-    busy = sum(union_length([(max(e['ts'], start), min(e['ts'] + e['dur'], stop)) for e in kernels + transfers
-                             if start <= e['ts'] < stop]) for start, stop in windows) / 1000
+    busy = (
+        sum(
+            union_length(
+                [
+                    (max(e['ts'], start), min(e['ts'] + e['dur'], stop))
+                    for e in kernels + transfers
+                    if start <= e['ts'] < stop
+                ]
+            )
+            for start, stop in windows
+        )
+        / 1000
+    )
     host_by_name = {name: time / 1000 for name, time in self_times(host_ops).items()}
     host_by_class = defaultdict(float)
     for name, time in host_by_name.items():
         host_by_class[classify(name)] += time
-    return {'steps': len(steps), 'step_ms': step_ms, 'gpu_busy_ms': busy, 'gpu_by_class': dict(gpu_by_class),
-            'gpu_by_name': dict(gpu_by_name), 'gpu_calls': dict(calls), 'host_by_class': dict(host_by_class),
-            'host_by_name': host_by_name}
+    return {
+        'steps': len(steps),
+        'step_ms': step_ms,
+        'gpu_busy_ms': busy,
+        'gpu_by_class': dict(gpu_by_class),
+        'gpu_by_name': dict(gpu_by_name),
+        'gpu_calls': dict(calls),
+        'host_by_class': dict(host_by_class),
+        'host_by_name': host_by_name,
+    }
 
 
 def table(header: tuple[str, ...], rows: list[tuple]) -> list[str]:
@@ -129,15 +153,22 @@ def shares(times: dict[str, float], total: float, limit: int | None = None) -> l
 
 def report(summary: dict, top: int = 15) -> str:
     step = summary['step_ms']
-    lines = [f"Profiled {summary['steps']} step(s): {step:.2f} ms in all.", '']
+    lines = [f'Profiled {summary["steps"]} step(s): {step:.2f} ms in all.', '']
     if summary['gpu_by_class']:
         busy = summary['gpu_busy_ms']
-        lines += [f'GPU busy {busy:.2f} ms, {100 * busy / step:.1f}% of the step; idle {100 * (1 - busy / step):.1f}% '
-                  '(waiting on the host: launches, data, Python).', '', '**GPU time by class** (share of busy time)', '']
+        lines += [
+            f'GPU busy {busy:.2f} ms, {100 * busy / step:.1f}% of the step; idle {100 * (1 - busy / step):.1f}% '
+            '(waiting on the host: launches, data, Python).',
+            '',
+            '**GPU time by class** (share of busy time)',
+            '',
+        ]
         lines += table(('class', 'ms', 'share'), shares(summary['gpu_by_class'], busy)) + ['']
         lines += [f'**Top {top} GPU kernels**', '']
-        rows = [(name[:90].replace('|', '/'), summary['gpu_calls'][name], ms, share)
-                for name, ms, share in shares(summary['gpu_by_name'], busy, top)]
+        rows = [
+            (name[:90].replace('|', '/'), summary['gpu_calls'][name], ms, share)
+            for name, ms, share in shares(summary['gpu_by_name'], busy, top)
+        ]
         lines += table(('kernel', 'calls', 'ms', 'share'), rows) + ['']
     else:
         lines += ['No GPU kernels in the trace (a CPU run): the host times below are the step.', '']
@@ -150,8 +181,9 @@ def report(summary: dict, top: int = 15) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument('trace', type=Path, help='a trace from benchmark.py --profile (.json or .json.gz)')
     parser.add_argument('--top', type=int, default=15, help='rows of kernels and operators (default: %(default)s)')
     args = parser.parse_args(argv)

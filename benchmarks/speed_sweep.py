@@ -46,7 +46,7 @@ from results import mfu as results_mfu  # noqa: E402
 
 class SpeedPath(NamedTuple):
     flags: tuple[str, ...]
-    gpu_only: bool = False     # needs CUDA (mixed precision, xFormers kernels, pinned memory, compile)
+    gpu_only: bool = False  # needs CUDA (mixed precision, xFormers kernels, pinned memory, compile)
     online_only: bool = False  # acts on the VAE or text encoder, which precomputed runs do not have
 
 
@@ -75,45 +75,93 @@ GOAL_MFU = {'online': 0.35, 'precomputed': 0.40}
 ANCHORS = {
     'online': 'the published benchmark, 16.0 img/s per A100 (~18% MFU)',
     'precomputed': 'MosaicML diffusion, 36.3 img/s per A100 (~28% MFU); NVIDIA MLPerf Training v4.1, '
-                   '137 img/s per H100 (~33% MFU)',
+    '137 img/s per H100 (~33% MFU)',
 }
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     has_gpu = torch.cuda.is_available()
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--model_name', default='sd2-base' if has_gpu else 'tiny',
-                        help='as in benchmark.py (default: sd2-base on a GPU, tiny without one)')
-    parser.add_argument('--sizes', type=int, nargs='+', default=None,
-                        help='image sizes in pixels, run in this order (default: 512 256, the published size first; '
-                        '64 for the tiny model)')
-    parser.add_argument('--modes', nargs='+', choices=list(MODES), default=list(MODES),
-                        help='encoders online, and/or precomputed latents (default: both)')
-    parser.add_argument('--paths', nargs='+', choices=list(SPEED_PATHS), default=list(SPEED_PATHS), metavar='PATH',
-                        help=f'speed paths to run (default: all): {", ".join(SPEED_PATHS)}')
-    parser.add_argument('--microbatch', type=int, default=None,
-                        help=f'samples per forward/backward (default: {DEFAULT_MICROBATCH} by size, 8 otherwise); '
-                        'the combined row is also run at twice this')
-    parser.add_argument('--accumulation', type=int, default=4,
-                        help='microbatches per optimizer step (default: %(default)s; the published run had 64, '
-                        'which makes the optimizer step a smaller share)')
-    parser.add_argument('--batches', type=int, default=30 if has_gpu else 12,
-                        help='optimizer steps per row (default: %(default)s); throughput windows are half of it')
-    parser.add_argument('--peak_tflops', type=float, default=None,
-                        help="the GPU's dense bf16 peak, for MFU on GPUs Composer does not know")
-    parser.add_argument('--profile', action='store_true',
-                        help='also profile the fastest row of each size and mode (a few batches with benchmark.py '
-                        '--profile) and say where its time went (benchmarks/profile_summary.py)')
-    parser.add_argument('--out', default='results/speed_sweep', help='folder for the table, results and logs '
-                        '(default: %(default)s)')
-    parser.add_argument('--resume', action='store_true',
-                        help='take up the rows an earlier sweep finished in --out (same size, mode, flags, microbatch, '
-                        'steps and model, on the same GPU and torch; failed rows included) instead of running them '
-                        'again')
-    parser.add_argument('--time_limit', type=float, default=None, metavar='MINUTES',
-                        help='start no row that would likely end after this many minutes from the start (judged by '
-                        'the median time of the rows run so far); rows left out are listed as not run, for --resume')
+    parser = argparse.ArgumentParser(
+        description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        '--model_name',
+        default='sd2-base' if has_gpu else 'tiny',
+        help='as in benchmark.py (default: sd2-base on a GPU, tiny without one)',
+    )
+    parser.add_argument(
+        '--sizes',
+        type=int,
+        nargs='+',
+        default=None,
+        help='image sizes in pixels, run in this order (default: 512 256, the published size first; '
+        '64 for the tiny model)',
+    )
+    parser.add_argument(
+        '--modes',
+        nargs='+',
+        choices=list(MODES),
+        default=list(MODES),
+        help='encoders online, and/or precomputed latents (default: both)',
+    )
+    parser.add_argument(
+        '--paths',
+        nargs='+',
+        choices=list(SPEED_PATHS),
+        default=list(SPEED_PATHS),
+        metavar='PATH',
+        help=f'speed paths to run (default: all): {", ".join(SPEED_PATHS)}',
+    )
+    parser.add_argument(
+        '--microbatch',
+        type=int,
+        default=None,
+        help=f'samples per forward/backward (default: {DEFAULT_MICROBATCH} by size, 8 otherwise); '
+        'the combined row is also run at twice this',
+    )
+    parser.add_argument(
+        '--accumulation',
+        type=int,
+        default=4,
+        help='microbatches per optimizer step (default: %(default)s; the published run had 64, '
+        'which makes the optimizer step a smaller share)',
+    )
+    parser.add_argument(
+        '--batches',
+        type=int,
+        default=30 if has_gpu else 12,
+        help='optimizer steps per row (default: %(default)s); throughput windows are half of it',
+    )
+    parser.add_argument(
+        '--peak_tflops',
+        type=float,
+        default=None,
+        help="the GPU's dense bf16 peak, for MFU on GPUs Composer does not know",
+    )
+    parser.add_argument(
+        '--profile',
+        action='store_true',
+        help='also profile the fastest row of each size and mode (a few batches with benchmark.py '
+        '--profile) and say where its time went (benchmarks/profile_summary.py)',
+    )
+    parser.add_argument(
+        '--out', default='results/speed_sweep', help='folder for the table, results and logs (default: %(default)s)'
+    )
+    parser.add_argument(
+        '--resume',
+        action='store_true',
+        help='take up the rows an earlier sweep finished in --out (same size, mode, flags, microbatch, '
+        'steps and model, on the same GPU and torch; failed rows included) instead of running them '
+        'again',
+    )
+    parser.add_argument(
+        '--time_limit',
+        type=float,
+        default=None,
+        metavar='MINUTES',
+        help='start no row that would likely end after this many minutes from the start (judged by '
+        'the median time of the rows run so far); rows left out are listed as not run, for --resume',
+    )
     args = parser.parse_args(argv)
     if args.sizes is None:
         args.sizes = [512, 256] if args.model_name != 'tiny' else [64]
@@ -141,8 +189,16 @@ def skip_reason(path: SpeedPath, mode: str, has_gpu: bool) -> str | None:
     return None
 
 
-def run_row(args, size: int, mode: str, name: str, flags: tuple[str, ...], microbatch: int,
-            profile: Path | None = None, rows: list[dict] = ()) -> dict:
+def run_row(
+    args,
+    size: int,
+    mode: str,
+    name: str,
+    flags: tuple[str, ...],
+    microbatch: int,
+    profile: Path | None = None,
+    rows: list[dict] = (),
+) -> dict:
     """One benchmark.py process; the row holds its results, or why it failed. With `profile`, a short run
     that records its last batch there instead (its throughput, profiler included, is not reported).
     Each finished row is saved beside its log, for --resume; `rows`, those so far, tell --time_limit's guess."""
@@ -150,12 +206,33 @@ def run_row(args, size: int, mode: str, name: str, flags: tuple[str, ...], micro
     results_json, log = Path(args.out) / f'{slug}.json', Path(args.out) / f'{slug}.log'
     saved_row = Path(args.out) / f'{slug}.row.json'
     batches = min(args.batches, PROFILE_BATCHES) if profile else args.batches
-    benchmark_flags = ['--model_name', args.model_name, '--use_synth_data', '--image_size', str(size),
-                       '--batch_size', str(microbatch * args.accumulation), '--device_train_microbatch_size',
-                       str(microbatch), '--max_duration', f'{batches}ba', '--results_json', str(results_json),
-                       *MODES[mode], *flags, *(['--profile', str(profile)] if profile else [])]
-    row = {'size': size, 'mode': mode, 'name': name, 'flags': ' '.join(flags), 'microbatch': microbatch,
-           'command': benchmark_flags, 'machine': this_machine()}
+    benchmark_flags = [
+        '--model_name',
+        args.model_name,
+        '--use_synth_data',
+        '--image_size',
+        str(size),
+        '--batch_size',
+        str(microbatch * args.accumulation),
+        '--device_train_microbatch_size',
+        str(microbatch),
+        '--max_duration',
+        f'{batches}ba',
+        '--results_json',
+        str(results_json),
+        *MODES[mode],
+        *flags,
+        *(['--profile', str(profile)] if profile else []),
+    ]
+    row = {
+        'size': size,
+        'mode': mode,
+        'name': name,
+        'flags': ' '.join(flags),
+        'microbatch': microbatch,
+        'command': benchmark_flags,
+        'machine': this_machine(),
+    }
     if args.resume and saved_row.is_file():
         saved = json.loads(saved_row.read_text())
         if (saved.get('command'), saved.get('machine')) == (benchmark_flags, row['machine']):
@@ -168,8 +245,12 @@ def run_row(args, size: int, mode: str, name: str, flags: tuple[str, ...], micro
         shutil.rmtree(profile, ignore_errors=True)
     start = time.perf_counter()
     with open(log, 'w') as output:
-        finished = subprocess.run([sys.executable, str(REPO / 'benchmark.py'), *benchmark_flags], cwd=REPO,
-                                  stdout=output, stderr=subprocess.STDOUT)
+        finished = subprocess.run(
+            [sys.executable, str(REPO / 'benchmark.py'), *benchmark_flags],
+            cwd=REPO,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
     row['seconds'] = time.perf_counter() - start
     if finished.returncode == 0 and results_json.is_file():
         row['results'] = dataclasses.asdict(load_results(str(results_json)))
@@ -202,8 +283,9 @@ def mfu(row: dict, peak_tflops: float | None) -> float | None:
     results = row.get('results', {})
     if results.get('mfu'):
         return results['mfu']
-    return results_mfu(results.get('flops_per_sec'), results.get('num_devices') or 1,
-                       peak_tflops * 1e12 if peak_tflops else None)
+    return results_mfu(
+        results.get('flops_per_sec'), results.get('num_devices') or 1, peak_tflops * 1e12 if peak_tflops else None
+    )
 
 
 def sweep(args, rows: list[dict], profiles: list[str], report) -> None:
@@ -222,8 +304,13 @@ def sweep(args, rows: list[dict], profiles: list[str], report) -> None:
             baseline, helped, complete = None, [], True
             for name in args.paths:
                 path = SPEED_PATHS[name]
-                row = {'size': size, 'mode': mode, 'name': name, 'flags': ' '.join(path.flags),
-                       'microbatch': microbatch}
+                row = {
+                    'size': size,
+                    'mode': mode,
+                    'name': name,
+                    'flags': ' '.join(path.flags),
+                    'microbatch': microbatch,
+                }
                 reason = skip_reason(path, mode, has_gpu)
                 if reason:
                     add({**row, 'skipped': reason})
@@ -241,12 +328,20 @@ def sweep(args, rows: list[dict], profiles: list[str], report) -> None:
             # path was measured (a sweep cut short by --time_limit combines them when --resume completes it).
             combined = tuple(flag for name in helped for flag in SPEED_PATHS[name].flags)
             label = '+'.join(helped) if helped else 'baseline'
-            for batch in ((microbatch, 2 * microbatch) if helped else (2 * microbatch,)):
+            for batch in (microbatch, 2 * microbatch) if helped else (2 * microbatch,):
                 if complete:
                     add(run_row(args, size, mode, f'combined:{label}', combined, batch, rows=rows))
                 else:
-                    add({'size': size, 'mode': mode, 'name': 'combined', 'flags': '', 'microbatch': batch,
-                         'not_run': 'not every path was measured'})
+                    add(
+                        {
+                            'size': size,
+                            'mode': mode,
+                            'name': 'combined',
+                            'flags': '',
+                            'microbatch': batch,
+                            'not_run': 'not every path was measured',
+                        }
+                    )
             if args.profile and complete:
                 block = [row for row in rows if (row['size'], row['mode']) == (size, mode) and per_gpu(row)]
                 profiles.append(profile_fastest(args, max(block, key=per_gpu), rows))
@@ -264,63 +359,68 @@ def out_of_time(args, rows: list[dict]) -> bool:
 
 def profile_fastest(args, row: dict, rows: list[dict]) -> str:
     """Profiles a row; returns one Markdown line on where its time went, the full summary written beside."""
-    folder = Path(args.out) / f"profile-{row['size']}px-{row['mode']}"
+    folder = Path(args.out) / f'profile-{row["size"]}px-{row["mode"]}'
     flags = tuple(row['flags'].split())
     run = run_row(args, row['size'], row['mode'], row['name'], flags, row['microbatch'], profile=folder, rows=rows)
-    where = f"{row['size']}px {row['mode']}, fastest row {row['name']} (microbatch {row['microbatch']})"
+    where = f'{row["size"]}px {row["mode"]}, fastest row {row["name"]} (microbatch {row["microbatch"]})'
     if 'not_run' in run:
-        return f"- {where}: not profiled: {run['not_run']}"
+        return f'- {where}: not profiled: {run["not_run"]}'
     traces = sorted(folder.glob('rank0.*.json'))
     if 'error' in run or not traces:
-        return f"- {where}: profiling failed: {run.get('error', 'no trace written')}"
+        return f'- {where}: profiling failed: {run.get("error", "no trace written")}'
     summary = profile_summary.summarize(profile_summary.load_trace(traces[0]))
     (folder / 'summary.md').write_text(profile_summary.report(summary) + '\n')
     if summary['gpu_by_class']:
         busy, classes = summary['gpu_busy_ms'], summary['gpu_by_class']
-        lead = f"GPU busy {100 * busy / summary['step_ms']:.1f}% of the step; of that, "
+        lead = f'GPU busy {100 * busy / summary["step_ms"]:.1f}% of the step; of that, '
     else:
         busy, classes = sum(summary['host_by_class'].values()), summary['host_by_class']
         lead = 'no GPU; host operator time: '
-    shares = ', '.join(f'{name} {100 * time / busy:.0f}%' for name, time in
-                       sorted(classes.items(), key=lambda item: -item[1])[:4])
-    return f"- {where}: {lead}{shares} ({folder / 'summary.md'})"
+    shares = ', '.join(
+        f'{name} {100 * time / busy:.0f}%' for name, time in sorted(classes.items(), key=lambda item: -item[1])[:4]
+    )
+    return f'- {where}: {lead}{shares} ({folder / "summary.md"})'
 
 
 def report_progress(row: dict) -> None:
     if 'results' in row:
-        outcome = f"{per_gpu(row):.2f} img/s per GPU"
+        outcome = f'{per_gpu(row):.2f} img/s per GPU'
     elif 'error' in row:
-        outcome = f"failed: {row['error']}"
+        outcome = f'failed: {row["error"]}'
     else:
-        outcome = f"skipped: {row['skipped']}" if 'skipped' in row else f"not run: {row['not_run']}"
+        outcome = f'skipped: {row["skipped"]}' if 'skipped' in row else f'not run: {row["not_run"]}'
     if row.get('resumed'):
         outcome += ' (from an earlier sweep)'
     elif 'seconds' in row:
-        outcome += f" ({row['seconds']:.0f} s)"
-    print(f"[{row['size']}px {row['mode']}] {row['name']} (microbatch {row['microbatch']}): {outcome}", flush=True)
+        outcome += f' ({row["seconds"]:.0f} s)'
+    print(f'[{row["size"]}px {row["mode"]}] {row["name"]} (microbatch {row["microbatch"]}): {outcome}', flush=True)
 
 
 def table(rows: list[dict], peak_tflops: float | None) -> str:
-    lines = ['| px | encoders | path | flags | microbatch | img/s per GPU | vs baseline | MFU | peak GPU memory (GB) |',
-             '|---|---|---|---|---|---|---|---|---|']
+    lines = [
+        '| px | encoders | path | flags | microbatch | img/s per GPU | vs baseline | MFU | peak GPU memory (GB) |',
+        '|---|---|---|---|---|---|---|---|---|',
+    ]
     baselines = {(row['size'], row['mode']): per_gpu(row) for row in rows if row['name'] == 'baseline'}
     for row in rows:
-        flags = f"`{row['flags']}`" if row['flags'] else '-'
-        start = f"| {row['size']} | {row['mode']} | {row['name']} | {flags} | {row['microbatch']} |"
+        flags = f'`{row["flags"]}`' if row['flags'] else '-'
+        start = f'| {row["size"]} | {row["mode"]} | {row["name"]} | {flags} | {row["microbatch"]} |'
         if 'skipped' in row:
-            lines.append(f"{start} skipped: {row['skipped']} | | | |")
+            lines.append(f'{start} skipped: {row["skipped"]} | | | |')
         elif 'not_run' in row:
-            lines.append(f"{start} not run: {row['not_run']} | | | |")
+            lines.append(f'{start} not run: {row["not_run"]} | | | |')
         elif 'error' in row:
-            lines.append(f"{start} failed: {row['error']} | | | |")
+            lines.append(f'{start} failed: {row["error"]} | | | |')
         else:
             rate, baseline = per_gpu(row), baselines.get((row['size'], row['mode']))
             ratio = f'{rate / baseline:.2f}x' if rate and baseline else '-'
             utilization = mfu(row, peak_tflops)
             memory = row['results'].get('peak_gpu_memory_gb')
-            lines.append(f"{start} {rate:.2f} | {ratio} | "
-                         f"{f'{100 * utilization:.1f}%' if utilization else '-'} | "
-                         f"{f'{memory:.1f}' if memory else '-'} |")
+            lines.append(
+                f'{start} {rate:.2f} | {ratio} | '
+                f'{f"{100 * utilization:.1f}%" if utilization else "-"} | '
+                f'{f"{memory:.1f}" if memory else "-"} |'
+            )
     return '\n'.join(lines)
 
 
@@ -332,26 +432,33 @@ def header(rows: list[dict], argv: list[str]) -> str:
     command = ' '.join(['python benchmarks/speed_sweep.py', *argv])
     dates = sorted(row['results']['date'][:10] for row in rows if 'results' in row)  # --resume: maybe several
     when = dates[0] if dates[0] == dates[-1] else f'{dates[0]} to {dates[-1]}'
-    return (f"{when}, {measured['device_name']}, {measured['model_name']}, synthetic data; {versions}."
-            f"\n\n`{command}`")
+    return f'{when}, {measured["device_name"]}, {measured["model_name"]}, synthetic data; {versions}.\n\n`{command}`'
 
 
 def against_goal(rows: list[dict], peak_tflops: float | None) -> list[str]:
     """For SD2 base at 512px, a line per mode: its fastest row against the MFU goal and the anchors."""
     lines = []
     for mode in MODES:
-        measured = [row for row in rows if (row['size'], row['mode']) == (512, mode) and per_gpu(row)
-                    and row['results']['model_name'] == 'sd2-base']
+        measured = [
+            row
+            for row in rows
+            if (row['size'], row['mode']) == (512, mode) and per_gpu(row) and row['results']['model_name'] == 'sd2-base'
+        ]
         if not measured:
             continue
         best = max(measured, key=per_gpu)
         utilization, goal = mfu(best, peak_tflops), GOAL_MFU[mode]
-        verdict = ('MFU unknown (pass --peak_tflops)' if utilization is None else
-                   f"MFU {100 * utilization:.1f}% against the goal of {100 * goal:.0f}%: "
-                   f"{'met' if utilization >= goal else 'missed'}")
-        lines.append(f"- 512px {mode}: fastest row {best['name']} (microbatch {best['microbatch']}), "
-                     f"{per_gpu(best):.2f} img/s per GPU on {best['results']['device_name']}, {verdict}. "
-                     f'Anchors: {ANCHORS[mode]}.')
+        verdict = (
+            'MFU unknown (pass --peak_tflops)'
+            if utilization is None
+            else f'MFU {100 * utilization:.1f}% against the goal of {100 * goal:.0f}%: '
+            f'{"met" if utilization >= goal else "missed"}'
+        )
+        lines.append(
+            f'- 512px {mode}: fastest row {best["name"]} (microbatch {best["microbatch"]}), '
+            f'{per_gpu(best):.2f} img/s per GPU on {best["results"]["device_name"]}, {verdict}. '
+            f'Anchors: {ANCHORS[mode]}.'
+        )
     return lines
 
 
@@ -361,7 +468,9 @@ def write_report(args, argv: list[str], rows: list[dict], profiles: list[str]) -
     if goal:
         report += '\nAgainst the goal (one H100, 512px) and the anchors:\n\n' + '\n'.join(goal) + '\n'
     if profiles:
-        report += '\nWhere the time goes (benchmark.py --profile, last of a few batches):\n\n' + '\n'.join(profiles) + '\n'
+        report += (
+            '\nWhere the time goes (benchmark.py --profile, last of a few batches):\n\n' + '\n'.join(profiles) + '\n'
+        )
     (Path(args.out) / 'speed_sweep.md').write_text(report)
     return report
 
@@ -374,7 +483,7 @@ def main(argv=None) -> list[dict]:
     rows, profiles = [], []
     sweep(args, rows, profiles, report=lambda: write_report(args, argv, rows, profiles))
     report = write_report(args, argv, rows, profiles)
-    print(f'\n{report}\nwritten to {Path(args.out) / "speed_sweep.md"} (each row\'s log and results JSON beside it)')
+    print(f"\n{report}\nwritten to {Path(args.out) / 'speed_sweep.md'} (each row's log and results JSON beside it)")
     if any('not_run' in row for row in rows):
         print(f'--time_limit {args.time_limit:g} reached: the same command with --resume runs the rows not run')
     return rows

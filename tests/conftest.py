@@ -33,6 +33,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     import torch
+
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason='needs a CUDA GPU: run make test-gpu on a machine with one')
@@ -52,11 +53,18 @@ def s3():
     """A real S3-compatible server (moto) on 127.0.0.1 for the module that asks, with a bucket 'bucket'; the
     environment points boto3 and Streaming at it. Yields its endpoint."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, '-m', 'moto.server', '-H', '127.0.0.1', '-p', str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, '-m', 'moto.server', '-H', '127.0.0.1', '-p', str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f'http://127.0.0.1:{port}'
-    env = {'S3_ENDPOINT_URL': endpoint, 'AWS_ACCESS_KEY_ID': 'testing', 'AWS_SECRET_ACCESS_KEY': 'testing',
-           'AWS_DEFAULT_REGION': 'us-east-1'}
+    env = {
+        'S3_ENDPOINT_URL': endpoint,
+        'AWS_ACCESS_KEY_ID': 'testing',
+        'AWS_SECRET_ACCESS_KEY': 'testing',
+        'AWS_DEFAULT_REGION': 'us-east-1',
+    }
     with pytest.MonkeyPatch.context() as patch:
         for key, value in env.items():
             patch.setenv(key, value)
@@ -64,6 +72,7 @@ def s3():
         while True:
             try:
                 import boto3
+
                 boto3.client('s3', endpoint_url=endpoint).create_bucket(Bucket='bucket')
                 break
             except Exception:

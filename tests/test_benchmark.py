@@ -42,13 +42,16 @@ def fixed_randomness(batch, seed=1):
     generator = torch.Generator().manual_seed(seed)
     n, _, height, width = batch['image'].shape
     latent_shape = (n, 4, height // 8, width // 8)
-    return {**batch,
-            'noise': torch.randn(latent_shape, generator=generator),
-            'latent_noise': torch.randn(latent_shape, generator=generator),
-            'timesteps': torch.randint(0, 1000, (n,), generator=generator)}
+    return {
+        **batch,
+        'noise': torch.randn(latent_shape, generator=generator),
+        'latent_noise': torch.randn(latent_shape, generator=generator),
+        'timesteps': torch.randint(0, 1000, (n,), generator=generator),
+    }
 
 
 # ------------------------------------------------------------------------------------------ model
+
 
 def test_forward_and_loss_shapes():
     model = tiny_model()
@@ -120,8 +123,9 @@ def test_sd2_base_configs_match_the_published_architecture():
     assert schedule.config.clip_sample is False
     torch.testing.assert_close(schedule.betas[[0, -1]], torch.tensor([0.00085, 0.012]))
     # scaled_linear: betas are squares of a linear ramp between the square roots.
-    torch.testing.assert_close(schedule.betas[500].sqrt(),
-                               (torch.tensor(0.00085).sqrt() + torch.tensor(0.012).sqrt()) / 2, rtol=2e-3, atol=0)
+    torch.testing.assert_close(
+        schedule.betas[500].sqrt(), (torch.tensor(0.00085).sqrt() + torch.tensor(0.012).sqrt()) / 2, rtol=2e-3, atol=0
+    )
 
 
 def test_microbatching_gives_the_same_gradients():
@@ -141,8 +145,11 @@ def test_microbatching_gives_the_same_gradients():
 
     gradients = {}
     for microbatch in (8, 2):
-        args = resolve_config(parse_args(TINY + ['--batch_size', '8', '--max_duration', '1ba',
-                                               '--device_train_microbatch_size', str(microbatch)]))
+        args = resolve_config(
+            parse_args(
+                TINY + ['--batch_size', '8', '--max_duration', '1ba', '--device_train_microbatch_size', str(microbatch)]
+            )
+        )
         model = tiny_model()
         trainer = build_trainer(args, model, DataLoader(FixedBatch(), batch_size=8))
         keep = KeepGradients()
@@ -183,8 +190,9 @@ def test_compile_traces_the_whole_step_in_one_graph_and_trains_as_eager(monkeypa
         forwards[compiled] = trainer.state.model.forward
         trainer.fit()
         losses[compiled] = keep.losses
-    assert hasattr(forwards[True], '_torchdynamo_orig_callable') and not hasattr(forwards[False],
-                                                                                 '_torchdynamo_orig_callable')
+    assert hasattr(forwards[True], '_torchdynamo_orig_callable') and not hasattr(
+        forwards[False], '_torchdynamo_orig_callable'
+    )
     assert counters['stats']['unique_graphs'] >= 1, 'nothing was compiled'
     assert not counters['graph_break'], f'graph breaks: {dict(counters["graph_break"])}'
     assert len(losses[True]) == 3
@@ -192,6 +200,7 @@ def test_compile_traces_the_whole_step_in_one_graph_and_trains_as_eager(monkeypa
 
 
 # ------------------------------------------------------------------------------------------ FLOPs
+
 
 def analytic_forward_flops(module, run):
     """An independent count from module hooks: 2*MACs of every conv and linear, plus attention matmuls."""
@@ -250,9 +259,11 @@ def test_flops_match_an_independent_count(image_size):
 def test_sd2_flops_match_the_reference_figures():
     with torch.device('meta'):
         model = build_model('sd2-base')
-    parts = model_module.count_forward_flops(model.unet.config, model.vae.config, model.text_encoder.config,
-                                          512, 512, 77)
-    # Published SD2 base figures: UNet 0.80, VAE encoder 1.12, text encoder 0.045 TFLOP forward; 3.58 per training image.
+    parts = model_module.count_forward_flops(
+        model.unet.config, model.vae.config, model.text_encoder.config, 512, 512, 77
+    )
+    # Published SD2 base figures: UNet 0.80, VAE encoder 1.12, text encoder 0.045 TFLOP forward;
+    # 3.58 per training image.
     assert parts['unet'] == pytest.approx(0.80e12, rel=0.01)
     assert parts['vae_encoder'] == pytest.approx(1.12e12, rel=0.01)
     assert parts['text_encoder'] == pytest.approx(0.045e12, rel=0.01)
@@ -261,10 +272,30 @@ def test_sd2_flops_match_the_reference_figures():
 
 # ----------------------------------------------------------------------------------- CLI and checks
 
+
 def test_published_flags_keep_their_names_and_defaults():
-    args = parse_args(['--batch_size', '2048', '--image_size', '512', '--remote', 's3://b/p', '--local', '/tmp/x',
-                       '--use_synth_data', '--model_name', 'sd2-base', '--use_ema', '--wandb_name', 'n',
-                       '--wandb_project', 'p', '--device_train_microbatch_size', '4'])
+    args = parse_args(
+        [
+            '--batch_size',
+            '2048',
+            '--image_size',
+            '512',
+            '--remote',
+            's3://b/p',
+            '--local',
+            '/tmp/x',
+            '--use_synth_data',
+            '--model_name',
+            'sd2-base',
+            '--use_ema',
+            '--wandb_name',
+            'n',
+            '--wandb_project',
+            'p',
+            '--device_train_microbatch_size',
+            '4',
+        ]
+    )
     assert (args.batch_size, args.image_size, args.device_train_microbatch_size) == (2048, 512, '4')
     # Left unset, they resolve to the published run: 512px, global batch 2048 in microbatches of 4.
     published = resolve_config(parse_args(['--model_name', 'sd2-base', '--use_synth_data']))
@@ -285,17 +316,23 @@ def write_model_folder(root, skip):
             (root / name).write_text((config.CONFIGS_DIR / 'tiny' / name).read_text())
 
 
-@pytest.mark.parametrize('flags, message', [
-    (['--batch_size', '10', '--device_train_microbatch_size', '4'], 'not divisible by --device_train_microbatch_size 4'),
-    (['--device_train_microbatch_size', 'auto'], 'auto needs a GPU'),
-    (['--device_train_microbatch_size', 'four'], "'four': pass a positive integer"),
-    (['--precision', 'amp_bf16'], '--precision amp_bf16 needs a GPU'),
-    (['--precision', 'amp_fp16'], '--precision amp_fp16 needs a GPU'),
-    (['--attention', 'xformers'], 'runs on CUDA GPUs only'),
-    (['--image_size', '100'], 'multiple of 8'),
-    (['--max_duration', 'forever'], "--max_duration 'forever'"),
-    (['--autoresume'], '--autoresume needs --save_folder and --run_name'),
-])
+@pytest.mark.parametrize(
+    'flags, message',
+    [
+        (
+            ['--batch_size', '10', '--device_train_microbatch_size', '4'],
+            'not divisible by --device_train_microbatch_size 4',
+        ),
+        (['--device_train_microbatch_size', 'auto'], 'auto needs a GPU'),
+        (['--device_train_microbatch_size', 'four'], "'four': pass a positive integer"),
+        (['--precision', 'amp_bf16'], '--precision amp_bf16 needs a GPU'),
+        (['--precision', 'amp_fp16'], '--precision amp_fp16 needs a GPU'),
+        (['--attention', 'xformers'], 'runs on CUDA GPUs only'),
+        (['--image_size', '100'], 'multiple of 8'),
+        (['--max_duration', 'forever'], "--max_duration 'forever'"),
+        (['--autoresume'], '--autoresume needs --save_folder and --run_name'),
+    ],
+)
 def test_bad_flags_fail_fast_naming_the_flag(flags, message):
     with pytest.raises(ConfigError, match=message.replace('(', r'\(')):
         resolve_config(parse_args(TINY + flags))
@@ -351,11 +388,18 @@ def test_local_folder_loads_weights_when_present(tmp_path):
 
 # ------------------------------------------------------------------------------------ end to end
 
+
 def run_cli(*args, launcher=('composer',)):
     env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
     executable = Path(sys.executable).parent / launcher[0]
-    return subprocess.run([str(executable), *launcher[1:], str(REPO / 'benchmark.py'), *args], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [str(executable), *launcher[1:], str(REPO / 'benchmark.py'), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow

@@ -37,6 +37,7 @@ def make_photo_folder(root: Path) -> list[tuple[bytes, str]]:
     (root / 'sub').mkdir(parents=True)
     png = io.BytesIO()
     from PIL import Image
+
     Image.new('RGBA', (40, 30), (0, 128, 255, 128)).save(png, 'PNG')
     files = {
         'a.jpg': (jpeg(1), 'a red photo\n'),
@@ -78,20 +79,34 @@ def test_img2dataset_tars_round_trip(tmp_path):
     def meta(caption):
         return json.dumps({'url': 'http://x', 'caption': caption, 'status': 'success'}).encode()
 
-    write_tar(shards / '00000.tar', [
-        ('000000000.jpg', jpeg(10)), ('000000000.txt', b'first caption'), ('000000000.json', meta('first caption')),
-        ('000000001.jpg', jpeg(11)), ('000000001.json', meta('caption from json only')),
-        ('000000002.txt', b'no image'), ('000000002.json', meta('no image')),
-        ('000000003.jpg', jpeg(12)[:400]), ('000000003.txt', b'truncated image'),
-    ])
+    write_tar(
+        shards / '00000.tar',
+        [
+            ('000000000.jpg', jpeg(10)),
+            ('000000000.txt', b'first caption'),
+            ('000000000.json', meta('first caption')),
+            ('000000001.jpg', jpeg(11)),
+            ('000000001.json', meta('caption from json only')),
+            ('000000002.txt', b'no image'),
+            ('000000002.json', meta('no image')),
+            ('000000003.jpg', jpeg(12)[:400]),
+            ('000000003.txt', b'truncated image'),
+        ],
+    )
     write_tar(shards / '00001.tar', [('000010000.jpg', jpeg(13)), ('000010000.txt', b'second tar')])
     write_tar(shards / '00002.tar', [('000020000.jpg', jpeg(14)), ('000020000.txt', b'cut')], truncate=700)
     stats = convert.convert([str(shards)], str(tmp_path / 'out'), progress=False)
     assert stats['written'] == 3
-    assert stats['skipped'] == {'no image member': 1, 'corrupt image': 1,
-                                'unreadable tar (ReadError), rest of the file skipped': 1}
-    assert read_mds(tmp_path / 'out') == [(jpeg(10), 'first caption'), (jpeg(11), 'caption from json only'),
-                                          (jpeg(13), 'second tar')]
+    assert stats['skipped'] == {
+        'no image member': 1,
+        'corrupt image': 1,
+        'unreadable tar (ReadError), rest of the file skipped': 1,
+    }
+    assert read_mds(tmp_path / 'out') == [
+        (jpeg(10), 'first caption'),
+        (jpeg(11), 'caption from json only'),
+        (jpeg(13), 'second tar'),
+    ]
 
 
 @pytest.mark.slow
@@ -111,12 +126,17 @@ def test_many_shards_and_refusing_a_non_empty_output(tmp_path, capsys):
     assert convert.convert([str(photos)], str(tmp_path / 'out'), overwrite=True, progress=False)['written'] == 12
     with pytest.raises(convert.ConvertError, match='contains an input'):
         convert.convert([str(photos)], str(tmp_path), overwrite=True)
-    run = subprocess.run([sys.executable, str(REPO / 'convert.py'), str(photos), str(tmp_path / 'out')],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, str(REPO / 'convert.py'), str(photos), str(tmp_path / 'out')],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 2 and 'error:' in run.stderr and 'Traceback' not in run.stderr
 
 
 # ---------------------------------------------------------------------------------------- S3 remotes
+
 
 def upload(s3, tmp_path, prefix, n=24) -> str:
     photos = tmp_path / f'photos-{prefix}'
@@ -137,8 +157,23 @@ def test_converter_uploads_and_training_streams_from_s3(s3, tmp_path):
     with pytest.raises(convert.ConvertError, match='s3://bucket/train/mds is not empty'):
         convert.convert([str(tmp_path / 'photos-train')], remote)
     record = RecordSamples()
-    trainer = main(parse_args(['--model_name', 'tiny', '--remote', remote, '--batch_size', '4',
-                               '--max_duration', '1ep', '--num_workers', '2']), (record,))
+    trainer = main(
+        parse_args(
+            [
+                '--model_name',
+                'tiny',
+                '--remote',
+                remote,
+                '--batch_size',
+                '4',
+                '--max_duration',
+                '1ep',
+                '--num_workers',
+                '2',
+            ]
+        ),
+        (record,),
+    )
     assert int(trainer.state.timestamp.batch) == 6
     assert sorted(i for batch in record.batches for i in batch) == list(range(24))
     # Two datasets on one remote get their own caches (Streaming refuses to share one between live datasets).
@@ -154,14 +189,31 @@ def test_precompute_from_and_to_s3_reruns_and_trains(s3, tmp_path):
     flags = ['--remote', remote, '--out', out, '--model_name', 'tiny', '--image_size', '32', '--part_size', '8']
     assert precompute.main(flags) == {'encoded': 12, 'bad': 0, 'parts': 2, 'skipped_parts': 0}
     keys = {o['Key'] for o in boto3.client('s3', endpoint_url=s3).list_objects_v2(Bucket='bucket')['Contents']}
-    assert {'precompute/latents/index.json', 'precompute/latents/precompute.json',
-            'precompute/latents/part-00000/index.json', 'precompute/latents/part-00001/index.json'} <= keys
+    assert {
+        'precompute/latents/index.json',
+        'precompute/latents/precompute.json',
+        'precompute/latents/part-00000/index.json',
+        'precompute/latents/part-00001/index.json',
+    } <= keys
     # Finished parts are found on the remote: a rerun redoes nothing and merges the same index again.
     assert precompute.main(flags) == {'encoded': 0, 'bad': 0, 'parts': 2, 'skipped_parts': 2}
     with pytest.raises(ConfigError, match='made with other settings'):
         precompute.main([*flags, '--seed', '3'])
-    trainer = main(parse_args(['--model_name', 'tiny', '--precomputed_latents', '--remote', out, '--batch_size', '4',
-                               '--max_duration', '1ep']))
+    trainer = main(
+        parse_args(
+            [
+                '--model_name',
+                'tiny',
+                '--precomputed_latents',
+                '--remote',
+                out,
+                '--batch_size',
+                '4',
+                '--max_duration',
+                '1ep',
+            ]
+        )
+    )
     assert int(trainer.state.timestamp.batch) == 3
 
 
@@ -175,9 +227,23 @@ def test_remote_errors_name_the_remote_within_bounded_time(s3, tmp_path, monkeyp
     down = f'http://127.0.0.1:{free_port()}'
     start = time.monotonic()
     env = {**os.environ, 'S3_ENDPOINT_URL': down, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
-    run = subprocess.run([sys.executable, str(REPO / 'benchmark.py'), '--model_name', 'tiny', '--remote',
-                          's3://bucket/errors/mds', '--batch_size', '4'], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / 'benchmark.py'),
+            '--model_name',
+            'tiny',
+            '--remote',
+            's3://bucket/errors/mds',
+            '--batch_size',
+            '4',
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 2, run.stderr[-2000:]
     assert f'error: s3://bucket/errors/mds: cannot reach the S3 server {down}' in run.stderr
     assert 'Traceback' not in run.stderr and time.monotonic() - start < 120
@@ -196,10 +262,20 @@ def test_a_killed_run_does_not_block_the_next(s3, tmp_path):
     env = {**os.environ, 'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
     before = shared_memory()
     victim = subprocess.Popen(
-        [sys.executable, '-c', 'import sys, time; from data import StreamingLAIONDataset; '
-         f'd = StreamingLAIONDataset(remote="{remote}", local="{cache}", image_size=32, batch_size=4); '
-         'next(iter(d)); print("streaming", flush=True); time.sleep(600)'],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        [
+            sys.executable,
+            '-c',
+            'import sys, time; from data import StreamingLAIONDataset; '
+            f'd = StreamingLAIONDataset(remote="{remote}", local="{cache}", image_size=32, batch_size=4); '
+            'next(iter(d)); print("streaming", flush=True); time.sleep(600)',
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert victim.stdout.readline().strip() == 'streaming'
     finally:
@@ -209,9 +285,29 @@ def test_a_killed_run_does_not_block_the_next(s3, tmp_path):
     left_behind = shared_memory() - before
     assert (cache / 'index.json').is_file()
     results = tmp_path / 'results.json'
-    run = subprocess.run([sys.executable, str(REPO / 'benchmark.py'), '--model_name', 'tiny', '--remote', remote,
-                          '--local', str(cache), '--batch_size', '4', '--max_duration', '1ep', '--results_json',
-                          str(results)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / 'benchmark.py'),
+            '--model_name',
+            'tiny',
+            '--remote',
+            remote,
+            '--local',
+            str(cache),
+            '--batch_size',
+            '4',
+            '--max_duration',
+            '1ep',
+            '--results_json',
+            str(results),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert left_behind or not os.path.isdir('/dev/shm'), 'the killed job should have left shared memory behind'
     for name in left_behind & shared_memory():  # the victim's, known dead: do not leak it past the test
         os.unlink(f'/dev/shm/{name}')

@@ -20,19 +20,12 @@ from PIL import Image
 from streaming import MDSWriter
 
 import config
+import tokenizer
 from benchmark import main
 from config import ConfigError, parse_args, resolve_config
-from data import (
-    CAPTION_LENGTH,
-    BadSample,
-    CaptionTokenizer,
-    DataError,
-    StreamingLAIONDataset,
-    clip_tokenizer_folder,
-    collate,
-    decode_image,
-    unit_range,
-)
+from data import DataError, StreamingLAIONDataset, collate
+from images import BadSample, decode_image, unit_range
+from tokenizer import CAPTION_LENGTH, CaptionTokenizer, TokenizerError, clip_tokenizer_folder
 
 COLUMNS = {'jpg': 'bytes', 'caption': 'str'}
 
@@ -65,24 +58,53 @@ def images(location, **kwargs):
 # ----------------------------------------------------------------------------------------- captions
 
 CAPTIONS = [
-    '', '   ', 'A photo of a CAT', 'Café crème brûlée à la carte, naïve façade', 'İstanbul ΣΊΣΥΦΟΣ straße',
-    '🐱 cat emoji 🚀🔥 family 👨\u200d👩\u200d👧 thumbs 👍🏽 flag 🇯🇵', '一只猫坐在沙发上，看着窗外。', '東京タワーの夜景', '서울의 밤',
-    'Ｆｕｌｌｗｉｄｔｈ １２３！？', 'fish &amp; chips &amp;amp; &lt;b&gt;bold&lt;/b&gt;', 'mojibake: CafÃ© sÃ£o paulo',
-    '“smart quotes” — dash … ellipsis ﬁne', "it's they're we've I'm you'll he'd", 'wow!? really!!', 'T\u0308 e\u0301',
-    'tab\tnew\nline \u00a0nbsp\u2003em', 'a\x00b\x1fc', '<|endoftext|> inside', 'numbers 1234567 3.14 1,000',
-    'Ελληνικά Русский עברית العربية हिन्दी ไทย', 'very long ' * 60, 'x' * 500,
+    '',
+    '   ',
+    'A photo of a CAT',
+    'Café crème brûlée à la carte, naïve façade',
+    'İstanbul ΣΊΣΥΦΟΣ straße',
+    '🐱 cat emoji 🚀🔥 family 👨\u200d👩\u200d👧 thumbs 👍🏽 flag 🇯🇵',
+    '一只猫坐在沙发上，看着窗外。',
+    '東京タワーの夜景',
+    '서울의 밤',
+    'Ｆｕｌｌｗｉｄｔｈ １２３！？',
+    'fish &amp; chips &amp;amp; &lt;b&gt;bold&lt;/b&gt;',
+    'mojibake: CafÃ© sÃ£o paulo',
+    '“smart quotes” — dash … ellipsis ﬁne',
+    "it's they're we've I'm you'll he'd",
+    'wow!? really!!',
+    'T\u0308 e\u0301',
+    'tab\tnew\nline \u00a0nbsp\u2003em',
+    'a\x00b\x1fc',
+    '<|endoftext|> inside',
+    'numbers 1234567 3.14 1,000',
+    'Ελληνικά Русский עברית العربية हिन्दी ไทย',
+    'very long ' * 60,
+    'x' * 500,
 ]
 
 
 def fuzz_captions(n, seed=0):
-    pools = ['abcdefghij KLMNOP ', '0123456789 .,;:!?\'"-()<>/&', 'éèçñßøÉÀ\u0301\u0308', '一只猫東京タワー서울，。！',
-             '🐱🚀👍🏽🇯🇵👨\u200d👩', ' \t\n\u00a0\u3000', 'ＡＢＣａｂ１', '&amp;&lt;&#39;', "'s 're 'll", 'ΣσςİДж', 'ﬁÃ©â€™']
+    pools = [
+        'abcdefghij KLMNOP ',
+        '0123456789 .,;:!?\'"-()<>/&',
+        'éèçñßøÉÀ\u0301\u0308',
+        '一只猫東京タワー서울，。！',
+        '🐱🚀👍🏽🇯🇵👨\u200d👩',
+        ' \t\n\u00a0\u3000',
+        'ＡＢＣａｂ１',
+        '&amp;&lt;&#39;',
+        "'s 're 'll",
+        'ΣσςİДж',
+        'ﬁÃ©â€™',
+    ]
     rng = random.Random(seed)
     return [''.join(rng.choice(rng.choice(pools)) for _ in range(rng.randint(0, 100))) for _ in range(n)]
 
 
 def test_tokenizer_ids_equal_the_reference_clip_tokenizer():
     import clip  # clip-anytorch: OpenAI's SimpleTokenizer, the reference implementation
+
     tokenize = CaptionTokenizer()
     for caption in CAPTIONS + fuzz_captions(300):
         # truncate=True keeps <|endoftext|> last, as OpenCLIP does for SD2; both pad with 0.
@@ -97,6 +119,7 @@ def test_tokenizer_ids_equal_the_reference_clip_tokenizer():
 
 def test_tokenizer_folder_is_loaded_from_disk(tmp_path):
     from transformers import AutoTokenizer
+
     # An SD2-style folder: the same BPE with pad token "!" (id 0), as stabilityai/stable-diffusion-2 ships it.
     tokenizer = AutoTokenizer.from_pretrained(clip_tokenizer_folder())
     tokenizer.pad_token = '!'
@@ -110,20 +133,19 @@ def test_tokenizer_folder_is_loaded_from_disk(tmp_path):
     tokenizer.save_pretrained(tmp_path / 'sd1-tokenizer')
     assert CaptionTokenizer(str(tmp_path / 'sd1-tokenizer'))('a cat')[-1] == 49407
     assert CaptionTokenizer()('a cat')[-1] == 0
-    with pytest.raises(DataError, match='no such folder'):
+    with pytest.raises(TokenizerError, match='no such folder'):
         CaptionTokenizer(str(tmp_path / 'missing'))
 
 
 def test_a_builtin_tokenizer_built_differently_is_refused(tmp_path, monkeypatch):
     """transformers 5.x rebuilds CLIP's NFC normalizer (and ignores the vocabulary files): a cached tokenizer
     that differs from CLIP's ids must stop the run, not train on other captions."""
-    import data
     built = json.loads((clip_tokenizer_folder() / 'tokenizer.json').read_text())
     assert built['normalizer'] is None
     shutil.copytree(clip_tokenizer_folder(), tmp_path / 'nfc')
     (tmp_path / 'nfc' / 'tokenizer.json').write_text(json.dumps({**built, 'normalizer': {'type': 'NFC'}}))
-    monkeypatch.setattr(data, 'clip_tokenizer_folder', lambda: tmp_path / 'nfc')
-    with pytest.raises(DataError) as refused:
+    monkeypatch.setattr(tokenizer, 'clip_tokenizer_folder', lambda: tmp_path / 'nfc')
+    with pytest.raises(TokenizerError) as refused:
         CaptionTokenizer()('a cat')
     assert 'gives ids [49406, 157, 118, 501, 4166, 49407]' in str(refused.value)
     assert 'where CLIP gives [339, 136, 486, 4166]' in str(refused.value)
@@ -131,6 +153,7 @@ def test_a_builtin_tokenizer_built_differently_is_refused(tmp_path, monkeypatch)
 
 
 # ------------------------------------------------------------------------------------------- images
+
 
 def reference_resize_crop(image: Image.Image, size: int) -> torch.Tensor:
     """Resize the shorter side, then center-crop: the textbook pipeline (torchvision Resize + CenterCrop)."""
@@ -156,6 +179,7 @@ def test_shorter_side_resize_and_center_crop(source):
 
 def test_draft_mode_decodes_large_jpegs_at_reduced_scale(monkeypatch):
     from PIL import JpegImagePlugin
+
     scales = []
     draft = JpegImagePlugin.JpegImageFile.draft
 
@@ -212,7 +236,9 @@ def test_exif_orientation_is_applied():
 
 
 def test_collate_keeps_the_image_layout_and_values():
-    samples = [{'image': decode_image(jpeg(i), 32), 'input_ids': torch.full((77,), i), 'sample_id': i} for i in range(3)]
+    samples = [
+        {'image': decode_image(jpeg(i), 32), 'input_ids': torch.full((77,), i), 'sample_id': i} for i in range(3)
+    ]
     batch = collate(samples)
     assert batch['image'].shape == (3, 3, 32, 32) and batch['image'].dtype == torch.uint8
     assert all(torch.equal(batch['image'][i], samples[i]['image']) for i in range(3))
@@ -222,6 +248,7 @@ def test_collate_keeps_the_image_layout_and_values():
 
 def test_the_model_maps_uint8_images_to_the_vae_range():
     from test_benchmark import fixed_randomness, tiny_model
+
     model = tiny_model()
     images = torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8)
     batch = fixed_randomness({'image': images, 'input_ids': torch.zeros(2, 77, dtype=torch.long)})
@@ -231,15 +258,16 @@ def test_the_model_maps_uint8_images_to_the_vae_range():
 
 # -------------------------------------------------------------------------------------- bad samples
 
+
 def corrupt_huffman_table(data: bytes) -> bytes:
     start = data.find(b'\xff\xc4') + 4
-    return data[:start] + b'\xff' * 20 + data[start + 20:]
+    return data[:start] + b'\xff' * 20 + data[start + 20 :]
 
 
 def bomb(data: bytes) -> bytes:
     """A small JPEG whose header claims 60000x60000 pixels: Pillow would allocate 10 GB to decode it."""
     frame = data.find(b'\xff\xc0') + 5
-    return data[:frame] + (60000).to_bytes(2, 'big') * 2 + data[frame + 4:]
+    return data[:frame] + (60000).to_bytes(2, 'big') * 2 + data[frame + 4 :]
 
 
 BAD = {
@@ -302,9 +330,28 @@ def test_mostly_bad_dataset_stops_with_a_clear_error(tmp_path):
 @pytest.mark.slow
 def test_training_on_a_mostly_bad_dataset_ends_with_one_error_line(tmp_path):
     location = mostly_bad_dataset(tmp_path / 'mds', 160)
-    run = subprocess.run([sys.executable, str(REPO / 'benchmark.py'), '--model_name', 'tiny', '--local', location,
-                          '--image_size', '32', '--batch_size', '4', '--max_duration', '1ep', '--num_workers', '2'],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / 'benchmark.py'),
+            '--model_name',
+            'tiny',
+            '--local',
+            location,
+            '--image_size',
+            '32',
+            '--batch_size',
+            '4',
+            '--max_duration',
+            '1ep',
+            '--num_workers',
+            '2',
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 1
     # Raised in a loader worker, reported as its reason alone (the progress bar may share the line).
     errors = re.findall(r'error: (.*)', run.stderr)
@@ -329,6 +376,7 @@ def test_bad_flag_combinations():
 
 # ----------------------------------------------------------------------------------------- training
 
+
 class RecordSamples(Callback):
     """Sample ids of every batch the trainer receives."""
 
@@ -350,8 +398,11 @@ def test_training_from_a_local_mds_dataset_logs_bad_samples(tmp_path, capfd):
     samples[3]['jpg'] = samples[17]['jpg'] = b''
     location = write_dataset(tmp_path / 'mds', samples)
     results = tmp_path / 'results.json'
-    trainer = main(parse_args(TINY + ['--local', location, '--batch_size', '8', '--max_duration', '1ep',
-                                      '--results_json', str(results)]))
+    trainer = main(
+        parse_args(
+            TINY + ['--local', location, '--batch_size', '8', '--max_duration', '1ep', '--results_json', str(results)]
+        )
+    )
     assert int(trainer.state.timestamp.batch) == 4
     summary = json.loads(results.read_text())
     assert summary['bad_samples'] == 2 and summary['img_per_sec'] > 0
@@ -362,7 +413,7 @@ def test_default_run_builds_and_trains_on_the_sample_dataset(tmp_path, monkeypat
     monkeypatch.setattr(config, 'SAMPLE_DATASET', tmp_path / 'sample-mds')
     record = RecordSamples()
     trainer = main(parse_args(['--model_name', 'tiny', '--batch_size', '8', '--max_duration', '3ba']), (record,))
-    assert "training on the sample dataset" in capfd.readouterr().out
+    assert 'training on the sample dataset' in capfd.readouterr().out
     assert (tmp_path / 'sample-mds' / 'index.json').is_file()
     assert int(trainer.state.timestamp.batch) == 3 and len(record.batches) == 3
     sample = StreamingLAIONDataset(local=str(tmp_path / 'sample-mds'), image_size=64, batch_size=1)[0]
@@ -379,8 +430,15 @@ def test_mid_epoch_resumption_sees_exactly_the_remaining_batches(workers, tmp_pa
     assert len(uninterrupted.batches) == 6
     assert sorted(i for batch in uninterrupted.batches for i in batch) == list(range(24))
 
-    checkpoints = flags + ['--run_name', 'resume', '--save_folder', str(tmp_path / 'ckpt'), '--save_interval', '2ba',
-                           '--autoresume']
+    checkpoints = flags + [
+        '--run_name',
+        'resume',
+        '--save_folder',
+        str(tmp_path / 'ckpt'),
+        '--save_interval',
+        '2ba',
+        '--autoresume',
+    ]
     crashed = RecordSamples(stop_after=2)
     with pytest.raises(RuntimeError, match='simulated crash'):
         main(parse_args(checkpoints), (crashed,))
@@ -395,9 +453,27 @@ def test_mid_epoch_resumption_sees_exactly_the_remaining_batches(workers, tmp_pa
 def test_two_ranks_see_every_sample_of_an_epoch_exactly_once(tmp_path):
     location = write_dataset(tmp_path / 'mds', good_samples(48))
     env = {**os.environ, 'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
-    run = subprocess.run([LAUNCHER, '-n', '2', str(REPO / 'tests' / 'record_samples.py'),
-                          str(tmp_path / 'ids'), *TINY, '--local', location, '--batch_size', '8', '--max_duration', '1ep'],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            LAUNCHER,
+            '-n',
+            '2',
+            str(REPO / 'tests' / 'record_samples.py'),
+            str(tmp_path / 'ids'),
+            *TINY,
+            '--local',
+            location,
+            '--batch_size',
+            '8',
+            '--max_duration',
+            '1ep',
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     per_rank = [json.loads((tmp_path / 'ids' / f'rank{rank}.json').read_text()) for rank in range(2)]
     assert all(len(batches) == 6 and all(len(batch) == 4 for batch in batches) for batches in per_rank)

@@ -21,14 +21,25 @@ def launch(tmp_path, name, *flags, fail_rank=None, cpu_fsdp=False, timeout=300):
     probe_dir = tmp_path / name
     probe_dir.mkdir()
     # One thread per rank: two ranks share this machine's cores.
-    env = {**os.environ, 'PROBE_DIR': str(probe_dir), 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1',
-           'WANDB_MODE': 'offline'}
+    env = {
+        **os.environ,
+        'PROBE_DIR': str(probe_dir),
+        'OMP_NUM_THREADS': '1',
+        'HF_HUB_OFFLINE': '1',
+        'WANDB_MODE': 'offline',
+    }
     if fail_rank is not None:
         env['PROBE_FAIL_RANK'] = str(fail_rank)
     if cpu_fsdp:
         env['PROBE_CPU_FSDP'] = '1'
-    run = subprocess.run([LAUNCHER, '-n', '2', str(REPO / 'tests' / 'two_rank_probe.py'), *SMALL_RUN, *flags],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    run = subprocess.run(
+        [LAUNCHER, '-n', '2', str(REPO / 'tests' / 'two_rank_probe.py'), *SMALL_RUN, *flags],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     ranks = [json.loads(path.read_text()) for path in sorted(probe_dir.glob('rank*.json'))]
     return run, ranks
 
@@ -37,8 +48,20 @@ def launch(tmp_path, name, *flags, fail_rank=None, cpu_fsdp=False, timeout=300):
 def test_two_ranks_train_one_model_on_disjoint_halves_and_resume(tmp_path):
     results = tmp_path / 'results.json'
     checkpoints = tmp_path / 'checkpoints'
-    run, ranks = launch(tmp_path, 'first', '--max_duration', '3ba', '--save_folder', str(checkpoints),
-                        '--save_interval', '3ba', '--run_name', 'two-ranks', '--results_json', str(results))
+    run, ranks = launch(
+        tmp_path,
+        'first',
+        '--max_duration',
+        '3ba',
+        '--save_folder',
+        str(checkpoints),
+        '--save_interval',
+        '3ba',
+        '--run_name',
+        'two-ranks',
+        '--results_json',
+        str(results),
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert len(ranks) == 2 and ranks[0]['world_size'] == 2
     # DDP keeps the replicas identical.
@@ -57,8 +80,19 @@ def test_two_ranks_train_one_model_on_disjoint_halves_and_resume(tmp_path):
     saved = [path for path in checkpoints.iterdir() if not path.is_symlink()]
     assert [path.name for path in saved] == ['ep0-ba3-rank0.pt']
 
-    run, resumed = launch(tmp_path, 'resumed', '--max_duration', '5ba', '--save_folder', str(checkpoints),
-                          '--save_interval', '5ba', '--run_name', 'two-ranks', '--autoresume')
+    run, resumed = launch(
+        tmp_path,
+        'resumed',
+        '--max_duration',
+        '5ba',
+        '--save_folder',
+        str(checkpoints),
+        '--save_interval',
+        '5ba',
+        '--run_name',
+        'two-ranks',
+        '--autoresume',
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert [rank['first_batch'] for rank in resumed] == [3, 3]
     run, straight = launch(tmp_path, 'straight', '--max_duration', '5ba')
@@ -81,16 +115,23 @@ def run_benchmark(command, tmp_path, env=None, timeout=300):
     """Runs a launcher command whose benchmark.py run writes tmp_path/results.json; returns that summary."""
     results = tmp_path / 'results.json'
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', **(env or {})}
-    run = subprocess.run([*command, *SMALL_RUN, '--max_duration', '2ba', '--results_json', str(results)], cwd=REPO,
-                         env=env, capture_output=True, text=True, timeout=timeout)
+    run = subprocess.run(
+        [*command, *SMALL_RUN, '--max_duration', '2ba', '--results_json', str(results)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     return json.loads(results.read_text())
 
 
 @pytest.mark.slow
 def test_torchrun_launches_the_script(tmp_path):
-    summary = run_benchmark([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
-                             'benchmark.py'], tmp_path)
+    summary = run_benchmark(
+        [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', 'benchmark.py'], tmp_path
+    )
     assert summary['world_size'] == 2 and summary['img_per_sec'] > 0
 
 
@@ -115,9 +156,16 @@ def test_slurm_script_starts_one_launcher_per_node(tmp_path):
     (bin_dir / 'scontrol').write_text('#!/bin/bash\necho 127.0.0.1\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
-    env = {'PATH': f"{bin_dir}:{os.environ['PATH']}", 'SLURM_NNODES': '2', 'SLURM_JOB_NODELIST': 'node[1-2]',
-           'SLURM_JOB_ID': '42', 'SLURM_SUBMIT_DIR': str(REPO), 'GPUS_PER_NODE': '1', 'LAUNCHER': LAUNCHER,
-           'MASTER_PORT': str(free_port())}
+    env = {
+        'PATH': f'{bin_dir}:{os.environ["PATH"]}',
+        'SLURM_NNODES': '2',
+        'SLURM_JOB_NODELIST': 'node[1-2]',
+        'SLURM_JOB_ID': '42',
+        'SLURM_SUBMIT_DIR': str(REPO),
+        'GPUS_PER_NODE': '1',
+        'LAUNCHER': LAUNCHER,
+        'MASTER_PORT': str(free_port()),
+    }
     summary = run_benchmark(['bash', str(REPO / 'slurm.sbatch')], tmp_path, env)
     assert summary['world_size'] == 2
     assert summary['img_per_sec'] == pytest.approx(2 * summary['img_per_sec_per_device'])
@@ -134,7 +182,11 @@ def test_fsdp_shards_the_unet_by_block_and_trains_with_ema_as_ddp_does(tmp_path)
     run, sharded = launch(tmp_path, 'sharded', *flags, '--fsdp', 'full_shard', cpu_fsdp=True)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     units = {name.replace('_fsdp_wrapped_module.', '') for name in sharded[0]['fsdp_units']}
-    assert units == {'unet', 'unet.mid_block', *(f'unet.{part}_blocks.{i}' for part in ('down', 'up') for i in range(4))}
+    assert units == {
+        'unet',
+        'unet.mid_block',
+        *(f'unet.{part}_blocks.{i}' for part in ('down', 'up') for i in range(4)),
+    }
     assert ddp[0]['fsdp_units'] == []
     assert sharded[0]['unet'] == sharded[1]['unet'] and sharded[0]['samples'] == 3 * 8
     with_fsdp, with_ddp = (torch.load(tmp_path / name / 'rank0.pt') for name in ('sharded', 'ddp'))
@@ -157,22 +209,33 @@ def fsdp_straight_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('state_dict_type, written', [('full', ['ep0-ba3-rank0.pt']),
-                                                      ('sharded', ['.metadata', '__0_0.distcp', '__1_0.distcp'])])
+@pytest.mark.parametrize(
+    'state_dict_type, written',
+    [('full', ['ep0-ba3-rank0.pt']), ('sharded', ['.metadata', '__0_0.distcp', '__1_0.distcp'])],
+)
 def test_fsdp_checkpoint_resumes_to_the_weights_and_average_of_an_uninterrupted_run(
-        tmp_path, fsdp_straight_run, state_dict_type, written):
+    tmp_path, fsdp_straight_run, state_dict_type, written
+):
     """Under full_shard, a checkpoint at batch 3 and a resumed run to batch 5 end where five batches straight
     do, EMA included: 'full' is one file from rank 0, 'sharded' a folder with one file per rank."""
-    flags = (*FSDP_EMA, '--fsdp_state_dict_type', state_dict_type, '--save_folder', str(tmp_path / 'checkpoints'),
-             '--run_name', 'fsdp')
+    flags = (
+        *FSDP_EMA,
+        '--fsdp_state_dict_type',
+        state_dict_type,
+        '--save_folder',
+        str(tmp_path / 'checkpoints'),
+        '--run_name',
+        'fsdp',
+    )
     run, _ = launch(tmp_path, 'first', *flags, '--max_duration', '3ba', '--save_interval', '3ba', cpu_fsdp=True)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     saved = [path for path in (tmp_path / 'checkpoints').iterdir() if not path.is_symlink()]
     assert len(saved) == 1
     assert (sorted(path.name for path in saved[0].iterdir()) if saved[0].is_dir() else [saved[0].name]) == written
 
-    run, resumed = launch(tmp_path, 'resumed', *flags, '--max_duration', '5ba', '--save_interval', '5ba',
-                          '--autoresume', cpu_fsdp=True)
+    run, resumed = launch(
+        tmp_path, 'resumed', *flags, '--max_duration', '5ba', '--save_interval', '5ba', '--autoresume', cpu_fsdp=True
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     straight, straight_weights = fsdp_straight_run
     assert [rank['first_batch'] for rank in resumed] == [3, 3]
@@ -194,18 +257,22 @@ def test_fsdp_needs_a_gpu():
 
 # ------------------------------------------------------------------------------------ mcloud.yaml
 
+
 def test_mcloud_yaml_is_valid_for_mcli():
     assert mcloud.check(REPO / 'mcloud.yaml') == []
 
 
-@pytest.mark.parametrize('original, broken, reported', [
-    ('  gpu_type: a100_40gb', '  gpu_typ: a100_40gb', "'compute.gpu_typ' (did you mean 'gpu_type'?)"),
-    ('command: |', 'comand: |', 'unknown fields comand'),
-    ('  git_branch: main', '  git_brnach: main', "unknown git_repo field 'git_brnach'"),
-    ('compute:', 'gpu_num: 8\ncompute:', "field 'gpu_num' is deprecated"),
-    ('image: mosaicml/pytorch:2.7.0_cu128', 'image: mosaicml/pytorch:2.4.0_cu124', 'does not carry torch 2.7.0'),
-    ('compute:', 'compute: [', 'cannot be parsed'),
-])
+@pytest.mark.parametrize(
+    'original, broken, reported',
+    [
+        ('  gpu_type: a100_40gb', '  gpu_typ: a100_40gb', "'compute.gpu_typ' (did you mean 'gpu_type'?)"),
+        ('command: |', 'comand: |', 'unknown fields comand'),
+        ('  git_branch: main', '  git_brnach: main', "unknown git_repo field 'git_brnach'"),
+        ('compute:', 'gpu_num: 8\ncompute:', "field 'gpu_num' is deprecated"),
+        ('image: mosaicml/pytorch:2.7.0_cu128', 'image: mosaicml/pytorch:2.4.0_cu124', 'does not carry torch 2.7.0'),
+        ('compute:', 'compute: [', 'cannot be parsed'),
+    ],
+)
 def test_mcloud_check_reports_a_broken_copy(tmp_path, original, broken, reported):
     text = (REPO / 'mcloud.yaml').read_text()
     assert original in text
@@ -220,5 +287,8 @@ def test_mcloud_sweep_makes_one_run_per_gpu_count():
     configs = mcloud.sweep_configs(REPO / 'mcloud.yaml', [8, 16, 128], 'h100_80gb')
     assert [config.compute['gpus'] for config in configs] == [8, 16, 128]
     assert all(config.compute['gpu_type'] == 'h100_80gb' for config in configs)
-    assert [config.name for config in configs] == ['sd2-benchmark-8xh100-80gb', 'sd2-benchmark-16xh100-80gb',
-                                                   'sd2-benchmark-128xh100-80gb']
+    assert [config.name for config in configs] == [
+        'sd2-benchmark-8xh100-80gb',
+        'sd2-benchmark-16xh100-80gb',
+        'sd2-benchmark-128xh100-80gb',
+    ]

@@ -23,8 +23,18 @@ import training
 from data import SyntheticImageCaptionDataset
 from model import build_model
 
-TINY = ['--model_name', 'tiny', '--use_synth_data', '--image_size', '32', '--batch_size', '4', '--use_ema',
-        '--ema_half_life', '2ba']
+TINY = [
+    '--model_name',
+    'tiny',
+    '--use_synth_data',
+    '--image_size',
+    '32',
+    '--batch_size',
+    '4',
+    '--use_ema',
+    '--ema_half_life',
+    '2ba',
+]
 
 
 def run(*flags, factory=None):
@@ -73,18 +83,25 @@ def reference(tmp_path_factory):
     """6 uninterrupted batches with our EMA, exported at the end through the --export_ema_unet flag."""
     export_dir = tmp_path_factory.mktemp('export') / 'unet'
     trainer = run('--max_duration', '6ba', '--export_ema_unet', str(export_dir))
-    return SimpleNamespace(trainer=trainer, weights=weights(trainer), ema={k: v.clone() for k, v in
-                                                                          ema_of(trainer).items()},
-                           export_dir=export_dir)
+    return SimpleNamespace(
+        trainer=trainer,
+        weights=weights(trainer),
+        ema={k: v.clone() for k, v in ema_of(trainer).items()},
+        export_dir=export_dir,
+    )
 
 
 # ------------------------------------------------------------------------------- numerics and memory
 
-@pytest.mark.parametrize('options', [
-    {},
-    {'ema_start': '3ba', 'update_interval': '2ba'},
-    {'half_life': '3ba', 'ema_start': '0.5dur'},  # Composer's EMA with smoothing alone raises AttributeError
-])
+
+@pytest.mark.parametrize(
+    'options',
+    [
+        {},
+        {'ema_start': '3ba', 'update_interval': '2ba'},
+        {'half_life': '3ba', 'ema_start': '0.5dur'},  # Composer's EMA with smoothing alone raises AttributeError
+    ],
+)
 def test_matches_composer_ema(options):
     def factory(cls):
         return lambda half_life, offload=False: cls(**{'half_life': half_life, **options})
@@ -104,7 +121,8 @@ def test_state_holds_exactly_the_trainable_parameters(reference):
     numel = sum(p.numel() for p in unet.parameters())
     assert algorithm.weights.num_bytes == 4 * numel and algorithm.weights.flat.dtype == torch.float32
     assert {t.untyped_storage().data_ptr() for t in algorithm.weights.tensors} == {
-        algorithm.weights.flat.untyped_storage().data_ptr()}  # one buffer, nothing else held
+        algorithm.weights.flat.untyped_storage().data_ptr()
+    }  # one buffer, nothing else held
     assert set(algorithm.state_dict()['ema']) == set(expected)
 
 
@@ -120,8 +138,9 @@ def test_frozen_modules_untouched_by_training_eval_and_export(reference):
 def test_evaluation_runs_with_ema_weights_and_restores_training_weights(reference):
     trainer, unet = reference.trainer, reference.trainer.state.model.unet
     seen = []
-    hook = unet.register_forward_pre_hook(lambda module, args: seen.append(
-        {f'unet.{n}': p.detach().clone() for n, p in module.named_parameters()}))
+    hook = unet.register_forward_pre_hook(
+        lambda module, args: seen.append({f'unet.{n}': p.detach().clone() for n, p in module.named_parameters()})
+    )
     try:
         trainer.eval(eval_dataloader=DataLoader(SyntheticImageCaptionDataset(32, num_samples=8), batch_size=4))
     finally:
@@ -139,6 +158,7 @@ def test_exported_ema_unet_loads_with_diffusers(reference):
 
 
 # ---------------------------------------------------------------------- checkpoints and offload
+
 
 def test_checkpoint_round_trip_with_autoresume_is_bitwise(reference, tmp_path):
     resume = ['--save_folder', str(tmp_path / 'ckpt'), '--run_name', 'ema-resume', '--autoresume']
@@ -167,6 +187,7 @@ def test_offloaded_update_matches_bitwise(reference):
 
 
 # ------------------------------------------------------------------------------------ options
+
 
 class FakeState:
     """What EMA reads from Composer's State: the model, the timestamp, the elapsed fraction, the checkpoint kind."""
@@ -199,11 +220,19 @@ def drive(algorithm, batches=10, batches_per_epoch=None):
     return algorithm
 
 
-@pytest.mark.parametrize('options, start, updates, smoothing', [
-    ({'half_life': '4ba', 'ema_start': '3ba', 'update_interval': '2ba'}, 3, [4, 6, 8, 10], 2 ** -0.5),
-    ({'half_life': None, 'smoothing': 0.9, 'ema_start': '0.5dur'}, 5, [6, 7, 8, 9, 10], 0.9),
-    ({'half_life': '1ep', 'ema_start': '0ba'}, 3, [6, 9], 0.5),  # epochs of 3 batches: starts at the first epoch end
-])
+@pytest.mark.parametrize(
+    'options, start, updates, smoothing',
+    [
+        ({'half_life': '4ba', 'ema_start': '3ba', 'update_interval': '2ba'}, 3, [4, 6, 8, 10], 2**-0.5),
+        ({'half_life': None, 'smoothing': 0.9, 'ema_start': '0.5dur'}, 5, [6, 7, 8, 9, 10], 0.9),
+        (
+            {'half_life': '1ep', 'ema_start': '0ba'},
+            3,
+            [6, 9],
+            0.5,
+        ),  # epochs of 3 batches: starts at the first epoch end
+    ],
+)
 def test_ema_start_and_update_interval_are_honoured(options, start, updates, smoothing):
     algorithm = drive(ema.EMA(**options), batches_per_epoch=3 if 'ep' in str(options.get('half_life')) else None)
     expected = float(start)
@@ -223,27 +252,33 @@ def test_nothing_is_allocated_before_ema_start():
             pass
 
 
-@pytest.mark.parametrize('options, message', [
-    ({'half_life': '10ba', 'smoothing': 0.9}, 'not both'),
-    ({'half_life': None}, 'pass half_life'),
-    ({'half_life': '10sp'}, "unit 'sp' is not supported"),
-    ({'half_life': '10 batches'}, 'not a Composer time string'),
-    ({'half_life': '0ba'}, 'must be positive'),
-    ({'half_life': '10ba', 'update_interval': '1ep'}, 'same unit'),
-    ({'half_life': '10ba', 'update_interval': '5tok'}, "unit 'tok' is not supported"),
-    ({'ema_start': '100sp'}, "unit 'sp' is not supported"),
-    ({'half_life': None, 'smoothing': 1.5}, 'between 0 and 1'),
-])
+@pytest.mark.parametrize(
+    'options, message',
+    [
+        ({'half_life': '10ba', 'smoothing': 0.9}, 'not both'),
+        ({'half_life': None}, 'pass half_life'),
+        ({'half_life': '10sp'}, "unit 'sp' is not supported"),
+        ({'half_life': '10 batches'}, 'not a Composer time string'),
+        ({'half_life': '0ba'}, 'must be positive'),
+        ({'half_life': '10ba', 'update_interval': '1ep'}, 'same unit'),
+        ({'half_life': '10ba', 'update_interval': '5tok'}, "unit 'tok' is not supported"),
+        ({'ema_start': '100sp'}, "unit 'sp' is not supported"),
+        ({'half_life': None, 'smoothing': 1.5}, 'between 0 and 1'),
+    ],
+)
 def test_bad_options_fail_with_a_clear_message(options, message):
     with pytest.raises(ValueError, match=message):
         ema.EMA(**options)
 
 
-@pytest.mark.parametrize('flags, message', [
-    (['--use_ema', '--ema_half_life', '10tok'], '--ema_half_life'),
-    (['--ema_offload'], 'need --use_ema'),
-    (['--export_ema_unet', 'x'], 'need --use_ema'),
-])
+@pytest.mark.parametrize(
+    'flags, message',
+    [
+        (['--use_ema', '--ema_half_life', '10tok'], '--ema_half_life'),
+        (['--ema_offload'], 'need --use_ema'),
+        (['--export_ema_unet', 'x'], 'need --use_ema'),
+    ],
+)
 def test_bad_flags_fail_fast(flags, message):
     with pytest.raises(config.ConfigError, match=message):
         config.resolve_config(config.parse_args(['--use_synth_data', *flags]))
@@ -255,12 +290,12 @@ def test_export_refuses_a_used_folder_before_training(tmp_path):
     (weights / 'diffusion_pytorch_model.safetensors').write_bytes(b'pretrained')
     for used in (weights, weights / 'diffusion_pytorch_model.safetensors'):
         with pytest.raises(config.ConfigError, match=f'--export_ema_unet {used}: is (not empty|a file)'):
-            config.resolve_config(config.parse_args(['--use_synth_data', '--use_ema', '--export_ema_unet',
-                                                         str(used)]))
+            config.resolve_config(config.parse_args(['--use_synth_data', '--use_ema', '--export_ema_unet', str(used)]))
     assert (weights / 'diffusion_pytorch_model.safetensors').read_bytes() == b'pretrained'
 
 
 # --------------------------------------------------------------------------- FSDP and DDP (2 ranks)
+
 
 @contextlib.contextmanager
 def counting_gathers(calls: list):
@@ -291,8 +326,9 @@ def _two_rank_worker(rank: int, port: int):
         return model
 
     for offload in (False, True):
-        model = FSDP(make(), device_id=torch.device('cpu'), use_orig_params=True,
-                     sharding_strategy=ShardingStrategy.FULL_SHARD)
+        model = FSDP(
+            make(), device_id=torch.device('cpu'), use_orig_params=True, sharding_strategy=ShardingStrategy.FULL_SHARD
+        )
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.1)
         weights = ema.EMAWeights(model, offload=offload)
         assert weights.sharded and weights.names == ['1.weight', '1.bias', '2.weight', '2.bias']

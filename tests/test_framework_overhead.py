@@ -8,8 +8,22 @@ from config import parse_args, resolve_config
 
 
 def test_framework_overhead_times_every_phase_of_both_loops_and_composers_host_work():
-    args = resolve_config(parse_args(TINY + ['--image_size', '32', '--batch_size', '4', '--max_duration', '7ba',
-                                           '--precomputed_latents', '--fused_adamw', '--channels_last']))
+    args = resolve_config(
+        parse_args(
+            TINY
+            + [
+                '--image_size',
+                '32',
+                '--batch_size',
+                '4',
+                '--max_duration',
+                '7ba',
+                '--precomputed_latents',
+                '--fused_adamw',
+                '--channels_last',
+            ]
+        )
+    )
     originals = {part: vars(owner)[name] for part, (owner, name) in framework_overhead.COMPOSER_PARTS.items()}
     bare, composer, parts = framework_overhead.interleaved_round(args, warmup=2)
     # 7 Composer steps: the first precedes any bare step; of the 6 after bare steps, 2 are warm-up.
@@ -22,8 +36,9 @@ def test_framework_overhead_times_every_phase_of_both_loops_and_composers_host_w
         assert all(seconds > 0 for seconds in step_parts.values())
     # The bare step runs inside Composer's BATCH_END dispatch and is not counted as Composer's events.
     assert framework_overhead.median_ms(parts) < framework_overhead.median_ms(composer) / 2
-    assert all(vars(owner)[name] is originals[part]
-               for part, (owner, name) in framework_overhead.COMPOSER_PARTS.items())
+    assert all(
+        vars(owner)[name] is originals[part] for part, (owner, name) in framework_overhead.COMPOSER_PARTS.items()
+    )
 
 
 def test_framework_overhead_bare_loop_mirrors_channels_last():

@@ -15,8 +15,19 @@ from results import PEAK_FLOPS, gpu_key
 
 pytestmark = pytest.mark.gpu
 
-TINY = ['--model_name', 'tiny', '--use_synth_data', '--image_size', '64', '--batch_size', '8', '--max_duration', '4ba',
-        '--num_workers', '2']
+TINY = [
+    '--model_name',
+    'tiny',
+    '--use_synth_data',
+    '--image_size',
+    '64',
+    '--batch_size',
+    '8',
+    '--max_duration',
+    '4ba',
+    '--num_workers',
+    '2',
+]
 
 
 class KeepLosses(Callback):
@@ -54,21 +65,25 @@ def test_tiny_model_trains_on_the_gpu_in_bf16(tmp_path):
         assert results['mfu'] == pytest.approx(results['flops_per_sec'] / (results['num_devices'] * peak))
 
 
-@pytest.mark.parametrize('flags', [
-    ['--precision', 'amp_fp16'],
-    ['--channels_last'],
-    ['--fused_adamw'],
-    ['--low_precision_norm'],
-    ['--encoders_bf16'],
-    ['--no-pin_memory'],
-    ['--device_train_microbatch_size', 'auto'],
-    ['--device_train_microbatch_size', '2'],
-    ['--fsdp', 'shard_grad_op'],
-    ['--fsdp', 'full_shard', '--use_ema'],
-    ['--use_ema', '--ema_offload'],
-    ['--compile'],
-    ['--precomputed_latents', '--fused_adamw'],
-], ids=lambda flags: ' '.join(flags))
+@pytest.mark.parametrize(
+    'flags',
+    [
+        ['--precision', 'amp_fp16'],
+        ['--channels_last'],
+        ['--fused_adamw'],
+        ['--low_precision_norm'],
+        ['--encoders_bf16'],
+        ['--no-pin_memory'],
+        ['--device_train_microbatch_size', 'auto'],
+        ['--device_train_microbatch_size', '2'],
+        ['--fsdp', 'shard_grad_op'],
+        ['--fsdp', 'full_shard', '--use_ema'],
+        ['--use_ema', '--ema_offload'],
+        ['--compile'],
+        ['--precomputed_latents', '--fused_adamw'],
+    ],
+    ids=lambda flags: ' '.join(flags),
+)
 def test_speed_paths_train_on_the_gpu(tmp_path, flags):
     results, losses, _ = train(tmp_path, *TINY, *flags)
     assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses)
@@ -88,8 +103,20 @@ def test_sd2_base_initializes_on_the_gpu():
 
 
 def test_sd2_base_trains_two_batches_at_256px(tmp_path):
-    results, losses, _ = train(tmp_path, '--model_name', 'sd2-base', '--use_synth_data', '--image_size', '256',
-                               '--batch_size', '4', '--device_train_microbatch_size', '2', '--max_duration', '2ba')
+    results, losses, _ = train(
+        tmp_path,
+        '--model_name',
+        'sd2-base',
+        '--use_synth_data',
+        '--image_size',
+        '256',
+        '--batch_size',
+        '4',
+        '--device_train_microbatch_size',
+        '2',
+        '--max_duration',
+        '2ba',
+    )
     assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
     # At 256px: 3 x UNet forward 0.18 + VAE encoder 0.27 + text encoder 0.045 TFLOP.
     assert results['flops_per_image'] == pytest.approx(0.855e12, rel=0.02)

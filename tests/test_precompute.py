@@ -17,8 +17,9 @@ import precompute
 from benchmark import main
 from config import CONFIGS_DIR, ConfigError, parse_args, resolve_config
 from convert import ensure_sample_dataset
-from data import CaptionTokenizer, PrecomputedLatentsDataset, StreamingLAIONDataset, SyntheticImageCaptionDataset
+from data import PrecomputedLatentsDataset, StreamingLAIONDataset, SyntheticImageCaptionDataset
 from model import StableDiffusion, build_encoders, build_model, count_forward_flops
+from tokenizer import CaptionTokenizer
 
 SOURCE_SAMPLES = 40  # the generated dataset breaks samples 13 and 26 (an empty download, an HTML page)
 
@@ -27,8 +28,9 @@ def online_and_precomputed_models():
     """The tiny model, and a model of the same UNet weights without VAE or text encoder."""
     reproducibility.seed_all(0)
     online = build_model('tiny')
-    without_encoders = StableDiffusion(copy.deepcopy(online.unet), None, None, online.noise_scheduler,
-                                       online.latent_scale)
+    without_encoders = StableDiffusion(
+        copy.deepcopy(online.unet), None, None, online.noise_scheduler, online.latent_scale
+    )
     return online, without_encoders
 
 
@@ -37,9 +39,12 @@ def fixed_batch(n=4, image_size=64):
     batch = default_collate([dataset[i] for i in range(n)])
     generator = torch.Generator().manual_seed(1)
     latent_shape = (n, 4, image_size // 8, image_size // 8)
-    return {**batch, 'noise': torch.randn(latent_shape, generator=generator),
-            'latent_noise': torch.randn(latent_shape, generator=generator),
-            'timesteps': torch.randint(0, 1000, (n,), generator=generator)}
+    return {
+        **batch,
+        'noise': torch.randn(latent_shape, generator=generator),
+        'latent_noise': torch.randn(latent_shape, generator=generator),
+        'timesteps': torch.randint(0, 1000, (n,), generator=generator),
+    }
 
 
 def precomputed_from(online, batch, dtype=torch.float16):
@@ -50,8 +55,12 @@ def precomputed_from(online, batch, dtype=torch.float16):
             mean, logvar = dist.mean, dist.logvar
             text_embedding = online.text_encoder(batch['input_ids'])[0]
     keep = ('noise', 'latent_noise', 'timesteps')
-    return {'latent_mean': mean, 'latent_logvar': logvar, 'text_embedding': text_embedding,
-            **{key: batch[key] for key in keep}}
+    return {
+        'latent_mean': mean,
+        'latent_logvar': logvar,
+        'text_embedding': text_embedding,
+        **{key: batch[key] for key in keep},
+    }
 
 
 def step(model, batch):
@@ -76,8 +85,9 @@ def test_precomputed_step_equals_the_online_step():
     fp16_prediction, fp16_loss, fp16_gradients = step(without_encoders, stored)
     torch.testing.assert_close(fp16_prediction, prediction, rtol=2e-2, atol=2e-3)
     torch.testing.assert_close(fp16_loss, loss, rtol=2e-3, atol=0)
-    cosine = torch.nn.functional.cosine_similarity(torch.cat([g.flatten() for g in fp16_gradients]),
-                                                   torch.cat([g.flatten() for g in gradients]), dim=0)
+    cosine = torch.nn.functional.cosine_similarity(
+        torch.cat([g.flatten() for g in fp16_gradients]), torch.cat([g.flatten() for g in gradients]), dim=0
+    )
     assert cosine > 0.999
     # Nothing but the UNet in the precomputed model, and its FLOPs are the UNet's forward and backward.
     assert sum(p.numel() for p in without_encoders.parameters()) == sum(p.numel() for p in online.unet.parameters())
@@ -92,8 +102,21 @@ def source(tmp_path_factory):
 
 
 def run_precompute(source, out, *flags):
-    return precompute.main(['--local', str(source), '--out', str(out), '--model_name', 'tiny', '--image_size', '32',
-                            '--part_size', '16', *flags])
+    return precompute.main(
+        [
+            '--local',
+            str(source),
+            '--out',
+            str(out),
+            '--model_name',
+            'tiny',
+            '--image_size',
+            '32',
+            '--part_size',
+            '16',
+            *flags,
+        ]
+    )
 
 
 def read_all(location):
@@ -138,8 +161,21 @@ def test_precompute_writes_aligned_samples_resumes_and_trains(source, tmp_path, 
 
     # Train the UNet alone on it: one epoch of 38 samples in batches of 8, at the stored 32px.
     capfd.readouterr()
-    trainer = main(parse_args(['--model_name', 'tiny', '--precomputed_latents', '--local', str(out),
-                               '--batch_size', '8', '--max_duration', '1ep']))
+    trainer = main(
+        parse_args(
+            [
+                '--model_name',
+                'tiny',
+                '--precomputed_latents',
+                '--local',
+                str(out),
+                '--batch_size',
+                '8',
+                '--max_duration',
+                '1ep',
+            ]
+        )
+    )
     assert int(trainer.state.timestamp.batch) == 4
     assert 'the data was precomputed at 32px' in capfd.readouterr().out
     assert trainer.state.model.vae is None and trainer.state.model.text_encoder is None
@@ -154,9 +190,10 @@ def test_precomputed_data_must_fit_the_unet(source, tmp_path):
     config['cross_attention_dim'] = 48
     (other / 'unet' / 'config.json').write_text(json.dumps(config))
     with pytest.raises(ConfigError, match='text embeddings of width 32, but .* takes 4 and 48'):
-        main(parse_args(['--model_name', str(other), '--precomputed_latents', '--local', str(out),
-                         '--batch_size', '8']))
-    with pytest.raises(ConfigError, match="latent_mean, latent_logvar and text_embedding"):
+        main(
+            parse_args(['--model_name', str(other), '--precomputed_latents', '--local', str(out), '--batch_size', '8'])
+        )
+    with pytest.raises(ConfigError, match='latent_mean, latent_logvar and text_embedding'):
         main(parse_args(['--model_name', 'tiny', '--precomputed_latents', '--local', str(source), '--batch_size', '8']))
 
 
@@ -168,9 +205,29 @@ def test_two_ranks_share_the_parts(source, tmp_path):
     # A folder of its own: Streaming refuses a local folder that a live dataset (here, in this process) reads.
     own_source = shutil.copytree(source, tmp_path / 'source')
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1'}
-    run = subprocess.run([LAUNCHER, '-n', '2', str(REPO / 'precompute.py'), '--local', str(own_source), '--out', str(out),
-                          '--model_name', 'tiny', '--image_size', '32', '--part_size', '8'],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            LAUNCHER,
+            '-n',
+            '2',
+            str(REPO / 'precompute.py'),
+            '--local',
+            str(own_source),
+            '--out',
+            str(out),
+            '--model_name',
+            'tiny',
+            '--image_size',
+            '32',
+            '--part_size',
+            '8',
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert 'encoded 38 samples (2 bad ones left out)' in run.stdout
     assert sorted(path.name for path in out.glob('part-*')) == [f'part-{i:05d}' for i in range(5)]
@@ -182,8 +239,22 @@ def test_two_ranks_share_the_parts(source, tmp_path):
 
 def test_synthetic_precomputed_run_counts_unet_flops_only(tmp_path):
     results = tmp_path / 'results.json'
-    main(parse_args(['--model_name', 'tiny', '--use_synth_data', '--precomputed_latents', '--batch_size', '4',
-                     '--max_duration', '3ba', '--results_json', str(results)]))
+    main(
+        parse_args(
+            [
+                '--model_name',
+                'tiny',
+                '--use_synth_data',
+                '--precomputed_latents',
+                '--batch_size',
+                '4',
+                '--max_duration',
+                '3ba',
+                '--results_json',
+                str(results),
+            ]
+        )
+    )
     summary = json.loads(results.read_text())
     reproducibility.seed_all(0)
     online = build_model('tiny')
@@ -192,13 +263,16 @@ def test_synthetic_precomputed_run_counts_unet_flops_only(tmp_path):
     assert summary['img_per_sec'] > 0
 
 
-@pytest.mark.parametrize('flags, message', [
-    (['--precomputed_latents'], '--precomputed_latents needs a dataset written by precompute.py'),
-    (['--precomputed_latents', '--use_synth_data', '--encoders_bf16'], 'no VAE or text encoder to keep in bf16'),
-    (['--use_synth_data', '--low_precision_norm'], '--low_precision_norm runs the norms in the autocast precision'),
-    (['--use_synth_data', '--compile'], "Inductor fails compiling this model's backward pass for CPU"),
-    (['--use_synth_data', '--pin_memory'], '--pin_memory pins batches for copies to a GPU'),
-])
+@pytest.mark.parametrize(
+    'flags, message',
+    [
+        (['--precomputed_latents'], '--precomputed_latents needs a dataset written by precompute.py'),
+        (['--precomputed_latents', '--use_synth_data', '--encoders_bf16'], 'no VAE or text encoder to keep in bf16'),
+        (['--use_synth_data', '--low_precision_norm'], '--low_precision_norm runs the norms in the autocast precision'),
+        (['--use_synth_data', '--compile'], "Inductor fails compiling this model's backward pass for CPU"),
+        (['--use_synth_data', '--pin_memory'], '--pin_memory pins batches for copies to a GPU'),
+    ],
+)
 def test_bad_flag_combinations(flags, message):
     with pytest.raises(ConfigError, match=message):
         resolve_config(parse_args(['--model_name', 'tiny', *flags]))
@@ -217,32 +291,52 @@ def test_precompute_refuses_a_foreign_output(source, tmp_path):
 def test_precompute_never_writes_over_its_input(source, tmp_path, where):
     copy_of_source = tmp_path / 'data' / 'mds'
     shutil.copytree(source, copy_of_source)
-    before = sorted((path.relative_to(tmp_path), path.read_bytes()) for path in copy_of_source.rglob('*')
-                    if path.is_file())
+    before = sorted(
+        (path.relative_to(tmp_path), path.read_bytes()) for path in copy_of_source.rglob('*') if path.is_file()
+    )
     out = {'same': copy_of_source, 'parent': copy_of_source.parent, 'inside': copy_of_source / 'latents'}[where]
     with pytest.raises(ConfigError, match='overlaps the input'):
         run_precompute(copy_of_source, out, '--overwrite')
-    after = sorted((path.relative_to(tmp_path), path.read_bytes()) for path in copy_of_source.rglob('*')
-                   if path.is_file())
+    after = sorted(
+        (path.relative_to(tmp_path), path.read_bytes()) for path in copy_of_source.rglob('*') if path.is_file()
+    )
     assert after == before
 
 
-@pytest.mark.parametrize('out, source, expected', [
-    ('s3://bucket/laion', 's3://bucket/laion/', True),
-    ('s3://bucket/laion/latents', 's3://bucket/laion', True),
-    ('s3://bucket/laion-latents', 's3://bucket/laion', False),
-    ('s3://other/laion', 's3://bucket/laion', False),
-    ('s3://bucket/laion', 'data/laion', False),
-])
+@pytest.mark.parametrize(
+    'out, source, expected',
+    [
+        ('s3://bucket/laion', 's3://bucket/laion/', True),
+        ('s3://bucket/laion/latents', 's3://bucket/laion', True),
+        ('s3://bucket/laion-latents', 's3://bucket/laion', False),
+        ('s3://other/laion', 's3://bucket/laion', False),
+        ('s3://bucket/laion', 'data/laion', False),
+    ],
+)
 def test_remote_overlap_is_by_whole_path_components(out, source, expected):
     assert precompute.overlaps(out, source) == expected
 
 
 # ------------------------------------------------------------------------------------- speed paths
 
+
 def train(*flags, batches=3):
-    trainer = main(parse_args(['--model_name', 'tiny', '--use_synth_data', '--batch_size', '4', '--image_size', '32',
-                               '--max_duration', f'{batches}ba', *flags]))
+    trainer = main(
+        parse_args(
+            [
+                '--model_name',
+                'tiny',
+                '--use_synth_data',
+                '--batch_size',
+                '4',
+                '--image_size',
+                '32',
+                '--max_duration',
+                f'{batches}ba',
+                *flags,
+            ]
+        )
+    )
     return trainer.state.model
 
 
@@ -271,8 +365,11 @@ def test_channels_last_keeps_the_result():
 
 def test_encoders_bf16_keeps_encoders_in_bf16_and_trains():
     model = train('--encoders_bf16', batches=2)
-    assert {p.dtype for p in model.vae.parameters()} == {p.dtype for p in model.text_encoder.parameters()} \
+    assert (
+        {p.dtype for p in model.vae.parameters()}
+        == {p.dtype for p in model.text_encoder.parameters()}
         == {torch.bfloat16}
+    )
     assert {p.dtype for p in model.unet.parameters()} == {torch.float32}
     batch = fixed_batch(2, 32)
     latents, text_embeddings = model.encode(batch)

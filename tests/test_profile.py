@@ -1,6 +1,5 @@
 """benchmark.py --profile: a trace of the last batch, which benchmarks/profile_summary.py breaks down."""
 
-
 import pytest
 from conftest import TINY
 

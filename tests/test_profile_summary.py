@@ -31,11 +31,11 @@ def test_summary_counts_overlapping_gpu_work_once_and_host_self_time(tmp_path):
     summary = profile_summary.summarize(profile_summary.load_trace(trace))
     assert summary['step_ms'] == pytest.approx(1.0)
     assert summary['gpu_busy_ms'] == pytest.approx(0.55)  # 100..500, 800..900, 950..1000
-    assert summary['gpu_by_class'] == pytest.approx({'matmul/conv': 0.3, 'attention': 0.2, 'data movement': 0.05,
-                                                     profile_summary.OTHER: 0.1})
+    assert summary['gpu_by_class'] == pytest.approx(
+        {'matmul/conv': 0.3, 'attention': 0.2, 'data movement': 0.05, profile_summary.OTHER: 0.1}
+    )
     assert summary['gpu_calls']['sm90_xmma_gemm_bf16bf16_bf16f32'] == 1
-    assert summary['host_by_name'] == pytest.approx({'aten::linear': 0.1, 'aten::addmm': 0.2,
-                                                     'aten::group_norm': 0.05})
+    assert summary['host_by_name'] == pytest.approx({'aten::linear': 0.1, 'aten::addmm': 0.2, 'aten::group_norm': 0.05})
     assert summary['host_by_class'] == pytest.approx({'matmul/conv': 0.3, 'normalization': 0.05})
     assert 'GPU busy 0.55 ms, 55.0% of the step; idle 45.0%' in profile_summary.report(summary)
 

@@ -20,8 +20,20 @@ PUBLISHED = [
     (128, 1618.4, 20.5, 62_987, 125_000),
     (256, 2589.4, 12.83, 78_735, 160_000),
 ]
-PUBLISHED_ARGS = ['--gpu_type', 'A100', '--throughput', '8=128.2', '16=254.0', '32=485.7', '64=912.2',
-                  '128=1618.4', '--extrapolate', '256', '--reference', '256=2589.4']
+PUBLISHED_ARGS = [
+    '--gpu_type',
+    'A100',
+    '--throughput',
+    '8=128.2',
+    '16=254.0',
+    '32=485.7',
+    '64=912.2',
+    '128=1618.4',
+    '--extrapolate',
+    '256',
+    '--reference',
+    '256=2589.4',
+]
 
 
 def run_report(tmp_path, argv):
@@ -30,7 +42,7 @@ def run_report(tmp_path, argv):
 
 
 def rows_by_kind(tables, kind):
-    (_, rows, _, _), = tables
+    ((_, rows, _, _),) = tables
     return {r['gpus']: r for r in rows if r['kind'] == kind}
 
 
@@ -41,6 +53,7 @@ def published_rows(tmp_path, extra=()):
 
 
 # ------------------------------------------------------------------------------ the published table
+
 
 def test_published_days(tmp_path):
     rows = published_rows(tmp_path)
@@ -77,7 +90,7 @@ def test_published_cost(tmp_path):
     # $1k for 8-32 GPUs ($99,400 -> $99,000), the nearest $5k for 64 and 128 ($111,757 -> $110,000,
     # $125,982 -> $125,000) and the nearest $10k for 256 ($157,480 -> "less than $160k").
     rounding = {8: 1_000, 16: 1_000, 32: 1_000, 64: 5_000, 128: 5_000, 256: 10_000}
-    for gpus, _, _, hours, cost in PUBLISHED:
+    for gpus, _, _, _, cost in PUBLISHED:
         assert round(rows[gpus]['cost'] / rounding[gpus]) * rounding[gpus] == cost, (gpus, rows[gpus]['cost'])
         assert rows[gpus]['cost'] == pytest.approx(2.0 * rows[gpus]['gpu_hours'])
 
@@ -99,10 +112,11 @@ def test_published_prediction_and_limit(tmp_path, capsys):
     assert limit['mfu'] == pytest.approx(1.0)
     assert '| 256 | limit |' in out
     with open(tmp_path / 'report.csv') as f:
-        assert len(f.read().splitlines()) == 1 + 5 + 3   # header, measured, reference + predicted + limit
+        assert len(f.read().splitlines()) == 1 + 5 + 3  # header, measured, reference + predicted + limit
 
 
 # ------------------------------------------------------------------------------ the scaling model
+
 
 def synthetic(a, b, counts=(8, 16, 32, 64, 128)):
     return {n: 1 / (a + b / n) for n in counts}
@@ -110,13 +124,13 @@ def synthetic(a, b, counts=(8, 16, 32, 64, 128)):
 
 def test_fit_recovers_known_efficiency():
     # a = b / 384 makes the 128 -> 256 doubling exactly 80% efficient: (a + b/128) / (2a + b/128) = 0.8.
-    b = 1 / 16.0            # 16 img/s per GPU without overhead
+    b = 1 / 16.0  # 16 img/s per GPU without overhead
     fit = report.fit_scaling(synthetic(b / 384, b))
     assert fit.a == pytest.approx(b / 384, rel=1e-9)
     assert fit.b == pytest.approx(b, rel=1e-9)
     assert fit.doubling_efficiency(128) == pytest.approx(0.8)
     assert fit.img_per_sec(256) == pytest.approx(2 * 0.8 * fit.img_per_sec(128))
-    for n in (8, 16, 32, 64, 128):   # the closed form agrees with the ratio of throughputs
+    for n in (8, 16, 32, 64, 128):  # the closed form agrees with the ratio of throughputs
         assert fit.doubling_efficiency(n) == pytest.approx(fit.img_per_sec(2 * n) / (2 * fit.img_per_sec(n)))
 
 
@@ -133,7 +147,7 @@ def test_fit_perfect_scaling_and_noise():
 
 
 def test_fit_keeps_parameters_physical():
-    superlinear = report.fit_scaling({8: 100.0, 16: 250.0})   # better than linear: a clamped to 0
+    superlinear = report.fit_scaling({8: 100.0, 16: 250.0})  # better than linear: a clamped to 0
     assert superlinear.a == 0 and superlinear.b > 0
     flat = report.fit_scaling({8: 100.0, 16: 100.0, 32: 100.0})
     assert flat.img_per_sec(64) == pytest.approx(100.0)
@@ -141,24 +155,51 @@ def test_fit_keeps_parameters_physical():
 
 
 def test_per_phase_budget(tmp_path):
-    tables = run_report(tmp_path, ['--gpu_type', 'A100', '--samples', '256=1126400000', '512=1740800000',
-                                   '--throughput', '256:8=400', '256:16=780', '512:8=128.2', '512:16=254'])
+    tables = run_report(
+        tmp_path,
+        [
+            '--gpu_type',
+            'A100',
+            '--samples',
+            '256=1126400000',
+            '512=1740800000',
+            '--throughput',
+            '256:8=400',
+            '256:16=780',
+            '512:8=128.2',
+            '512:16=254',
+        ],
+    )
     rows = rows_by_kind(tables, 'measured')
     assert rows[8]['days'] == pytest.approx((1_126_400_000 / 400 + 1_740_800_000 / 128.2) / 86_400)
-    assert 32 in rows_by_kind(tables, 'predicted')   # one doubling past the largest measured count
+    assert 32 in rows_by_kind(tables, 'predicted')  # one doubling past the largest measured count
     flops = 1_126_400_000 * report.FLOPS_PER_IMAGE[256] + 1_740_800_000 * 3.58e12
     assert rows[8]['mfu'] == pytest.approx(flops / (rows[8]['gpu_hours'] * 3600 * 312e12))
 
 
 # ------------------------------------------------------------------------------ results files
 
+
 def results_file(path, **fields):
-    data = {'schema': 'sd2-benchmark-results/1', 'img_per_sec': 120.0, 'img_per_sec_per_device': 15.0,
-            'flops_per_image': 3.58e12, 'flops_per_sec': 120.0 * 3.58e12, 'mfu': 120.0 * 3.58e12 / (8 * 989e12),
-            'device_type': 'gpu', 'device_name': 'NVIDIA H100 80GB HBM3', 'num_devices': 8, 'world_size': 8,
-            'image_size': 512, 'model_name': 'sd2-base', 'config': {}, 'versions': {}, 'date': '2026-11-22'}
+    data = {
+        'schema': 'sd2-benchmark-results/1',
+        'img_per_sec': 120.0,
+        'img_per_sec_per_device': 15.0,
+        'flops_per_image': 3.58e12,
+        'flops_per_sec': 120.0 * 3.58e12,
+        'mfu': 120.0 * 3.58e12 / (8 * 989e12),
+        'device_type': 'gpu',
+        'device_name': 'NVIDIA H100 80GB HBM3',
+        'num_devices': 8,
+        'world_size': 8,
+        'image_size': 512,
+        'model_name': 'sd2-base',
+        'config': {},
+        'versions': {},
+        'date': '2026-11-22',
+    }
     data.update(fields)
-    data = {k: v for k, v in data.items() if v is not ...}   # ... drops a field
+    data = {k: v for k, v in data.items() if v is not ...}  # ... drops a field
     path.write_text(json.dumps(data))
     return str(path)
 
@@ -166,7 +207,7 @@ def results_file(path, **fields):
 def test_load_results(tmp_path):
     point = report.load_results(results_file(tmp_path / 'h100.json'))
     assert (point.gpu, point.gpus, point.img_per_sec, point.image_size) == ('H100', 8, 120.0, 512)
-    assert point.peak == pytest.approx(989e12)   # recovered from the file's MFU
+    assert point.peak == pytest.approx(989e12)  # recovered from the file's MFU
     assert report.gpu_key('NVIDIA A100-SXM4-40GB') == 'A100'
     assert report.gpu_key('NVIDIA H100 PCIe') == 'H100 PCIE'
     assert report.gpu_key('AMD EPYC') == 'AMD EPYC'
@@ -180,9 +221,28 @@ BENCHMARK = REPO / 'benchmark.py'
 def test_report_from_tiny_benchmark_run(tmp_path, capsys):
     results = tmp_path / 'tiny.json'
     env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
-    subprocess.run([sys.executable, str(BENCHMARK), '--model_name', 'tiny', '--use_synth_data', '--image_size', '64',
-                    '--batch_size', '8', '--max_duration', '4ba', '--results_json', str(results)],
-                   cwd=tmp_path, env=env, check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARK),
+            '--model_name',
+            'tiny',
+            '--use_synth_data',
+            '--image_size',
+            '64',
+            '--batch_size',
+            '8',
+            '--max_duration',
+            '4ba',
+            '--results_json',
+            str(results),
+        ],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     data = json.loads(results.read_text())
     tables = run_report(tmp_path, [str(results), '--peak_tflops', '1'])
     row = rows_by_kind(tables, 'measured')[data['num_devices']]
@@ -196,8 +256,10 @@ def test_report_from_tiny_benchmark_run(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------ the figure
 
+
 def test_png_is_a_valid_image(tmp_path):
     import matplotlib.image
+
     run_report(tmp_path, PUBLISHED_ARGS)
     png = tmp_path / 'report.png'
     assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
@@ -208,11 +270,15 @@ def test_png_is_a_valid_image(tmp_path):
 
 # ------------------------------------------------------------------------------ bad input
 
-@pytest.mark.parametrize('content, message', [
-    ('{"schema": "sd2-benchmark-results/1", "img_per_sec": ', 'not valid JSON'),
-    ('[1, 2]', 'not a benchmark.py results file'),
-    ('{"img_per_sec": 10}', 'not a benchmark.py results file'),
-])
+
+@pytest.mark.parametrize(
+    'content, message',
+    [
+        ('{"schema": "sd2-benchmark-results/1", "img_per_sec": ', 'not valid JSON'),
+        ('[1, 2]', 'not a benchmark.py results file'),
+        ('{"img_per_sec": 10}', 'not a benchmark.py results file'),
+    ],
+)
 def test_malformed_results_file(tmp_path, content, message):
     path = tmp_path / 'bad.json'
     path.write_text(content)
@@ -221,17 +287,20 @@ def test_malformed_results_file(tmp_path, content, message):
     assert str(path) in str(error.value)
 
 
-@pytest.mark.parametrize('fields, message', [
-    ({'img_per_sec': ...}, "'img_per_sec' is missing or null"),
-    ({'img_per_sec': None}, "'img_per_sec' is missing or null"),
-    ({'img_per_sec': 0}, "'img_per_sec' must be a positive float, got 0"),
-    ({'img_per_sec': -31.5}, "'img_per_sec' must be a positive float, got -31.5"),
-    ({'img_per_sec': 'fast'}, "'img_per_sec' must be a positive float, got 'fast'"),
-    ({'num_devices': 0}, "'num_devices' must be a positive int, got 0"),
-    ({'num_devices': 1.5}, "'num_devices' must be a positive int, got 1.5"),
-    ({'image_size': ...}, "'image_size' is missing or null"),
-    ({'device_name': ...}, "missing field 'device_name'"),
-])
+@pytest.mark.parametrize(
+    'fields, message',
+    [
+        ({'img_per_sec': ...}, "'img_per_sec' is missing or null"),
+        ({'img_per_sec': None}, "'img_per_sec' is missing or null"),
+        ({'img_per_sec': 0}, "'img_per_sec' must be a positive float, got 0"),
+        ({'img_per_sec': -31.5}, "'img_per_sec' must be a positive float, got -31.5"),
+        ({'img_per_sec': 'fast'}, "'img_per_sec' must be a positive float, got 'fast'"),
+        ({'num_devices': 0}, "'num_devices' must be a positive int, got 0"),
+        ({'num_devices': 1.5}, "'num_devices' must be a positive int, got 1.5"),
+        ({'image_size': ...}, "'image_size' is missing or null"),
+        ({'device_name': ...}, "missing field 'device_name'"),
+    ],
+)
 def test_bad_results_field(tmp_path, fields, message):
     path = results_file(tmp_path / 'bad.json', **fields)
     with pytest.raises(report.ReportError, match=message) as error:
@@ -244,23 +313,29 @@ def test_missing_results_file(tmp_path):
         report.load_results(str(tmp_path / 'nope.json'))
 
 
-@pytest.mark.parametrize('item, message', [
-    ('8=0', "'8=0': img/s: expected a positive number"),
-    ('8=-128.2', "'8=-128.2': img/s: expected a positive number"),
-    ('0=128.2', "'0=128.2': GPU count: expected a positive number"),
-    ('-8=128.2', "'-8=128.2': GPU count: expected a positive number"),
-    ('8', 'expected GPUS=IMG_S'),
-])
+@pytest.mark.parametrize(
+    'item, message',
+    [
+        ('8=0', "'8=0': img/s: expected a positive number"),
+        ('8=-128.2', "'8=-128.2': img/s: expected a positive number"),
+        ('0=128.2', "'0=128.2': GPU count: expected a positive number"),
+        ('-8=128.2', "'-8=128.2': GPU count: expected a positive number"),
+        ('8', 'expected GPUS=IMG_S'),
+    ],
+)
 def test_bad_throughput(tmp_path, item, message):
     with pytest.raises(report.ReportError, match=message):
-        run_report(tmp_path, [f'--throughput={item}'])   # '=' so argparse takes '-8=...' as a value
+        run_report(tmp_path, [f'--throughput={item}'])  # '=' so argparse takes '-8=...' as a value
 
 
-@pytest.mark.parametrize('argv, message', [
-    (['--throughput', '8=1', '--extrapolate', '0'], '--extrapolate: GPU count must be > 0'),
-    (['--throughput', '8=1', '--samples', '0'], '--samples: expected a positive number'),
-    (['--throughput', '8=1', '--price', '-2'], '--price must be >= 0'),
-])
+@pytest.mark.parametrize(
+    'argv, message',
+    [
+        (['--throughput', '8=1', '--extrapolate', '0'], '--extrapolate: GPU count must be > 0'),
+        (['--throughput', '8=1', '--samples', '0'], '--samples: expected a positive number'),
+        (['--throughput', '8=1', '--price', '-2'], '--price must be >= 0'),
+    ],
+)
 def test_bad_arguments(argv, message, capsys):
     with pytest.raises(SystemExit) as error:
         report.parse_args(argv)
@@ -308,7 +383,12 @@ def test_mixed_gpu_types(tmp_path, capsys):
 
 
 def test_command_line_reports_bad_input_in_one_line_with_status_2(tmp_path):
-    run = subprocess.run([sys.executable, str(REPO / 'report.py'), '--throughput', '8', '--csv', '', '--plot', ''],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, str(REPO / 'report.py'), '--throughput', '8', '--csv', '', '--plot', ''],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2
     assert run.stderr.strip() == "error: --throughput: expected GPUS=IMG_S (e.g. 8=128.2), got '8'"

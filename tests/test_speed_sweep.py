@@ -9,14 +9,34 @@ from benchmarks import speed_sweep
 
 @pytest.mark.slow
 def test_speed_sweep_runs_each_path_skips_what_cannot_run_and_combines(tmp_path):
-    sweep = ['--model_name', 'tiny', '--sizes', '32', '--modes', 'precomputed', '--microbatch', '2',
-             '--accumulation', '2', '--batches', '4', '--out', str(tmp_path), '--profile',
-             '--paths', 'fused_adamw', 'low_precision_norm', 'encoders_bf16']
+    sweep = [
+        '--model_name',
+        'tiny',
+        '--sizes',
+        '32',
+        '--modes',
+        'precomputed',
+        '--microbatch',
+        '2',
+        '--accumulation',
+        '2',
+        '--batches',
+        '4',
+        '--out',
+        str(tmp_path),
+        '--profile',
+        '--paths',
+        'fused_adamw',
+        'low_precision_norm',
+        'encoders_bf16',
+    ]
     # Cut short: after the baseline (seconds) no row fits in 0.6 s, and nothing is combined from a part.
     rows = speed_sweep.main([*sweep, '--time_limit', '0.01'])
     assert [row['name'] for row in rows if 'results' in row] == ['baseline']
     assert {row['name']: row.get('not_run') for row in rows if 'not_run' in row} == {
-        'fused_adamw': 'time limit reached (--resume goes on from here)', 'combined': 'not every path was measured'}
+        'fused_adamw': 'time limit reached (--resume goes on from here)',
+        'combined': 'not every path was measured',
+    }
     table = (tmp_path / 'speed_sweep.md').read_text()
     assert '| fused_adamw | `--fused_adamw` | 2 | not run: time limit reached' in table
     baseline_log = (tmp_path / '32px-precomputed-baseline-mb2.log').read_text()
@@ -50,31 +70,54 @@ def test_speed_sweep_runs_each_path_skips_what_cannot_run_and_combines(tmp_path)
     # --profile: the fastest row again, profiled, and where its time went.
     fastest = max((row for row in rows if 'results' in row), key=lambda row: row['results']['img_per_sec_per_device'])
     line = next(line for line in table.splitlines() if line.startswith('- 32px precomputed, fastest row'))
-    assert f"fastest row {fastest['name']} (microbatch {fastest['microbatch']}): no GPU; host operator time: " in line
+    assert f'fastest row {fastest["name"]} (microbatch {fastest["microbatch"]}): no GPU; host operator time: ' in line
     assert 'matmul/conv' in line
     assert 'Host operator self time by class' in (tmp_path / 'profile-32px-precomputed' / 'summary.md').read_text()
 
 
 def test_speed_sweep_names_why_a_row_failed():
-    assert speed_sweep.failure_reason('step 1\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate') == 'out of memory'
-    assert speed_sweep.failure_reason('config: {}\nerror: --attention xformers: not installed\n') == \
-        'error: --attention xformers: not installed'
+    assert (
+        speed_sweep.failure_reason('step 1\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate')
+        == 'out of memory'
+    )
+    assert (
+        speed_sweep.failure_reason('config: {}\nerror: --attention xformers: not installed\n')
+        == 'error: --attention xformers: not installed'
+    )
     assert speed_sweep.failure_reason('') == 'exited with no output'
 
 
 def test_speed_sweep_compares_the_fastest_512px_rows_with_the_goal():
 
     def row(mode, name, rate, mfu, size=512, model='sd2-base'):
-        return {'size': size, 'mode': mode, 'name': name, 'microbatch': 8, 'results': {
-            'img_per_sec_per_device': rate, 'mfu': mfu, 'flops_per_sec': rate * 2.41e12, 'num_devices': 1,
-            'model_name': model, 'device_name': 'NVIDIA H100 80GB HBM3'}}
+        return {
+            'size': size,
+            'mode': mode,
+            'name': name,
+            'microbatch': 8,
+            'results': {
+                'img_per_sec_per_device': rate,
+                'mfu': mfu,
+                'flops_per_sec': rate * 2.41e12,
+                'num_devices': 1,
+                'model_name': model,
+                'device_name': 'NVIDIA H100 80GB HBM3',
+            },
+        }
 
-    rows = [row('online', 'baseline', 40.0, 0.145), row('online', 'compile', 90.0, 0.326),
-            row('online', 'huge', 500.0, 0.9, size=256), {'size': 512, 'mode': 'online', 'name': 'x', 'error': 'oom'},
-            row('precomputed', 'baseline', 170.0, None), row('precomputed', 'tiny', 1e4, 0.5, model='tiny')]
+    rows = [
+        row('online', 'baseline', 40.0, 0.145),
+        row('online', 'compile', 90.0, 0.326),
+        row('online', 'huge', 500.0, 0.9, size=256),
+        {'size': 512, 'mode': 'online', 'name': 'x', 'error': 'oom'},
+        row('precomputed', 'baseline', 170.0, None),
+        row('precomputed', 'tiny', 1e4, 0.5, model='tiny'),
+    ]
     online, precomputed = speed_sweep.against_goal(rows, peak_tflops=None)
-    assert online.startswith('- 512px online: fastest row compile (microbatch 8), 90.00 img/s per GPU on NVIDIA H100 '
-                             '80GB HBM3, MFU 32.6% against the goal of 35%: missed. Anchors: the published benchmark')
+    assert online.startswith(
+        '- 512px online: fastest row compile (microbatch 8), 90.00 img/s per GPU on NVIDIA H100 '
+        '80GB HBM3, MFU 32.6% against the goal of 35%: missed. Anchors: the published benchmark'
+    )
     assert 'fastest row baseline' in precomputed and 'MFU unknown (pass --peak_tflops)' in precomputed
     # With the peak given, MFU comes from the FLOP rate: 170 x 2.41 TFLOP/s of 989 is 41.4%, over the 40% goal.
     assert 'MFU 41.4% against the goal of 40%: met' in speed_sweep.against_goal(rows, peak_tflops=989)[1]

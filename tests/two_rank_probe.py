@@ -54,20 +54,24 @@ def cpu_fsdp() -> None:
     already on the CPU. Pass the CPU as the device and gather without offload, and let --fsdp past benchmark.py's
     GPU check, so that everything else (Composer's wrapping of the model, sharded training, EMA on shards,
     checkpoints) runs as on GPUs."""
+
     class FullyShardedOnCPU(FullyShardedDataParallel):
         def __init__(self, *args, device_id=None, **kwargs):
             super().__init__(*args, device_id=torch.device('cpu'), **kwargs)
+
     dist_strategy.FullyShardedDataParallel = FullyShardedOnCPU
     torch.cuda.current_device = lambda: 0  # the argument's value, computed before the call
 
     def without_offload(**options):
         return StateDictOptions(**{**options, 'cpu_offload': False})
+
     composer_state.StateDictOptions = without_offload
     resolve_config = benchmark.resolve_config
 
     def resolve_on_cpu(args):
         config = resolve_config(argparse.Namespace(**{**vars(args), 'fsdp': 'none', 'fsdp_state_dict_type': 'full'}))
         return dataclasses.replace(config, fsdp=args.fsdp, fsdp_state_dict_type=args.fsdp_state_dict_type)
+
     benchmark.resolve_config = resolve_on_cpu
 
 
@@ -92,9 +96,15 @@ if __name__ == '__main__':
     for name, tensor in weights['unet'].items():
         unet_digest.update(name.encode() + tensor.numpy().tobytes())
     rank = dist.get_global_rank()
-    record = {'first_batch': probe.first_batch, 'batches': probe.batches, 'samples': int(trainer.state.timestamp.sample), 'unet': unet_digest.hexdigest(),
-              'world_size': dist.get_world_size(),
-              'fsdp_units': [name for name, module in trainer.state.model.named_modules()
-                             if isinstance(module, FullyShardedDataParallel)]}
+    record = {
+        'first_batch': probe.first_batch,
+        'batches': probe.batches,
+        'samples': int(trainer.state.timestamp.sample),
+        'unet': unet_digest.hexdigest(),
+        'world_size': dist.get_world_size(),
+        'fsdp_units': [
+            name for name, module in trainer.state.model.named_modules() if isinstance(module, FullyShardedDataParallel)
+        ],
+    }
     Path(os.environ['PROBE_DIR'], f'rank{rank}.json').write_text(json.dumps(record))
     torch.save(weights, Path(os.environ['PROBE_DIR'], f'rank{rank}.pt'))
