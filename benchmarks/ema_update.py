@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from config import CONFIGS_DIR  # noqa: E402
 from ema import EMAWeights  # noqa: E402
+from model import build_model  # noqa: E402
 from results import cpu_name  # noqa: E402
 
 SMOOTHING = 2 ** -(1 / 1000)  # half life 1000ba, updated every batch: the published run
@@ -123,8 +124,6 @@ def measure(name, make, update, device, repeats, finish=lambda state: None):
 
 def step_seconds(device, steps=5) -> tuple[float, float]:
     """Median fwd+bwd time of one microbatch of 4 at 512px and of one AdamW step, SD2 base, bf16 autocast."""
-    from benchmark import build_model
-
     model = build_model('sd2-base', init_device=device)
     optimizer = torch.optim.AdamW(model.unet.parameters(), lr=1e-4, weight_decay=1e-3)
     batch = {
