@@ -25,6 +25,7 @@ from composer.loggers import InMemoryLogger
 from composer.utils import dist, get_device, reproducibility
 from streaming.base.util import clean_stale_shared_memory
 
+from checkpoints import set_aside_incomplete
 from config import ConfigError, RunConfig, parse_args, resolve_config
 from data import DataError
 from ema import export_ema_unet
@@ -65,8 +66,14 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
     announce(describe_model(config, model))
     if not config.use_synth_data:
         clean_stale_shared_memory()  # Streaming's shared memory left by a killed run would block this one
+    if config.autoresume and '://' not in config.save_folder and Path(config.save_folder).is_dir():
+        if dist.get_global_rank() == 0:
+            for change in set_aside_incomplete(Path(config.save_folder)):
+                announce(f'warning: {change}')
+        dist.barrier()  # every rank resumes from the folder as rank 0 left it
     trainer = build_trainer(config, model, build_dataloader(config, model), callbacks)
     trainer.fit()
+    check_finished(trainer, config)
     if dist.get_global_rank() == 0:
         results = summarize(trainer, config)
         print_summary(results)
@@ -81,6 +88,21 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
         export_ema_unet(trainer, config.export_ema_unet)
         announce(f'EMA UNet saved to {config.export_ema_unet}')
     return trainer
+
+
+class IncompleteRun(RuntimeError):
+    """Training ended before the requested duration without an error of its own (e.g. data that ran out)."""
+
+
+def check_finished(trainer: Trainer, config: RunConfig) -> None:
+    """A run that trained fewer batches than asked for must not look like a finished one: Composer ends an epoch
+    when the loader runs dry, and counts it done, however few batches it held."""
+    trained = int(trainer.state.timestamp.batch)
+    if trained < config.num_batches:
+        raise IncompleteRun(
+            f'training stopped after {trained} of the {config.num_batches} batches of --max_duration '
+            f'{config.max_duration}: the data ran out early (a shard or remote that failed?); no results written'
+        )
 
 
 def describe_model(config: RunConfig, model: StableDiffusion) -> str:
@@ -160,6 +182,9 @@ if __name__ == '__main__':
     except ConfigError as error:
         print(f'error: {error}', file=sys.stderr)
         sys.exit(2)
+    except IncompleteRun as error:
+        print(f'error: {error}', file=sys.stderr)
+        sys.exit(1)
     except (DataError, TokenizerError) as error:  # found while training, e.g. a dataset of mostly bad samples
         # Raised in a dataloader worker, the message carries the worker's traceback: its last line is the reason.
         reason = re.sub(r'^(data\.DataError|tokenizer\.TokenizerError): ', '', str(error).strip().splitlines()[-1])

@@ -20,6 +20,7 @@ from composer.utils import dist
 from convert import SAMPLE_DATASET, SAMPLE_SIZE, ensure_sample_dataset
 from data import DataError, DatasetDescription, describe_dataset
 from ema import EMA
+from tokenizer import CaptionTokenizer
 
 CONFIGS_DIR = Path(__file__).resolve().parent / 'configs'
 BUILTIN_MODELS = sorted(path.name for path in CONFIGS_DIR.iterdir() if path.is_dir())
@@ -437,13 +438,32 @@ def check_outputs(draft: argparse.Namespace) -> None:
         refuse_used_output_folder('--export_ema_unet', draft.export_ema_unet, 'an export never overwrites weights')
     if draft.autoresume and not (draft.save_folder and draft.run_name):
         raise ConfigError('--autoresume needs --save_folder and --run_name (Composer finds the checkpoint by both)')
-    if draft.save_folder and not draft.autoresume and '://' not in draft.save_folder:
+    local_save_folder = draft.save_folder and '://' not in draft.save_folder
+    if local_save_folder and Path(draft.save_folder).exists() and not Path(draft.save_folder).is_dir():
+        raise ConfigError(f'--save_folder {draft.save_folder}: is a file, not a folder of checkpoints')
+    if local_save_folder and not draft.autoresume:
         # Composer refuses too, with a traceback that does not say how to continue the earlier run.
         refuse_used_output_folder(
             '--save_folder',
             draft.save_folder,
             "checkpoints are never overwritten; or pass --autoresume with the earlier run's --run_name to continue it",
         )
+    if draft.results_json:
+        check_writable_file('--results_json', draft.results_json)
+
+
+def check_writable_file(flag: str, file: str) -> None:
+    """A file that can be written once the run ends: not a folder, under a folder that exists or can be made."""
+    path = Path(file)
+    if path.is_dir():
+        raise ConfigError(f'{flag} {file}: is a folder; give a file name')
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f'{flag} {file}: {parent} is a file, so no folder can be made there')
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f'{flag} {file}: {parent} is not writable')
 
 
 def refuse_used_output_folder(flag: str, folder: str, why: str) -> None:
@@ -454,24 +474,34 @@ def refuse_used_output_folder(flag: str, folder: str, why: str) -> None:
 
 
 def check_duration(draft: argparse.Namespace) -> None:
-    """The run's length in batches (epochs of real data are settled in check_data, which reads the dataset)."""
-    try:
-        duration = Time.from_timestring(draft.max_duration)
-    except ValueError as error:
-        raise ConfigError(f"--max_duration {draft.max_duration!r}: {error} (examples: '10ba', '1ep', '20000sp')")
+    """The run's length in batches (epochs of real data are settled in check_data, which reads the dataset), and
+    the checkpoint interval."""
+    duration = parse_time('--max_duration', draft.max_duration)
     if duration.unit == TimeUnit.BATCH:
         draft.num_batches = duration.value
-    elif duration.unit == TimeUnit.SAMPLE:
-        draft.num_batches = duration.value // draft.batch_size
-    elif duration.unit == TimeUnit.EPOCH:
-        draft.num_batches = duration.value * (SYNTHETIC_SAMPLES // draft.batch_size)
+    elif duration.unit == TimeUnit.SAMPLE:  # Composer trains until it has seen at least that many
+        draft.num_batches = -(-duration.value // draft.batch_size)
     else:
-        raise ConfigError(f"--max_duration {duration}: use batches, samples or epochs ('10ba', '20000sp', '1ep')")
+        draft.num_batches = duration.value * (SYNTHETIC_SAMPLES // draft.batch_size)
+    parse_time('--save_interval', draft.save_interval)  # Composer would take 0ba and never save
     if draft.profile and draft.num_batches < 2:
         raise ConfigError(
             f'--profile: the profiler warms up on the batch before the one it records; run at least '
             f'2 batches (--max_duration {draft.max_duration} is {draft.num_batches})'
         )
+
+
+def parse_time(flag: str, text: str) -> Time:
+    """A positive Composer time string in batches, samples or epochs."""
+    try:
+        time = Time.from_timestring(text)
+    except (ValueError, TypeError) as error:  # TypeError: a fraction of a unit that counts whole ones ('1.5ep')
+        raise ConfigError(f"{flag} {text!r}: {error} (examples: '10ba', '1ep', '20000sp')")
+    if time.unit not in (TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.EPOCH):
+        raise ConfigError(f"{flag} {text}: use batches, samples or epochs ('10ba', '20000sp', '1ep')")
+    if time.value <= 0:
+        raise ConfigError(f"{flag} {text}: must be positive (examples: '10ba', '1ep', '20000sp')")
+    return time
 
 
 def check_data(draft: argparse.Namespace) -> None:
@@ -493,8 +523,8 @@ def check_data(draft: argparse.Namespace) -> None:
         raise ConfigError(
             '--tokenizer: precomputed captions are already embeddings (choose the tokenizer in precompute.py)'
         )
-    if draft.tokenizer is not None and not Path(draft.tokenizer).is_dir():
-        raise ConfigError(f'--tokenizer {draft.tokenizer}: no such folder')
+    if draft.tokenizer is not None:
+        check_tokenizer(draft.tokenizer)
     draft.sample_data = not (draft.use_synth_data or draft.remote or draft.local)
     draft.epoch_size = None
     if draft.use_synth_data:
@@ -583,4 +613,20 @@ def resolve_model_dir(model_name: str) -> Path:
             f'--model_name {model_name!r}: missing config file(s) {", ".join(missing)} in {path} '
             f'(expected the Diffusers layout: {", ".join(CONFIG_FILES)})'
         )
+    for name in CONFIG_FILES:
+        try:
+            json.loads((path / name).read_text())
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ConfigError(f'--model_name {model_name!r}: {path / name} is not valid JSON ({error})')
     return path
+
+
+def check_tokenizer(folder: str) -> None:
+    """Loads the tokenizer once now, so that a folder without one fails here rather than in every loader worker."""
+    if not Path(folder).is_dir():
+        raise ConfigError(f'--tokenizer {folder}: no such folder')
+    try:
+        CaptionTokenizer(folder)('a photo')
+    except Exception as error:  # Transformers raises several kinds (OSError, ValueError, TypeError, ...)
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(f'--tokenizer {folder}: no tokenizer Transformers can load ({reason})')

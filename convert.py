@@ -45,12 +45,36 @@ class ConvertError(ValueError):
 
 
 def folder_samples(folder: Path):
-    for path in sorted(p for p in folder.rglob('*') if p.suffix.lower().lstrip('.') in IMAGE_EXTENSIONS):
+    images, repeats = image_files(folder)
+    for path in repeats:
+        yield str(path), None, None, 'linked folder already read (a loop or a second link)'
+    for path in images:
         caption_file = path.with_suffix('.txt')
+        if not path.is_file():
+            yield str(path), None, None, 'broken link'
+            continue
         if not caption_file.is_file():
             yield str(path), None, None, 'no caption file'
             continue
-        yield str(path), path.read_bytes(), caption_file.read_bytes(), None
+        try:
+            yield str(path), path.read_bytes(), caption_file.read_bytes(), None
+        except OSError as error:
+            yield str(path), None, None, f'unreadable ({error.strerror})'
+
+
+def image_files(folder: Path) -> tuple[list[Path], list[Path]]:
+    """The image files under a folder in name order, linked folders followed; and the linked folders left out
+    because they lead to a folder already read (a loop back up the tree, or a second link to one folder)."""
+    images, repeats, seen = [], [], set()
+    for root, folders, files in os.walk(folder, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:
+            repeats.append(Path(root))
+            folders.clear()
+            continue
+        seen.add(real)
+        images += [Path(root, name) for name in files if Path(name).suffix.lower().lstrip('.') in IMAGE_EXTENSIONS]
+    return sorted(images), repeats
 
 
 def tar_samples(path: Path):
@@ -127,6 +151,8 @@ def check_output(out: str, overwrite: bool, inputs: list[str]) -> None:
             raise ConvertError(f'{out} is not empty; pass --overwrite to write over it')
     elif not url.scheme:
         path = Path(out).resolve()
+        if path.exists() and not path.is_dir():
+            raise ConvertError(f'{out}: is a file; give a folder (new, or with --overwrite an earlier output)')
         if any(Path(name).resolve().is_relative_to(path) for name in inputs):
             raise ConvertError(f'{out}: the output folder contains an input')
         if path.is_dir() and any(path.iterdir()) and not overwrite:
@@ -175,9 +201,7 @@ def convert(inputs: list[str], out: str, overwrite: bool = False, size_limit=1 <
     check_output(out, overwrite, inputs)
     total = None
     if all(kind == 'folder' for kind, _ in sources):
-        total = sum(
-            1 for _, folder in sources for p in folder.rglob('*') if p.suffix.lower().lstrip('.') in IMAGE_EXTENSIONS
-        )
+        total = sum(sum(map(len, image_files(folder))) for _, folder in sources)
 
     def samples():
         for kind, path in sources:

@@ -36,6 +36,10 @@ from images import MAX_IMAGE_PIXELS, BadSample, decode_image
 from tokenizer import CAPTION_LENGTH, CLIP_VOCAB_SIZE, CaptionTokenizer
 
 log = logging.getLogger(__name__)
+# Remote reads (index, shards): a connection must open within 10 s and each read return data within 20 s, with
+# 2 retries after backoff (botocore's standard mode; Streaming's download_retry): a server that is down or
+# hung is reported in about a minute, not after minutes of silence.
+CONNECT_TIMEOUT, READ_TIMEOUT, RETRIES = 10, 20, 2
 
 
 class SyntheticDataset(Dataset):
@@ -138,8 +142,8 @@ class StreamingLAIONDataset(StreamingDataset):
         batch_size: int | None = None,
         shuffle: bool = True,
         seed: int = 17,
-        download_retry: int = 2,
-        download_timeout: float = 60,
+        download_retry: int = RETRIES,
+        download_timeout: float = READ_TIMEOUT,
         max_bad_fraction: float = 0.5,
         max_image_pixels: int = MAX_IMAGE_PIXELS,
         keep_caption: bool = False,
@@ -236,8 +240,8 @@ class PrecomputedLatentsDataset(StreamingDataset):
         batch_size: int | None = None,
         shuffle: bool = True,
         seed: int = 17,
-        download_retry: int = 2,
-        download_timeout: float = 60,
+        download_retry: int = RETRIES,
+        download_timeout: float = READ_TIMEOUT,
         **streaming_kwargs,
     ):
         remote, local = resolve_location(remote, local, download_retry, download_timeout)
@@ -342,14 +346,14 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def s3_client(timeout: float = 60, attempts: int = 3, unsigned: bool = False):
+def s3_client(timeout: float = READ_TIMEOUT, attempts: int = RETRIES + 1, unsigned: bool = False):
     """boto3 S3 client at S3_ENDPOINT_URL (any S3-compatible server) or AWS, with bounded retries."""
     import boto3
     from botocore import UNSIGNED
     from botocore.config import Config
 
     config = Config(
-        connect_timeout=min(timeout, 10),
+        connect_timeout=min(timeout, CONNECT_TIMEOUT),
         read_timeout=timeout,
         retries={'mode': 'standard', 'total_max_attempts': attempts},
         signature_version=UNSIGNED if unsigned else None,
@@ -370,7 +374,7 @@ def resolve_location(remote: str | None, local: str | None, retries: int, timeou
     return remote, local
 
 
-def check_dataset(remote: str | None, local: str | None, retries: int = 2, timeout: float = 60) -> None:
+def check_dataset(remote: str | None, local: str | None, retries: int = RETRIES, timeout: float = READ_TIMEOUT) -> None:
     """Fail fast with a message naming the dataset when its index.json cannot be read: a missing folder,
     bucket or prefix, or a server that is down (after `retries` retries), rather than deep inside Streaming."""
     if remote is None:
@@ -409,6 +413,32 @@ def check_dataset(remote: str | None, local: str | None, retries: int = 2, timeo
             raise DataError(f'{remote}: cannot reach the S3 server {endpoint} after {retries + 1} attempts: {error}')
 
 
+def check_local_shards(location: str, folder: Path, shards: list[dict]) -> None:
+    """Each shard of a local dataset is there, whole, and holds the samples index.json counts (an MDS shard's
+    header says how many), so that a damaged dataset stops the run at start, naming the shard, instead of
+    failing deep in a loader worker or training on a part of it."""
+    for shard in shards:
+        name, size = shard['raw_data']['basename'], shard['raw_data'].get('bytes')
+        path = folder / name
+        if not path.is_file():
+            packed = (shard.get('zip_data') or {}).get('basename')
+            if packed and (folder / packed).is_file():
+                continue  # compressed: Streaming checks it against its hash as it decompresses
+            raise DataError(f'{location}: shard {name} is missing (index.json lists it)')
+        if size is not None and path.stat().st_size != size:
+            raise DataError(
+                f'{location}: shard {name} has {path.stat().st_size} bytes where index.json says {size} '
+                '(truncated or rewritten?)'
+            )
+        if shard.get('format') == 'mds':
+            with open(path, 'rb') as file:
+                held = int.from_bytes(file.read(4), 'little')  # an MDS shard starts with its sample count
+            if held != shard['samples']:
+                raise DataError(
+                    f'{location}: shard {name} holds {held} samples where index.json says {shard["samples"]}'
+                )
+
+
 @dataclass(frozen=True)
 class DatasetDescription:
     """What a run must know of a dataset before it is built (see describe_dataset)."""
@@ -420,7 +450,11 @@ class DatasetDescription:
 
 
 def describe_dataset(
-    remote: str | None, local: str | None, precomputed: bool = False, retries: int = 2, timeout: float = 60
+    remote: str | None,
+    local: str | None,
+    precomputed: bool = False,
+    retries: int = RETRIES,
+    timeout: float = READ_TIMEOUT,
 ) -> DatasetDescription:
     """The size of an MDS dataset, read from its index.json, its columns checked; for precomputed latents also
     the shapes of the first sample (its shard is read into a temporary folder when the dataset is remote)."""
@@ -438,11 +472,14 @@ def describe_dataset(
         fetch('index.json')
         try:
             shards = json.loads((Path(folder) / 'index.json').read_text())['shards']
+            names = [shard['raw_data']['basename'] for shard in shards]
+            num_samples = sum(int(shard['samples']) for shard in shards)
         except (ValueError, KeyError, TypeError) as error:
             raise DataError(f'{location}: index.json is not a Streaming index ({type(error).__name__}: {error})')
-        for shard in shards:
-            check_columns(location, shard.get('raw_data', {}).get('basename'), shard.get('column_names'), precomputed)
-        num_samples = sum(shard['samples'] for shard in shards)
+        for name, shard in zip(names, shards):
+            check_columns(location, name, shard.get('column_names'), precomputed)
+        if remote is None:  # a cache folder of a remote fills as it downloads: Streaming checks what it fetches
+            check_local_shards(location, Path(local), shards)
         if not precomputed or num_samples == 0:
             return DatasetDescription(location, num_samples)
         shard = next(shard for shard in shards if shard['samples'])

@@ -46,6 +46,10 @@ def check(path: Path) -> list[str]:
             problems.append(f'{path}: field {field!r} is missing')
     if not config.compute.get('gpus') and not config.compute.get('nodes'):
         problems.append(f"{path}: compute needs 'gpus' (or 'nodes')")
+    for field in ('gpus', 'nodes'):  # mcli passes any value through to the platform
+        value = config.compute.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            problems.append(f'{path}: compute.{field} must be a positive whole number, got {value!r}')
     for number, integration in enumerate(config.integrations):
         if integration.get('integration_type') == 'git_repo':
             for key in sorted(set(integration) - GIT_REPO_KEYS):

@@ -480,6 +480,14 @@ def collect_points(args):
 
 
 def main(args):
+    for flag, path in (('--csv', args.csv), ('--plot', args.plot)):
+        if path:  # checked before any work, not after it
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise ReportError(f'{flag} {path}: cannot make its folder ({error.strerror or error})')
+            if Path(path).is_dir():
+                raise ReportError(f'{flag} {path}: is a folder; give a file name')
     groups = collect_points(args)
     phases = sorted(args.budget, key=lambda k: -1 if k is None else k)
     tables, fit_lines, notes = [], [], []
@@ -528,9 +536,6 @@ def main(args):
         )
     if notes:
         print('Notes:\n\n' + '\n'.join(f'- {n}' for n in notes) + '\n')
-    for path in (args.csv, args.plot):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
     if args.csv:
         write_csv(args.csv, [(gpu, rows) for gpu, rows, _, _ in tables], phases)
         print(f'wrote {args.csv}', file=sys.stderr)

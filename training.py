@@ -7,10 +7,11 @@ import torch
 from composer import Trainer
 from composer.algorithms import ChannelsLast, LowPrecisionGroupNorm, LowPrecisionLayerNorm
 from composer.callbacks import SpeedMonitor
+from composer.core import Callback
 from composer.loggers import InMemoryLogger, WandBLogger
 from composer.optim import ConstantScheduler
 from composer.profiler import Profiler, cyclic_schedule
-from composer.utils import dist
+from composer.utils import dist, reproducibility
 from torch.utils.data import DataLoader
 
 from config import LATENT_DOWNSAMPLE, SYNTHETIC_SAMPLES, ConfigError, RunConfig
@@ -130,7 +131,7 @@ def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoa
     loggers = [InMemoryLogger()]
     if config.wandb_project:
         loggers.append(WandBLogger(project=config.wandb_project, name=config.wandb_name))
-    return Trainer(
+    trainer = Trainer(
         model=model,
         train_dataloader=dataloader,
         optimizers=optimizer,
@@ -159,6 +160,32 @@ def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoa
             }
         },
     )
+    restore_random_state_mid_epoch(trainer)
+    return trainer
+
+
+class RestoreRandomState(Callback):
+    """Loads a checkpoint's random state (every generator, this rank's) before the first batch after it."""
+
+    def __init__(self, rng_state: list[dict]):
+        self.rng_state = rng_state
+
+    def after_dataloader(self, state, logger) -> None:
+        if self.rng_state is not None:
+            reproducibility.load_rng_state(self.rng_state)
+            self.rng_state = None
+
+
+def restore_random_state_mid_epoch(trainer: Trainer) -> None:
+    """Composer restores a checkpoint's random state at an epoch boundary, or while it fast-forwards a dataloader
+    to the checkpoint's batch; a Streaming dataset resumes mid-epoch by itself, so there Composer never restores
+    it, and the noise and timesteps of a resumed run restarted from the seed. Here the state Composer read
+    (a private attribute of its Trainer) is restored at the point of the first batch the checkpoint did not
+    train, where the uninterrupted run had it."""
+    resumes_itself = 'train' in trainer.state.dataset_resumption
+    if trainer._rng_state is not None and resumes_itself and int(trainer.state.timestamp.batch_in_epoch) > 0:
+        trainer.state.callbacks.append(RestoreRandomState(trainer._rng_state))
+        trainer._rng_state = None
 
 
 def build_profiler(config: RunConfig) -> Profiler:

@@ -6,6 +6,7 @@ one (`pytest -m gpu`, make test-gpu), so that the CPU defaults and checks under 
 gpu tests are skipped where no GPU is visible.
 """
 
+import io
 import os
 import socket
 import subprocess
@@ -13,7 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
+from streaming import MDSWriter
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('WANDB_MODE', 'offline')
@@ -32,7 +36,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    import torch
+    import torch  # here: conftest is imported before pytest_configure hides CUDA
 
     if torch.cuda.is_available():
         return
@@ -40,6 +44,48 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if 'gpu' in item.keywords:
             item.add_marker(skip)
+
+
+# ------------------------------------------------------------------------------------- datasets
+
+COLUMNS = {'jpg': 'bytes', 'caption': 'str'}  # convert.py's columns
+
+
+def jpeg(seed=0, size=(80, 64), mode='RGB', exif=None, **save) -> bytes:
+    """A JPEG of smooth random color blobs (noise would make large, slow files)."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (4, 5, 3), dtype=np.uint8)
+    image = Image.fromarray(small).resize(size, Image.BICUBIC).convert(mode)
+    buffer = io.BytesIO()
+    image.save(buffer, 'JPEG', quality=90, **({'exif': exif} if exif else {}), **save)
+    return buffer.getvalue()
+
+
+def write_dataset(folder, samples, columns=COLUMNS, size_limit=1 << 26) -> str:
+    with MDSWriter(out=str(folder), columns=columns, size_limit=size_limit) as writer:
+        for sample in samples:
+            writer.write(sample)
+    return str(folder)
+
+
+def good_samples(n, size=(80, 64)):
+    return [{'jpg': jpeg(i, size), 'caption': f'photo number {i}'} for i in range(n)]
+
+
+def final_weights(trainer) -> dict:
+    """The UNet's weights and, with --use_ema, its average, as the run ended (name -> tensor)."""
+    from ema import EMA  # here, not at the top: conftest runs before CUDA is hidden
+
+    model = trainer.state.model
+    weights = {f'unet.{name}': value.clone() for name, value in model.unet.state_dict().items()}
+    for algorithm in trainer.state.algorithms:
+        if isinstance(algorithm, EMA):
+            with algorithm.ema_weights():
+                weights.update({f'ema.{name}': value.clone() for name, value in model.unet.state_dict().items()})
+    return weights
+
+
+# ------------------------------------------------------------------------------------- processes
 
 
 def free_port() -> int:
@@ -83,3 +129,12 @@ def s3():
         yield endpoint
     server.terminate()
     server.wait(timeout=30)
+
+
+def run_cli(*args, launcher=('composer',), env=None, timeout=600) -> subprocess.CompletedProcess:
+    """benchmark.py with these flags under a launcher ('composer', or 'python' for one process) from this
+    environment, offline, in the repo, its output captured."""
+    env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', **(env or {})}
+    executable = Path(sys.executable).parent / launcher[0]
+    command = [str(executable), *launcher[1:], str(REPO / 'benchmark.py'), *args]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)

@@ -2,16 +2,13 @@
 
 import dataclasses
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from composer.core import Callback
 from composer.utils import reproducibility
-from conftest import REPO, TINY
+from conftest import TINY, run_cli
 from diffusers import DDPMScheduler
 from diffusers.models.attention_processor import Attention
 from torch.utils.data import DataLoader, Dataset
@@ -331,6 +328,13 @@ def write_model_folder(root, skip):
         (['--image_size', '100'], 'multiple of 8'),
         (['--max_duration', 'forever'], "--max_duration 'forever'"),
         (['--autoresume'], '--autoresume needs --save_folder and --run_name'),
+        (['--max_duration', '0ba'], '--max_duration 0ba: must be positive'),
+        (['--max_duration=-5ba'], '--max_duration -5ba: must be positive'),
+        (['--max_duration', '1.5ep'], "--max_duration '1.5ep': value 1.5 is not an integer"),
+        (['--save_interval', '0ba'], '--save_interval 0ba: must be positive'),
+        (['--save_interval', 'garbage'], "--save_interval 'garbage'"),
+        (['--device_train_microbatch_size', '0'], '--device_train_microbatch_size 0: must be positive'),
+        (['--device_train_microbatch_size', '-4'], '--device_train_microbatch_size -4: must be positive'),
     ],
 )
 def test_bad_flags_fail_fast_naming_the_flag(flags, message):
@@ -352,6 +356,19 @@ def test_save_folder_with_checkpoints_needs_autoresume(tmp_path):
         resolve_config(parse_args(flags))
     resolve_config(parse_args(flags + ['--autoresume']))
     assert (tmp_path / 'ep0-ba2-rank0.pt').read_bytes() == b'an earlier run'
+
+
+def test_output_paths_are_checked_before_anything_is_built(tmp_path):
+    a_file = tmp_path / 'a-file'
+    a_file.write_text('not a folder')
+    with pytest.raises(ConfigError, match=f'--results_json {a_file}/results.json: {a_file} is a file'):
+        resolve_config(parse_args(TINY + ['--results_json', str(a_file / 'results.json')]))
+    with pytest.raises(ConfigError, match=f'--results_json {tmp_path}: is a folder'):
+        resolve_config(parse_args(TINY + ['--results_json', str(tmp_path)]))
+    flags = ['--save_folder', str(a_file), '--run_name', 'run', '--autoresume']
+    with pytest.raises(ConfigError, match=f'--save_folder {a_file}: is a file, not a folder of checkpoints'):
+        resolve_config(parse_args(TINY + flags))
+    resolve_config(parse_args(TINY + ['--results_json', str(tmp_path / 'new' / 'deeper' / 'results.json')]))
 
 
 def test_xformers_not_installed(monkeypatch):
@@ -387,19 +404,6 @@ def test_local_folder_loads_weights_when_present(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ end to end
-
-
-def run_cli(*args, launcher=('composer',)):
-    env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
-    executable = Path(sys.executable).parent / launcher[0]
-    return subprocess.run(
-        [str(executable), *launcher[1:], str(REPO / 'benchmark.py'), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 @pytest.mark.slow

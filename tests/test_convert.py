@@ -14,9 +14,9 @@ from pathlib import Path
 
 import boto3
 import pytest
-from conftest import REPO, free_port
+from conftest import REPO, free_port, jpeg
 from streaming import StreamingDataset
-from test_data import RecordSamples, jpeg
+from test_data import RecordSamples
 
 import convert
 import precompute

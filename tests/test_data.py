@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 import torch
 from composer.core import Callback
-from conftest import LAUNCHER, REPO
+from conftest import LAUNCHER, REPO, final_weights, good_samples, jpeg, write_dataset
 from PIL import Image
-from streaming import MDSWriter
 
 import config
 import tokenizer
@@ -26,29 +25,6 @@ from config import ConfigError, parse_args, resolve_config
 from data import DataError, StreamingLAIONDataset, collate
 from images import BadSample, decode_image, unit_range
 from tokenizer import CAPTION_LENGTH, CaptionTokenizer, TokenizerError, clip_tokenizer_folder
-
-COLUMNS = {'jpg': 'bytes', 'caption': 'str'}
-
-
-def jpeg(seed=0, size=(80, 64), mode='RGB', exif=None, **save) -> bytes:
-    """A JPEG of smooth random color blobs (noise would make large, slow files)."""
-    rng = np.random.default_rng(seed)
-    small = rng.integers(0, 256, (4, 5, 3), dtype=np.uint8)
-    image = Image.fromarray(small).resize(size, Image.BICUBIC).convert(mode)
-    buffer = io.BytesIO()
-    image.save(buffer, 'JPEG', quality=90, **({'exif': exif} if exif else {}), **save)
-    return buffer.getvalue()
-
-
-def write_dataset(folder, samples, columns=COLUMNS, size_limit=1 << 26) -> str:
-    with MDSWriter(out=str(folder), columns=columns, size_limit=size_limit) as writer:
-        for sample in samples:
-            writer.write(sample)
-    return str(folder)
-
-
-def good_samples(n, size=(80, 64)):
-    return [{'jpg': jpeg(i, size), 'caption': f'photo number {i}'} for i in range(n)]
 
 
 def images(location, **kwargs):
@@ -421,32 +397,31 @@ def test_default_run_builds_and_trains_on_the_sample_dataset(tmp_path, monkeypat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('workers', [0, 2])
-def test_mid_epoch_resumption_sees_exactly_the_remaining_batches(workers, tmp_path):
+@pytest.mark.parametrize('workers, ema', [(0, False), (2, True)], ids=['0 workers', '2 workers, EMA'])
+def test_mid_epoch_resumption_is_exact(workers, ema, tmp_path):
+    """Stopped after batch 2 of 6 and resumed: the same remaining batches, and bitwise the same weights (and
+    average) as an uninterrupted run: the noise and timesteps continue where the checkpoint left them."""
     location = write_dataset(tmp_path / 'mds', good_samples(24))
     flags = TINY + ['--local', location, '--batch_size', '4', '--max_duration', '1ep', '--num_workers', str(workers)]
+    flags += ['--use_ema'] if ema else []
     uninterrupted = RecordSamples()
-    main(parse_args(flags), (uninterrupted,))
+    expected = final_weights(main(parse_args(flags), (uninterrupted,)))
     assert len(uninterrupted.batches) == 6
     assert sorted(i for batch in uninterrupted.batches for i in batch) == list(range(24))
 
-    checkpoints = flags + [
-        '--run_name',
-        'resume',
-        '--save_folder',
-        str(tmp_path / 'ckpt'),
-        '--save_interval',
-        '2ba',
-        '--autoresume',
-    ]
+    checkpoints = [*flags, '--run_name', 'resume', '--save_folder', str(tmp_path / 'ckpt'), '--save_interval', '2ba']
     crashed = RecordSamples(stop_after=2)
     with pytest.raises(RuntimeError, match='simulated crash'):
         main(parse_args(checkpoints), (crashed,))
     resumed = RecordSamples()
-    trainer = main(parse_args(checkpoints), (resumed,))
+    trainer = main(parse_args([*checkpoints, '--autoresume']), (resumed,))
     assert crashed.batches == uninterrupted.batches[:2]
     assert resumed.batches == uninterrupted.batches[2:]
     assert int(trainer.state.timestamp.batch) == 6
+    weights = final_weights(trainer)
+    assert weights.keys() == expected.keys() and any(name.startswith('ema.') for name in weights) == ema
+    different = [name for name in expected if not torch.equal(weights[name], expected[name])]
+    assert different == []
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import LAUNCHER, REPO, TINY, free_port
+from conftest import LAUNCHER, REPO, TINY, free_port, good_samples, write_dataset
 
 import mcloud
 from config import ConfigError, parse_args, resolve_config
@@ -17,7 +17,7 @@ from config import ConfigError, parse_args, resolve_config
 SMALL_RUN = [*TINY, '--image_size', '32', '--batch_size', '8']
 
 
-def launch(tmp_path, name, *flags, fail_rank=None, cpu_fsdp=False, timeout=300):
+def launch(tmp_path, name, *flags, fail_rank=None, fail_after=1, cpu_fsdp=False, base=SMALL_RUN, timeout=300):
     probe_dir = tmp_path / name
     probe_dir.mkdir()
     # One thread per rank: two ranks share this machine's cores.
@@ -29,11 +29,11 @@ def launch(tmp_path, name, *flags, fail_rank=None, cpu_fsdp=False, timeout=300):
         'WANDB_MODE': 'offline',
     }
     if fail_rank is not None:
-        env['PROBE_FAIL_RANK'] = str(fail_rank)
+        env['PROBE_FAIL_RANK'], env['PROBE_FAIL_AFTER'] = str(fail_rank), str(fail_after)
     if cpu_fsdp:
         env['PROBE_CPU_FSDP'] = '1'
     run = subprocess.run(
-        [LAUNCHER, '-n', '2', str(REPO / 'tests' / 'two_rank_probe.py'), *SMALL_RUN, *flags],
+        [LAUNCHER, '-n', '2', str(REPO / 'tests' / 'two_rank_probe.py'), *base, *flags],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -101,6 +101,29 @@ def test_two_ranks_train_one_model_on_disjoint_halves_and_resume(tmp_path):
     for rank in range(2):
         assert resumed[rank]['batches'] == straight[rank]['batches'][3:]
     assert resumed[0]['unet'] == resumed[1]['unet'] == straight[0]['unet']
+
+
+@pytest.mark.slow
+def test_two_ranks_resume_mid_epoch_on_mds_data_exactly(tmp_path):
+    """Crashed after the checkpoint of batch 2 of 6 and resumed: each rank trains the batches it would have, and
+    ends with bitwise the weights and average of an uninterrupted two-rank run."""
+    location = write_dataset(tmp_path / 'mds', good_samples(48))
+    run_flags = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '8', '--local', location]
+    run_flags += ['--max_duration', '1ep', '--use_ema']
+    run, uninterrupted = launch(tmp_path, 'uninterrupted', *run_flags, base=())
+    assert run.returncode == 0, run.stderr[-3000:]
+    checkpoints = ['--save_folder', str(tmp_path / 'ckpt'), '--save_interval', '2ba', '--run_name', 'mds']
+    run, _ = launch(tmp_path, 'crashed', *run_flags, *checkpoints, fail_rank=1, fail_after=2, base=())
+    assert run.returncode != 0
+    run, resumed = launch(tmp_path, 'resumed', *run_flags, *checkpoints, '--autoresume', base=())
+    assert run.returncode == 0, run.stderr[-3000:]
+    for rank in (0, 1):
+        assert resumed[rank]['first_batch'] == 2 and len(uninterrupted[rank]['batches']) == 6
+        assert resumed[rank]['batches'] == uninterrupted[rank]['batches'][2:]
+        expected = torch.load(tmp_path / 'uninterrupted' / f'rank{rank}.pt')
+        got = torch.load(tmp_path / 'resumed' / f'rank{rank}.pt')
+        for part in ('unet', 'ema'):
+            assert [name for name in expected[part] if not torch.equal(got[part][name], expected[part][name])] == []
 
 
 @pytest.mark.slow
@@ -271,6 +294,8 @@ def test_mcloud_yaml_is_valid_for_mcli():
         ('compute:', 'gpu_num: 8\ncompute:', "field 'gpu_num' is deprecated"),
         ('image: mosaicml/pytorch:2.7.0_cu128', 'image: mosaicml/pytorch:2.4.0_cu124', 'does not carry torch 2.7.0'),
         ('compute:', 'compute: [', 'cannot be parsed'),
+        ('  gpus: 8', '  gpus: eight', "compute.gpus must be a positive whole number, got 'eight'"),
+        ('  gpus: 8', '  gpus: -8', 'compute.gpus must be a positive whole number, got -8'),
     ],
 )
 def test_mcloud_check_reports_a_broken_copy(tmp_path, original, broken, reported):

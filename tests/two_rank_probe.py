@@ -4,7 +4,8 @@ Writes $PROBE_DIR/rank{N}.json: the batches this rank trained (first batch index
 device batch size and a digest of each image), the samples Composer counted, a
 digest of its final UNet weights, and its FSDP units; and $PROBE_DIR/rank{N}.pt: the final UNet weights
 (full tensors) and, with --use_ema, the averaged ones.
-$PROBE_FAIL_RANK makes that rank raise at its second batch, to test that a failure ends the job.
+$PROBE_FAIL_RANK makes that rank raise at its second batch (or the one after $PROBE_FAIL_AFTER batches), to test
+that a failure ends the job or to crash it after a checkpoint.
 $PROBE_CPU_FSDP runs --fsdp on CPU (see cpu_fsdp).
 """
 
@@ -43,7 +44,8 @@ class Probe(Callback):
     def after_dataloader(self, state, logger):
         if self.first_batch is None:
             self.first_batch = int(state.timestamp.batch)
-        if os.environ.get('PROBE_FAIL_RANK') == str(dist.get_global_rank()) and len(self.batches) == 1:
+        fail_after = int(os.environ.get('PROBE_FAIL_AFTER', '1'))
+        if os.environ.get('PROBE_FAIL_RANK') == str(dist.get_global_rank()) and len(self.batches) == fail_after:
             raise RuntimeError('probe: simulated failure on this rank')
         self.batches.append([digest(image) for image in state.batch['image']])
 

@@ -1,0 +1,220 @@
+"""Faults end a run with one line naming the cause and a non-zero status, never with a silent exit 0: damaged
+datasets (missing or truncated shards, wrong counts, a broken index), runs that trained less than asked, and
+bad input to every script, refused before any work."""
+
+import dataclasses
+import json
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, TINY, final_weights, good_samples, jpeg, run_cli, write_dataset
+
+import convert
+import report
+from benchmark import IncompleteRun, main
+from config import ConfigError, parse_args, resolve_config
+
+# The tiny model on real images: 24 samples in shards of a few samples each, batches of 4.
+REAL_DATA = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '4', '--max_duration', '1ep']
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Path:
+    folder = Path(write_dataset(tmp_path / 'mds', good_samples(24), size_limit=1 << 12))
+    assert len(json.loads((folder / 'index.json').read_text())['shards']) > 3
+    return folder
+
+
+def shard(dataset: Path, number: int) -> tuple[dict, Path]:
+    index = json.loads((dataset / 'index.json').read_text())
+    entry = index['shards'][number]
+    return entry, dataset / entry['raw_data']['basename']
+
+
+def set_samples(dataset: Path, number: int, samples: int) -> None:
+    index = json.loads((dataset / 'index.json').read_text())
+    index['shards'][number]['samples'] = samples
+    (dataset / 'index.json').write_text(json.dumps(index))
+
+
+def damaged(dataset: Path, how: str) -> str:
+    """Damages the dataset one way; returns what the error must say."""
+    entry, path = shard(dataset, 2)
+    name = entry['raw_data']['basename']
+    if how == 'deleted shard':
+        path.unlink()
+        return f'shard {name} is missing'
+    if how == 'truncated shard':
+        path.write_bytes(path.read_bytes()[: entry['raw_data']['bytes'] // 2])
+        return f'shard {name} has {entry["raw_data"]["bytes"] // 2} bytes where index.json says'
+    if how == 'count too high':
+        set_samples(dataset, 2, entry['samples'] + 5)
+        return f'shard {name} holds {entry["samples"]} samples where index.json says {entry["samples"] + 5}'
+    if how == 'count too low':
+        set_samples(dataset, 2, entry['samples'] - 1)
+        return f'shard {name} holds {entry["samples"]} samples where index.json says {entry["samples"] - 1}'
+    if how == 'invalid index':
+        (dataset / 'index.json').write_text('{"version": 2, "shards": [')
+        return 'index.json is not a Streaming index'
+    raise ValueError(how)
+
+
+@pytest.mark.parametrize(
+    'how', ['deleted shard', 'truncated shard', 'count too high', 'count too low', 'invalid index']
+)
+def test_a_damaged_dataset_is_named_before_anything_is_built(dataset, how):
+    message = damaged(dataset, how)
+    with pytest.raises(ConfigError, match=f'^{dataset}: {message}'):
+        resolve_config(parse_args([*REAL_DATA, '--local', str(dataset)]))
+
+
+@pytest.mark.slow
+def test_a_damaged_dataset_ends_the_command_with_one_line(dataset, tmp_path):
+    message = damaged(dataset, 'deleted shard')
+    results = tmp_path / 'results.json'
+    run = run_cli(*REAL_DATA, '--local', str(dataset), '--results_json', str(results), launcher=('python',))
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.strip() == f'error: {dataset}: {message} (index.json lists it)'
+    assert not results.exists()
+
+
+def test_a_run_that_trains_less_than_asked_fails_and_writes_no_results(dataset, tmp_path):
+    results = tmp_path / 'results.json'
+    config = resolve_config(parse_args([*REAL_DATA, '--local', str(dataset), '--results_json', str(results)]))
+    assert config.num_batches == 6  # 24 samples in batches of 4
+    # As when a loader runs dry early: Composer ends the epoch after the batches it got, and counts it done.
+    with pytest.raises(IncompleteRun, match=r'training stopped after 6 of the 9 batches of --max_duration 1ep'):
+        main(dataclasses.replace(config, num_batches=9))
+    assert not results.exists()
+
+
+def test_synthetic_and_sample_counts_are_whole_runs():
+    assert resolve_config(parse_args([*TINY, '--batch_size', '4', '--max_duration', '10sp'])).num_batches == 3
+
+
+# ----------------------------------------------------------------------------------------------- bad input
+
+
+def test_a_tokenizer_folder_without_a_tokenizer_is_refused_at_start(tmp_path, dataset):
+    (tmp_path / 'empty').mkdir()
+    with pytest.raises(ConfigError, match=f'--tokenizer {tmp_path}/empty: no tokenizer Transformers can load'):
+        resolve_config(parse_args([*REAL_DATA, '--local', str(dataset), '--tokenizer', str(tmp_path / 'empty')]))
+
+
+def test_a_model_folder_with_a_broken_config_is_named(tmp_path):
+    shutil.copytree(REPO / 'configs' / 'tiny', tmp_path / 'model')
+    (tmp_path / 'model' / 'unet' / 'config.json').write_text('{"in_channels": 4,')
+    with pytest.raises(ConfigError, match=f'{tmp_path}/model/unet/config.json is not valid JSON'):
+        resolve_config(parse_args(['--model_name', str(tmp_path / 'model'), '--use_synth_data']))
+
+
+def test_convert_follows_linked_folders_counts_loops_and_broken_links(tmp_path):
+    photos = tmp_path / 'photos'
+    (photos / 'real').mkdir(parents=True)
+    for i, folder in enumerate([photos, photos / 'real']):
+        (folder / f'{i}.jpg').write_bytes(jpeg(i))
+        (folder / f'{i}.txt').write_text(f'photo {i}')
+    (tmp_path / 'elsewhere').mkdir()
+    (tmp_path / 'elsewhere' / '9.jpg').write_bytes(jpeg(9))
+    (tmp_path / 'elsewhere' / '9.txt').write_text('photo 9')
+    (photos / 'linked').symlink_to(tmp_path / 'elsewhere')  # followed
+    (photos / 'real' / 'loop').symlink_to(photos)  # back up the tree: left out, counted
+    (photos / 'gone.jpg').symlink_to(tmp_path / 'deleted.jpg')  # dangling
+    (photos / 'gone.txt').write_text('a photo that is not there')
+    stats = convert.convert([str(photos)], str(tmp_path / 'out'), progress=False)
+    assert stats['written'] == 3
+    assert stats['skipped'] == {'broken link': 1, 'linked folder already read (a loop or a second link)': 1}
+
+
+def test_convert_refuses_an_output_that_is_a_file(tmp_path):
+    (tmp_path / 'photos').mkdir()
+    (tmp_path / 'out').write_text('a file')
+    with pytest.raises(convert.ConvertError, match=f'{tmp_path}/out: is a file; give a folder'):
+        convert.convert([str(tmp_path / 'photos')], str(tmp_path / 'out'), progress=False)
+    assert (tmp_path / 'out').read_text() == 'a file'
+
+
+def test_report_refuses_an_output_under_a_file_before_any_work(tmp_path):
+    (tmp_path / 'a-file').write_text('a file')
+    args = report.parse_args(['--throughput', '8=128.2', '--csv', str(tmp_path / 'a-file' / 'report.csv')])
+    with pytest.raises(report.ReportError, match=f'--csv {tmp_path}/a-file/report.csv: cannot make its folder'):
+        report.main(args)
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints
+
+CHECKPOINTED = [*TINY, '--image_size', '32', '--batch_size', '4', '--save_interval', '2ba', '--run_name', 'run']
+
+
+def checkpointed_run(folder: Path, batches: int, *flags):
+    return main(parse_args([*CHECKPOINTED, '--save_folder', str(folder), '--max_duration', f'{batches}ba', *flags]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('damage', ['partial newer file', 'truncated latest'])
+def test_a_checkpoint_cut_short_by_a_kill_never_blocks_autoresume(tmp_path, damage, capfd):
+    """Killed while writing a checkpoint: the partial file is set aside, the run resumes from the newest complete
+    checkpoint, and ends bitwise where an uninterrupted run does."""
+    expected = final_weights(checkpointed_run(tmp_path / 'straight', 6))
+    folder = tmp_path / 'killed'
+    checkpointed_run(folder, 4)  # checkpoints of batches 2 and 4, 'latest' linking batch 4
+    batch4 = folder / 'ep0-ba4-rank0.pt'
+    if damage == 'partial newer file':  # killed while writing batch 6's, before the link moved
+        (folder / 'ep0-ba6-rank0.pt').write_bytes(batch4.read_bytes()[: batch4.stat().st_size // 2])
+        partial, resumes_from = 'ep0-ba6-rank0.pt', 'ep0-ba4-rank0.pt'
+    else:  # the file 'latest' links is cut short
+        batch4.write_bytes(batch4.read_bytes()[: batch4.stat().st_size // 2])
+        partial, resumes_from = 'ep0-ba4-rank0.pt', 'ep0-ba2-rank0.pt'
+    capfd.readouterr()
+    trainer = checkpointed_run(folder, 6, '--autoresume')
+    out = capfd.readouterr().out
+    assert f'warning: {folder / partial}: an incomplete checkpoint' in out
+    assert (folder / f'{partial}.incomplete').is_file()
+    assert (folder / 'latest-rank0.pt').resolve().name == 'ep0-ba6-rank0.pt'  # the resumed run's own last one
+    if damage == 'truncated latest':
+        assert f'now links the newest complete checkpoint {resumes_from} (it linked {partial}, incomplete)' in out
+    weights = final_weights(trainer)
+    assert [name for name in expected if not torch.equal(weights[name], expected[name])] == []
+
+
+# ----------------------------------------------------------------------------------------------- remotes
+
+
+@pytest.fixture
+def hung_server():
+    """An S3 endpoint that accepts connections and never answers; yields its URL."""
+    listener = socket.create_server(('127.0.0.1', 0))
+    accepted, stop = [], threading.Event()
+
+    def accept():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])  # held open, never read from or written to
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f'http://127.0.0.1:{listener.getsockname()[1]}'
+    stop.set()
+    thread.join()
+    for connection in accepted:
+        connection.close()
+    listener.close()
+
+
+@pytest.mark.slow
+def test_a_hung_server_is_reported_within_about_a_minute(hung_server):
+    env = {'S3_ENDPOINT_URL': hung_server, 'AWS_ACCESS_KEY_ID': 'testing', 'AWS_SECRET_ACCESS_KEY': 'testing'}
+    start = time.monotonic()
+    run = run_cli(*REAL_DATA, '--remote', 's3://bucket/mds', launcher=('python',), env=env, timeout=300)
+    seconds = time.monotonic() - start
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.startswith(f'error: s3://bucket/mds: cannot reach the S3 server {hung_server} after 3 attempts')
+    assert 'Traceback' not in run.stderr and seconds < 90, seconds
