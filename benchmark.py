@@ -23,11 +23,10 @@ import torch
 from composer import Trainer
 from composer.loggers import InMemoryLogger
 from composer.utils import dist, get_device, reproducibility
-from streaming.base.util import clean_stale_shared_memory
 
 from checkpoints import set_aside_incomplete
 from config import ConfigError, RunConfig, parse_args, resolve_config
-from data import DataError
+from data import DataError, clean_stale_shared_memory
 from ema import export_ema_unet
 from model import StableDiffusion, build_model
 from results import Results, cpu_name, mfu, package_versions, peak_flops
@@ -48,9 +47,9 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
         f'x {accumulation} accumulation step(s)'
     )
     # One process group for the whole run, made now through Composer (the Trainer then reuses it). Otherwise
-    # Streaming makes and destroys one of its own twice (clean_stale_shared_memory, StreamingDataset) before
-    # the Trainer makes its own, each time on MASTER_PORT, and a rank that reaches the next one while rank 0
-    # still serves the last joins the old one and waits forever (seen: two CPU ranks on a fresh clone).
+    # Streaming makes and destroys one of its own (in StreamingDataset, and in its shared-memory cleaner where
+    # that runs) before the Trainer makes its own, each time on MASTER_PORT, and a rank that reaches the next
+    # one while rank 0 still serves the last joins the old one and waits forever (seen: two CPU ranks).
     dist.initialize_dist(get_device(None))
     reproducibility.seed_all(config.seed)  # same random init on every run and rank
     # On a GPU the random init runs there: Composer set this rank's device in initialize_dist.
@@ -65,7 +64,7 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
     )
     announce(describe_model(config, model))
     if not config.use_synth_data:
-        clean_stale_shared_memory()  # Streaming's shared memory left by a killed run would block this one
+        clean_stale_shared_memory()  # a killed run's Streaming shared memory would block this one
     if config.autoresume and '://' not in config.save_folder and Path(config.save_folder).is_dir():
         if dist.get_global_rank() == 0:
             for change in set_aside_incomplete(Path(config.save_folder)):
@@ -176,9 +175,11 @@ def print_summary(results: Results) -> None:
         )
 
 
-if __name__ == '__main__':
+def cli(argv: list[str] | None = None, callbacks: tuple = ()) -> Trainer:
+    """The command line: main() on parsed flags, with each error it expects reported as one line and an exit
+    status: 2 for bad input found before training, 1 for a run that could not finish."""
     try:
-        main(parse_args())
+        return main(parse_args(argv), callbacks)
     except ConfigError as error:
         print(f'error: {error}', file=sys.stderr)
         sys.exit(2)
@@ -190,3 +191,7 @@ if __name__ == '__main__':
         reason = re.sub(r'^(data\.DataError|tokenizer\.TokenizerError): ', '', str(error).strip().splitlines()[-1])
         print(f'error: {reason}', file=sys.stderr)
         sys.exit(1)
+
+
+if __name__ == '__main__':
+    cli()

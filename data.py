@@ -27,7 +27,9 @@ import torch
 from composer.core import Callback
 from composer.utils import dist
 from streaming import StreamingDataset
+from streaming.base import util as streaming_util
 from streaming.base.compression import decompress
+from streaming.base.dataset import _ShardState
 from streaming.base.format import reader_from_json
 from streaming.base.storage.download import CloudDownloader
 from torch.utils.data import Dataset, default_collate
@@ -116,7 +118,49 @@ class DataError(RuntimeError):
 # -------------------------------------------------------------------------------- streaming dataset
 
 
-class StreamingLAIONDataset(StreamingDataset):
+class CheckedStreamingDataset(StreamingDataset):
+    """Streaming's dataset, but a download that fails in its background threads (a remote that died, a shard
+    gone from the cache) ends the iteration with DataError. Streaming 0.13 only stops yielding samples then, as
+    at the end of an epoch, and Composer counts the epoch done: a run would end early, exit 0, and report a
+    throughput. A failed download also no longer leaves its shard waited for forever (see prepare_shard). The
+    thread methods and shard states used here are Streaming's own (private in the pinned version)."""
+
+    location: str = ''
+    _background_error: BaseException | None = None
+
+    def _prepare_thread(self, it) -> None:
+        self._keep_failure(super()._prepare_thread, it)
+
+    def _ready_thread(self, it) -> None:
+        self._keep_failure(super()._ready_thread, it)
+
+    def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
+        try:
+            super().prepare_shard(shard_id, blocking)
+        except BaseException:
+            # Streaming leaves a shard whose download failed in its PREPARING state, and every thread or loader
+            # worker that needs the shard waits for it forever (seen: runs hung at 0% CPU after a server died).
+            # Marked remote again, they try it themselves, and fail with the error.
+            if self._shard_states[shard_id] == _ShardState.PREPARING:
+                self._shard_states[shard_id] = _ShardState.REMOTE
+            raise
+
+    def _keep_failure(self, thread, it) -> None:
+        try:
+            thread(it)
+        except Exception as error:  # kept for __iter__, which names it; no thread traceback on the console
+            self._background_error = error
+            self._event.set()  # as Streaming does on a thread's failure: the other threads and the yield loop stop
+
+    def __iter__(self):
+        yield from super().__iter__()
+        error = self._background_error
+        if error is not None:
+            reason = str(error).strip().splitlines()[-1] if str(error).strip() else ''
+            raise DataError(f'{self.location}: reading shards failed: {type(error).__name__}: {reason}')
+
+
+class StreamingLAIONDataset(CheckedStreamingDataset):
     """LAION-style MDS shards, columns `jpg` (raw image bytes) and `caption` (str), streamed from `remote`
     (s3://..., another Streaming remote, or a folder) through the cache folder `local`, or read from `local`.
 
@@ -228,7 +272,7 @@ PRECOMPUTED_COLUMNS = {
 }
 
 
-class PrecomputedLatentsDataset(StreamingDataset):
+class PrecomputedLatentsDataset(CheckedStreamingDataset):
     """MDS shards written by precompute.py, streamed like StreamingLAIONDataset (same remotes, caches,
     resumption). Samples: 'latent_mean', 'latent_logvar' (C, H/8, W/8) and 'text_embedding' (77, D), fp16."""
 
@@ -334,6 +378,30 @@ def default_cache_dir(remote: str) -> str:
                 shutil.rmtree(old, ignore_errors=True)
         atexit.register(shutil.rmtree, folder, True)
     return str(folder)
+
+
+def clean_stale_shared_memory() -> None:
+    """Removes the shared memory of Streaming datasets whose processes died (a killed run's would block the next),
+    and nothing else. Streaming's own clean_stale_shared_memory removes every dataset's on the machine, a live
+    job's too: a second job starting beside a running one crashed (FileNotFoundError) or made it fail. On Linux
+    a segment is stale when no process of ours maps it; elsewhere Streaming's cleaner runs. Local rank 0 cleans
+    while the node's other ranks wait."""
+    shm = Path('/dev/shm')
+    if not (shm.is_dir() and Path('/proc/self/maps').is_file()):
+        streaming_util.clean_stale_shared_memory()
+        return
+    if dist.get_local_rank() == 0:
+        names = {path.name for path in shm.glob('[0-9]' * 6 + '_*') if path.stat().st_uid == os.getuid()}
+        mapped = set()  # /proc/PID/maps lines end with the mapped file: ... /dev/shm/000000_locals
+        for maps in Path('/proc').glob('[0-9]*/maps'):
+            try:
+                lines = [line for line in maps.read_text().splitlines() if '/dev/shm/' in line]
+            except OSError:  # a process that ended, or another user's
+                continue
+            mapped.update(line.rsplit('/dev/shm/', 1)[1].split()[0] for line in lines)
+        for name in names - mapped:
+            (shm / name).unlink(missing_ok=True)
+    dist.barrier()
 
 
 def pid_alive(pid: int) -> bool:

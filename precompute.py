@@ -26,13 +26,13 @@ from pathlib import Path
 import torch
 from composer.utils import dist, get_device, reproducibility
 from streaming import MDSWriter
-from streaming.base.util import clean_stale_shared_memory, merge_index
+from streaming.base.util import merge_index
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from config import PRESETS, SD2_BASE, ConfigError, resolve_model_dir
 from convert import SAMPLE_DATASET, ensure_sample_dataset
-from data import PRECOMPUTED_COLUMNS, DataError, StreamingLAIONDataset, collate, s3_client
+from data import PRECOMPUTED_COLUMNS, DataError, StreamingLAIONDataset, clean_stale_shared_memory, collate, s3_client
 from images import unit_range
 from model import build_encoders
 from tokenizer import TokenizerError

@@ -94,10 +94,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope='module')
-def s3():
-    """A real S3-compatible server (moto) on 127.0.0.1 for the module that asks, with a bucket 'bucket'; the
-    environment points boto3 and Streaming at it. Yields its endpoint."""
+S3_CREDENTIALS = {'AWS_ACCESS_KEY_ID': 'testing', 'AWS_SECRET_ACCESS_KEY': 'testing', 'AWS_DEFAULT_REGION': 'us-east-1'}
+
+
+def s3_client(endpoint: str):
+    """A boto3 client of the test server, with its test credentials."""
+    import boto3
+
+    return boto3.client(
+        's3',
+        endpoint_url=endpoint,
+        region_name=S3_CREDENTIALS['AWS_DEFAULT_REGION'],
+        aws_access_key_id=S3_CREDENTIALS['AWS_ACCESS_KEY_ID'],
+        aws_secret_access_key=S3_CREDENTIALS['AWS_SECRET_ACCESS_KEY'],
+    )
+
+
+def start_s3_server() -> tuple[subprocess.Popen, str]:
+    """A real S3-compatible server (moto) on 127.0.0.1 with a bucket 'bucket': its process and endpoint."""
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, '-m', 'moto.server', '-H', '127.0.0.1', '-p', str(port)],
@@ -105,27 +119,26 @@ def s3():
         stderr=subprocess.DEVNULL,
     )
     endpoint = f'http://127.0.0.1:{port}'
-    env = {
-        'S3_ENDPOINT_URL': endpoint,
-        'AWS_ACCESS_KEY_ID': 'testing',
-        'AWS_SECRET_ACCESS_KEY': 'testing',
-        'AWS_DEFAULT_REGION': 'us-east-1',
-    }
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in env.items():
-            patch.setenv(key, value)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                import boto3
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            s3_client(endpoint).create_bucket(Bucket='bucket')
+            return server, endpoint
+        except Exception:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise RuntimeError('the moto S3 server did not start')
+            time.sleep(0.3)
 
-                boto3.client('s3', endpoint_url=endpoint).create_bucket(Bucket='bucket')
-                break
-            except Exception:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    server.kill()
-                    raise RuntimeError('the moto S3 server did not start')
-                time.sleep(0.3)
+
+@pytest.fixture(scope='module')
+def s3():
+    """The S3 server for the module that asks; the environment points boto3 and Streaming at it. Yields its
+    endpoint."""
+    server, endpoint = start_s3_server()
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in {'S3_ENDPOINT_URL': endpoint, **S3_CREDENTIALS}.items():
+            patch.setenv(key, value)
         yield endpoint
     server.terminate()
     server.wait(timeout=30)

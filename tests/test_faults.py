@@ -4,15 +4,29 @@ bad input to every script, refused before any work."""
 
 import dataclasses
 import json
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, final_weights, good_samples, jpeg, run_cli, write_dataset
+from conftest import (
+    REPO,
+    S3_CREDENTIALS,
+    TINY,
+    final_weights,
+    good_samples,
+    jpeg,
+    run_cli,
+    s3_client,
+    start_s3_server,
+    write_dataset,
+)
 
 import convert
 import report
@@ -218,3 +232,73 @@ def test_a_hung_server_is_reported_within_about_a_minute(hung_server):
     assert run.returncode == 2, run.stderr[-2000:]
     assert run.stderr.startswith(f'error: s3://bucket/mds: cannot reach the S3 server {hung_server} after 3 attempts')
     assert 'Traceback' not in run.stderr and seconds < 90, seconds
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('workers', ['0', '2'])
+def test_a_server_that_dies_mid_run_ends_it_with_one_line(tmp_path, workers):
+    """400 samples in 200 shards on a real S3 server, killed when the first batch arrives: the run must end with
+    the remote named, exit status 1 and no results, not run out its epoch early and exit 0."""
+    folder = Path(write_dataset(tmp_path / 'mds', good_samples(400), size_limit=1 << 12))
+    server, endpoint = start_s3_server()
+    try:
+        client = s3_client(endpoint)
+        for path in folder.iterdir():
+            client.upload_file(str(path), 'bucket', f'mds/{path.name}')
+        env = {**os.environ, 'S3_ENDPOINT_URL': endpoint, **S3_CREDENTIALS, 'PROBE_DIR': str(tmp_path)}
+        env.update({'PROBE_KILL_PID': str(server.pid), 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'})
+        flags = [*REAL_DATA, '--batch_size', '8', '--remote', 's3://bucket/mds', '--num_workers', workers]
+        start = time.monotonic()
+        run = subprocess.run(
+            [sys.executable, str(REPO / 'tests' / 'two_rank_probe.py'), *flags, '--results_json', str(tmp_path / 'r')],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        seconds = time.monotonic() - start
+    finally:
+        server.kill()
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert 'error: s3://bucket/mds: reading shards failed: EndpointConnectionError' in run.stderr, run.stderr[-3000:]
+    assert 'Traceback' not in run.stderr and seconds < 120
+    assert not (tmp_path / 'r').exists() and not (tmp_path / 'rank0.json').exists()
+
+
+# ----------------------------------------------------------------------------------------------- two jobs
+
+
+@pytest.mark.skipif(not Path('/dev/shm').is_dir(), reason="Linux's shared memory folder")
+def test_cleaning_shared_memory_leaves_a_live_jobs_alone():
+    from multiprocessing import shared_memory
+
+    from data import clean_stale_shared_memory
+
+    live = shared_memory.SharedMemory('999998_locals', create=True, size=64)  # mapped by this process
+    stale = Path('/dev/shm/999999_locals')
+    stale.write_bytes(b'\0' * 64)  # left by a killed run: mapped by no one
+    try:
+        clean_stale_shared_memory()
+        assert Path('/dev/shm/999998_locals').exists() and not stale.exists()
+    finally:
+        live.close()
+        live.unlink()
+        stale.unlink(missing_ok=True)
+
+
+@pytest.mark.slow
+def test_two_jobs_on_one_machine_both_run_to_the_end(tmp_path):
+    """A second job starting while the first trains, each on its own data: Streaming's cleaner removed the first
+    job's shared memory, and the second could crash in it."""
+    env = {'OMP_NUM_THREADS': '1'}
+    jobs = []
+    for name in ('first', 'second'):
+        folder = write_dataset(tmp_path / name, good_samples(96), size_limit=1 << 14)
+        flags = [*REAL_DATA, '--local', folder, '--num_workers', '2', '--results_json', str(tmp_path / f'{name}.json')]
+        command = [sys.executable, str(REPO / 'benchmark.py'), *flags]
+        jobs.append(subprocess.Popen(command, cwd=REPO, env={**os.environ, **env}, stderr=subprocess.PIPE, text=True))
+        time.sleep(8)  # the first is training when the second starts
+    for job in jobs:
+        _, err = job.communicate(timeout=300)
+        assert job.returncode == 0, err[-3000:]
+    assert (tmp_path / 'first.json').is_file() and (tmp_path / 'second.json').is_file()

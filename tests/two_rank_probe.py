@@ -1,4 +1,5 @@
-"""Runs benchmark.main under a launcher and records, per rank, what the distributed tests check.
+"""Runs benchmark.py's command line (benchmark.cli) under a launcher and records, per rank, what the distributed
+tests check.
 
 Writes $PROBE_DIR/rank{N}.json: the batches this rank trained (first batch index and, per batch, the
 device batch size and a digest of each image), the samples Composer counted, a
@@ -6,7 +7,8 @@ digest of its final UNet weights, and its FSDP units; and $PROBE_DIR/rank{N}.pt:
 (full tensors) and, with --use_ema, the averaged ones.
 $PROBE_FAIL_RANK makes that rank raise at its second batch (or the one after $PROBE_FAIL_AFTER batches), to test
 that a failure ends the job or to crash it after a checkpoint.
-$PROBE_CPU_FSDP runs --fsdp on CPU (see cpu_fsdp).
+$PROBE_CPU_FSDP runs --fsdp on CPU (see cpu_fsdp). $PROBE_KILL_PID is killed (SIGKILL) by rank 0 when its first
+batch arrives: a server that dies mid-run.
 """
 
 import argparse
@@ -14,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -28,7 +31,6 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: E402
 
 import benchmark  # noqa: E402
-import config  # noqa: E402
 from ema import EMA  # noqa: E402
 
 
@@ -44,6 +46,8 @@ class Probe(Callback):
     def after_dataloader(self, state, logger):
         if self.first_batch is None:
             self.first_batch = int(state.timestamp.batch)
+        if os.environ.get('PROBE_KILL_PID') and dist.get_global_rank() == 0 and not self.batches:
+            os.kill(int(os.environ['PROBE_KILL_PID']), signal.SIGKILL)
         fail_after = int(os.environ.get('PROBE_FAIL_AFTER', '1'))
         if os.environ.get('PROBE_FAIL_RANK') == str(dist.get_global_rank()) and len(self.batches) == fail_after:
             raise RuntimeError('probe: simulated failure on this rank')
@@ -87,7 +91,7 @@ if __name__ == '__main__':
     if os.environ.get('PROBE_CPU_FSDP'):
         cpu_fsdp()
     probe = Probe()
-    trainer = benchmark.main(config.parse_args(), callbacks=(probe,))
+    trainer = benchmark.cli(callbacks=(probe,))
     model = trainer.state.model.module if hasattr(trainer.state.model, 'module') else trainer.state.model
     weights = {'unet': full_weights(model.unet)}
     ema = next((algorithm for algorithm in trainer.state.algorithms if isinstance(algorithm, EMA)), None)
