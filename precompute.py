@@ -32,7 +32,15 @@ from tqdm import tqdm
 
 from config import PRESETS, SD2_BASE, ConfigError, resolve_model_dir
 from convert import SAMPLE_DATASET, ensure_sample_dataset
-from data import PRECOMPUTED_COLUMNS, DataError, StreamingLAIONDataset, clean_stale_shared_memory, collate, s3_client
+from data import (
+    PRECOMPUTED_COLUMNS,
+    DataError,
+    StreamingLAIONDataset,
+    clean_stale_shared_memory,
+    collate,
+    describe_dataset,
+    s3_client,
+)
 from images import unit_range
 from model import build_encoders
 from tokenizer import TokenizerError
@@ -287,6 +295,7 @@ def main(argv=None) -> dict:
         ensure_sample_dataset(Path(args.local))
     clean_stale_shared_memory()  # every rank calls it: local rank 0 cleans while the others wait at its barrier
     try:
+        describe_dataset(args.remote, args.local)  # a damaged dataset is named now, before any encoder runs
         dataset = StreamingLAIONDataset(
             remote=args.remote,
             local=args.local,

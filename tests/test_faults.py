@@ -29,6 +29,7 @@ from conftest import (
 )
 
 import convert
+import precompute
 import report
 from benchmark import IncompleteRun, main
 from config import ConfigError, parse_args, resolve_config
@@ -85,6 +86,13 @@ def test_a_damaged_dataset_is_named_before_anything_is_built(dataset, how):
     message = damaged(dataset, how)
     with pytest.raises(ConfigError, match=f'^{dataset}: {message}'):
         resolve_config(parse_args([*REAL_DATA, '--local', str(dataset)]))
+
+
+def test_precompute_names_a_damaged_dataset_before_encoding(dataset, tmp_path):
+    message = damaged(dataset, 'truncated shard')
+    with pytest.raises(ConfigError, match=f'^{dataset}: {message}'):
+        precompute.main(['--local', str(dataset), '--out', str(tmp_path / 'latents'), '--model_name', 'tiny'])
+    assert not (tmp_path / 'latents').exists()
 
 
 @pytest.mark.slow
@@ -302,3 +310,39 @@ def test_two_jobs_on_one_machine_both_run_to_the_end(tmp_path):
         _, err = job.communicate(timeout=300)
         assert job.returncode == 0, err[-3000:]
     assert (tmp_path / 'first.json').is_file() and (tmp_path / 'second.json').is_file()
+
+
+@pytest.mark.slow
+def test_a_run_killed_while_training_resumes_to_the_uninterrupted_weights(tmp_path):
+    """SIGKILL to a run on MDS data with 2 loader workers once its first checkpoint is on disk (it may be writing
+    the next one): the resumed run cleans the shared memory the dead one left, and ends bitwise where an
+    uninterrupted run does."""
+    folder = write_dataset(tmp_path / 'mds', good_samples(96), size_limit=1 << 14)
+    flags = [*REAL_DATA, '--local', folder, '--num_workers', '2', '--max_duration', '1ep']  # 24 batches
+
+    def probe(name, *extra):
+        (tmp_path / name).mkdir()
+        env = {**os.environ, 'PROBE_DIR': str(tmp_path / name), 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
+        command = [sys.executable, str(REPO / 'tests' / 'two_rank_probe.py'), *flags, *extra]
+        with open(tmp_path / name / 'output.log', 'w') as log:  # a file: a pipe left unread would fill and block
+            return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def output(name):
+        return (tmp_path / name / 'output.log').read_text()[-3000:]
+
+    straight = probe('straight')
+    assert straight.wait(timeout=300) == 0, output('straight')
+    checkpoints = ['--save_folder', str(tmp_path / 'ckpt'), '--save_interval', '2ba', '--run_name', 'killed']
+    killed = probe('killed', *checkpoints)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / 'ckpt' / 'latest-rank0.pt').exists():
+        assert killed.poll() is None and time.monotonic() < deadline, 'no checkpoint was written'
+        time.sleep(0.05)
+    killed.kill()  # SIGKILL: no cleanup of any kind
+    killed.wait(timeout=60)
+    resumed = probe('resumed', *checkpoints, '--autoresume')
+    assert resumed.wait(timeout=300) == 0, output('resumed')
+    first, last = (json.loads((tmp_path / name / 'rank0.json').read_text()) for name in ('straight', 'resumed'))
+    assert resumed.returncode == 0 and last['first_batch'] >= 2
+    assert last['batches'] == first['batches'][last['first_batch'] :]
+    assert last['unet'] == first['unet']  # a digest of every UNet weight
