@@ -3,7 +3,7 @@
 
 Every flag is checked here, before anything is built, and every value derived from the flags, the device
 and the dataset is settled here (device batch, microbatch, number of batches, the image size of
-precomputed data, ...), so that the builders in benchmark.py only read the configuration.
+precomputed data, ...), so that the builders (model.py, training.py) only read the configuration.
 """
 
 import argparse

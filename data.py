@@ -137,12 +137,18 @@ class CheckedStreamingDataset(StreamingDataset):
     def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
         try:
             super().prepare_shard(shard_id, blocking)
-        except BaseException:
+        except BaseException as error:
             # Streaming leaves a shard whose download failed in its PREPARING state, and every thread or loader
             # worker that needs the shard waits for it forever (seen: runs hung at 0% CPU after a server died).
             # Marked remote again, they try it themselves, and fail with the error.
             if self._shard_states[shard_id] == _ShardState.PREPARING:
                 self._shard_states[shard_id] = _ShardState.REMOTE
+            if self.streams[self.stream_per_shard[shard_id]].remote is None:  # nowhere to fetch it from
+                name = self.shards[shard_id].raw_data.basename
+                raise DataError(
+                    f'{self.location}: shard {name} is gone or unreadable; it was whole at start (deleted, moved or '
+                    'cut short while the run read it?)'
+                ) from error
             raise
 
     def _keep_failure(self, thread, it) -> None:
@@ -151,13 +157,38 @@ class CheckedStreamingDataset(StreamingDataset):
         except Exception as error:  # kept for __iter__, which names it; no thread traceback on the console
             self._background_error = error
             self._event.set()  # as Streaming does on a thread's failure: the other threads and the yield loop stop
+            # A thread that raises never reports its exit, and the iterator's exit() waited for it forever when
+            # the yield loop ended first (seen: loader workers hung at 0% CPU after a server died).
+            it.on_exit()
 
     def __iter__(self):
         yield from super().__iter__()
-        error = self._background_error
-        if error is not None:
-            reason = str(error).strip().splitlines()[-1] if str(error).strip() else ''
-            raise DataError(f'{self.location}: reading shards failed: {type(error).__name__}: {reason}')
+        if self._background_error is not None:
+            raise self._reading_failed(self._background_error)
+
+    def get_item(self, sample_id: int, retry: int = 7):
+        try:
+            return super().get_item(sample_id, retry)
+        except DataError:
+            raise
+        except Exception as error:  # a shard deleted or cut short since the checks at start, a failed download
+            if self._background_error is not None:  # Streaming's get_item only says a thread failed
+                raise self._reading_failed(self._background_error) from error
+            raise self._reading_failed(error, sample_id) from error
+
+    def _reading_failed(self, error: BaseException, sample_id: int | None = None) -> DataError:
+        if isinstance(error, DataError):
+            return error
+        reason = str(error).strip().splitlines()[-1] if str(error).strip() else ''
+        if sample_id is None:
+            return DataError(f'{self.location}: reading shards failed: {type(error).__name__}: {reason}')
+        shard_id, row = self.spanner[sample_id]
+        shard = self.shards[shard_id].raw_data.basename
+        return DataError(f'{self.location}: reading shard {shard} (row {row}) failed: {type(error).__name__}: {reason}')
+
+    def where(self, sample_id: int) -> str:
+        shard_id, row = self.spanner[sample_id]
+        return f'{sample_id} (shard {self.shards[shard_id].raw_data.basename}, row {row}, of {self.location})'
 
 
 class StreamingLAIONDataset(CheckedStreamingDataset):
@@ -257,10 +288,6 @@ class StreamingLAIONDataset(CheckedStreamingDataset):
         if self.keep_caption:
             sample['caption'] = caption
         return sample
-
-    def where(self, sample_id: int) -> str:
-        shard_id, row = self.spanner[sample_id]
-        return f'{sample_id} (shard {self.shards[shard_id].raw_data.basename}, row {row}, of {self.location})'
 
 
 # precompute.py's output: the VAE's latent distribution and the text encoder's output, fp16, and the caption.

@@ -5,6 +5,7 @@ bad input to every script, refused before any work."""
 import dataclasses
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -346,3 +347,26 @@ def test_a_run_killed_while_training_resumes_to_the_uninterrupted_weights(tmp_pa
     assert resumed.returncode == 0 and last['first_batch'] >= 2
     assert last['batches'] == first['batches'][last['first_batch'] :]
     assert last['unet'] == first['unet']  # a digest of every UNet weight
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('workers', ['0', '2'])
+def test_shards_deleted_mid_run_end_it_with_one_line(tmp_path, workers):
+    folder = write_dataset(tmp_path / 'mds', good_samples(96), size_limit=1 << 12)
+    env = {**os.environ, 'PROBE_DIR': str(tmp_path), 'PROBE_DELETE': f'{folder}/shard.*.mds'}
+    env.update({'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'})
+    flags = [*REAL_DATA, '--local', folder, '--num_workers', workers, '--results_json', str(tmp_path / 'r')]
+    start = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, str(REPO / 'tests' / 'two_rank_probe.py'), *flags],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert re.search(
+        rf'error: {folder}: shard shard\.\d+\.mds is gone or unreadable; it was whole at start', run.stderr
+    )
+    assert 'Traceback' not in run.stderr and time.monotonic() - start < 120
+    assert not (tmp_path / 'r').exists()

@@ -7,12 +7,13 @@ digest of its final UNet weights, and its FSDP units; and $PROBE_DIR/rank{N}.pt:
 (full tensors) and, with --use_ema, the averaged ones.
 $PROBE_FAIL_RANK makes that rank raise at its second batch (or the one after $PROBE_FAIL_AFTER batches), to test
 that a failure ends the job or to crash it after a checkpoint.
-$PROBE_CPU_FSDP runs --fsdp on CPU (see cpu_fsdp). $PROBE_KILL_PID is killed (SIGKILL) by rank 0 when its first
-batch arrives: a server that dies mid-run.
+$PROBE_CPU_FSDP runs --fsdp on CPU (see cpu_fsdp). When rank 0's first batch arrives, $PROBE_KILL_PID is killed
+(SIGKILL: a server that dies mid-run) and the files $PROBE_DELETE (a glob) names are deleted (shards gone mid-run).
 """
 
 import argparse
 import dataclasses
+import glob
 import hashlib
 import json
 import os
@@ -46,8 +47,11 @@ class Probe(Callback):
     def after_dataloader(self, state, logger):
         if self.first_batch is None:
             self.first_batch = int(state.timestamp.batch)
-        if os.environ.get('PROBE_KILL_PID') and dist.get_global_rank() == 0 and not self.batches:
-            os.kill(int(os.environ['PROBE_KILL_PID']), signal.SIGKILL)
+        if dist.get_global_rank() == 0 and not self.batches:
+            if os.environ.get('PROBE_KILL_PID'):
+                os.kill(int(os.environ['PROBE_KILL_PID']), signal.SIGKILL)
+            for path in glob.glob(os.environ.get('PROBE_DELETE', '')):
+                os.unlink(path)
         fail_after = int(os.environ.get('PROBE_FAIL_AFTER', '1'))
         if os.environ.get('PROBE_FAIL_RANK') == str(dist.get_global_rank()) and len(self.batches) == fail_after:
             raise RuntimeError('probe: simulated failure on this rank')
