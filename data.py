@@ -119,14 +119,43 @@ class DataError(RuntimeError):
 
 
 class CheckedStreamingDataset(StreamingDataset):
-    """Streaming's dataset, but a download that fails in its background threads (a remote that died, a shard
+    """Streaming's dataset over a checked location (see resolve_location), whose shards must hold the columns
+    the subclass reads; and a download that fails in its background threads (a remote that died, a shard
     gone from the cache) ends the iteration with DataError. Streaming 0.13 only stops yielding samples then, as
     at the end of an epoch, and Composer counts the epoch done: a run would end early, exit 0, and report a
     throughput. A failed download also no longer leaves its shard waited for forever (see prepare_shard). The
     thread methods and shard states used here are Streaming's own (private in the pinned version)."""
 
-    location: str = ''
+    precomputed = False  # which columns the shards must hold (check_columns)
     _background_error: BaseException | None = None
+
+    def __init__(
+        self,
+        *,
+        remote: str | None = None,
+        local: str | None = None,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 17,
+        download_retry: int = RETRIES,
+        download_timeout: float = READ_TIMEOUT,
+        **streaming_kwargs,
+    ):
+        remote, local = resolve_location(remote, local, download_retry, download_timeout)
+        self.location = remote or local
+        super().__init__(
+            remote=remote,
+            local=local,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            shuffle_seed=seed,
+            download_retry=download_retry,
+            download_timeout=download_timeout,
+            **streaming_kwargs,
+        )
+        for shard in self.shards:
+            columns = getattr(shard, 'column_names', None)
+            check_columns(self.location, shard.raw_data.basename, columns, self.precomputed)
 
     def _prepare_thread(self, it) -> None:
         self._keep_failure(super()._prepare_thread, it)
@@ -224,8 +253,6 @@ class StreamingLAIONDataset(CheckedStreamingDataset):
         keep_caption: bool = False,
         **streaming_kwargs,
     ):
-        remote, local = resolve_location(remote, local, download_retry, download_timeout)
-        self.location = remote or local
         self.image_size = image_size
         self.max_bad_fraction = max_bad_fraction
         self.max_image_pixels = max_image_pixels
@@ -236,13 +263,11 @@ class StreamingLAIONDataset(CheckedStreamingDataset):
             local=local,
             batch_size=batch_size,
             shuffle=shuffle,
-            shuffle_seed=seed,
+            seed=seed,
             download_retry=download_retry,
             download_timeout=download_timeout,
             **streaming_kwargs,
         )
-        for shard in self.shards:
-            check_columns(self.location, shard.raw_data.basename, getattr(shard, 'column_names', None), False)
         self._reads = 0
         self._bad = Counter()  # reason -> count, over this process's reads
         self._reported = set()
@@ -303,32 +328,7 @@ class PrecomputedLatentsDataset(CheckedStreamingDataset):
     """MDS shards written by precompute.py, streamed like StreamingLAIONDataset (same remotes, caches,
     resumption). Samples: 'latent_mean', 'latent_logvar' (C, H/8, W/8) and 'text_embedding' (77, D), fp16."""
 
-    def __init__(
-        self,
-        *,
-        remote: str | None = None,
-        local: str | None = None,
-        batch_size: int | None = None,
-        shuffle: bool = True,
-        seed: int = 17,
-        download_retry: int = RETRIES,
-        download_timeout: float = READ_TIMEOUT,
-        **streaming_kwargs,
-    ):
-        remote, local = resolve_location(remote, local, download_retry, download_timeout)
-        self.location = remote or local
-        super().__init__(
-            remote=remote,
-            local=local,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            shuffle_seed=seed,
-            download_retry=download_retry,
-            download_timeout=download_timeout,
-            **streaming_kwargs,
-        )
-        for shard in self.shards:
-            check_columns(self.location, shard.raw_data.basename, getattr(shard, 'column_names', None), True)
+    precomputed = True
 
     def get_item(self, sample_id: int, retry: int = 7) -> dict:
         raw = super().get_item(sample_id, retry)
