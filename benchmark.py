@@ -137,6 +137,8 @@ def summarize(trainer: Trainer, config: RunConfig) -> Results:
         img_per_sec=median('throughput/samples_per_sec'),
         img_per_sec_per_device=median('throughput/device/samples_per_sec'),
         flops_per_image=model.flops_per_image(config.image_size, config.image_size),
+        trained_flops_per_image=model.trained_flops_per_image(config.image_size, config.image_size),
+        trained_parameters=sum(p.numel() for p in model.unet.parameters()),
         flops_per_sec=flops_per_sec,
         mfu=mfu(flops_per_sec, config.world_size, peak),
         throughput_windows=len(logged.get('throughput/samples_per_sec', [])),

@@ -51,7 +51,7 @@ class StableDiffusion(ComposerModel):
         self.latent_scale = vae.config.scaling_factor if vae is not None else latent_scale
         if self.latent_scale is None:
             raise ValueError("without a VAE, pass latent_scale (the VAE config's scaling_factor)")
-        self._flops_per_image: dict[tuple, int] = {}
+        self._forward_flops: dict[tuple, dict[str, int]] = {}
         self.model_dir: Path | None = None  # set by build_model, with the parts whose weights it loaded
         self.weights_loaded: list[str] = []
 
@@ -120,20 +120,29 @@ class StableDiffusion(ComposerModel):
         return images.shape[0] * self.flops_per_image(images.shape[-2], images.shape[-1], batch['input_ids'].shape[-1])
 
     def flops_per_image(self, height: int, width: int, caption_length: int = CAPTION_LENGTH) -> int:
+        """Training FLOPs per image: the UNet's forward and backward (3x its forward: the backward computes
+        gradients of activations and of weights) and the frozen encoders' forward."""
+        parts = self.forward_flops(height, width, caption_length)
+        return 3 * parts['unet'] + parts.get('vae_encoder', 0) + parts.get('text_encoder', 0)
+
+    def trained_flops_per_image(self, height: int, width: int, caption_length: int = CAPTION_LENGTH) -> int:
+        """The trained UNet's share of flops_per_image: forward and backward."""
+        return 3 * self.forward_flops(height, width, caption_length)['unet']
+
+    def forward_flops(self, height: int, width: int, caption_length: int = CAPTION_LENGTH) -> dict[str, int]:
         key = (height, width, caption_length)
-        if key not in self._flops_per_image:
+        if key not in self._forward_flops:
             if self.vae is None:  # precomputed: the UNet alone
-                parts = {
+                self._forward_flops[key] = {
                     'unet': count_unet_forward_flops(
                         self.unet.config, height // LATENT_DOWNSAMPLE, width // LATENT_DOWNSAMPLE, caption_length
                     )
                 }
             else:
-                parts = count_forward_flops(self.unet.config, self.vae.config, self.text_encoder.config, *key)
-            # Backward costs twice the forward (gradients of activations and of weights): UNet x3.
-            # The frozen encoders run forward only.
-            self._flops_per_image[key] = 3 * parts['unet'] + parts.get('vae_encoder', 0) + parts.get('text_encoder', 0)
-        return self._flops_per_image[key]
+                self._forward_flops[key] = count_forward_flops(
+                    self.unet.config, self.vae.config, self.text_encoder.config, *key
+                )
+        return self._forward_flops[key]
 
 
 def count_forward_flops(

@@ -14,17 +14,22 @@ are added (optimizer step and EMA on every replica, gradient all-reduce) costs a
 It implies a per-doubling efficiency that falls with scale:
     e(N -> 2N) = throughput(2N) / (2 throughput(N)) = (a + b/N) / (2a + b/N).
 The fit minimizes relative error in 1/throughput, with a >= 0 and b >= 0.
+
+With --predict, one measured GPU count is enough: scaling.py's step model (compute measured, gradient
+communication over the cluster's NVLink and network, fixed per-step work) predicts the others, and the report
+prints each step's breakdown and the range its plausible inputs give.
 """
 
 import argparse
 import csv
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+import scaling
 from results import PEAK_FLOPS, ResultsError, gpu_key
 from results import load_results as read_results
 
@@ -37,6 +42,11 @@ SECONDS_PER_DAY = 86_400
 # analytically for SD2-base (UNet forward 0.80 TFLOP at 512px, VAE encoder 1.12, text encoder 0.045):
 # used when a results file has none.
 FLOPS_PER_IMAGE = {512: 3.58e12, 256: 0.54e12 + 0.27e12 + 0.045e12}
+# The UNet's share of them (forward and backward), and the parameters it trains: what --predict assumes of a
+# throughput given by hand.
+TRAINED_FLOPS_PER_IMAGE = {512: 2.41e12, 256: 0.54e12}
+SD2_UNET_PARAMETERS = 865_910_724
+PUBLISHED_BATCH, PUBLISHED_MICROBATCH = 2048, 4
 
 KIND_ORDER = {'measured': 0, 'reference': 1, 'predicted': 2, 'limit': 3}
 
@@ -102,6 +112,7 @@ def parse_args(argv=None):
     parser.add_argument(
         '--per_gpu_type', action='store_true', help='one table, fit and curve per GPU type when inputs mix GPU types'
     )
+    add_prediction_args(parser)
     parser.add_argument('--csv', default='report.csv', help="CSV output path (default report.csv; '' for none)")
     parser.add_argument('--plot', default='report.png', help="PNG output path (default report.png; '' for none)")
     args = parser.parse_args(argv)
@@ -112,8 +123,80 @@ def parse_args(argv=None):
     for n in args.extrapolate or []:
         if n <= 0:
             parser.error(f'--extrapolate: GPU count must be > 0, got {n}')
+    check_prediction_args(args, parser)
     args.budget = parse_budget(args.samples, parser)
     return args
+
+
+def add_prediction_args(parser):
+    group = parser.add_argument_group(
+        'scaling model (--predict)',
+        'Predicts other GPU counts from one measured count by modelling each step (scaling.py): compute as '
+        'measured, gradient communication over the cluster, fixed per-step work. Cluster figures default to the '
+        'preset of the GPU type.',
+    )
+    group.add_argument(
+        '--predict', nargs='+', type=int, default=None, metavar='GPUS', help='GPU counts to predict, e.g. 64 256 1024'
+    )
+    group.add_argument(
+        '--cluster',
+        choices=sorted(scaling.CLUSTERS),
+        default=None,
+        help='node preset (NVLink, network and memory bandwidth per GPU; default: the GPU type of the inputs)',
+    )
+    group.add_argument('--gpus_per_node', type=int, default=None, help='GPUs per node (preset: 8)')
+    group.add_argument('--nvlink_gb_s', type=float, default=None, help='NVLink GB/s per GPU, one direction')
+    group.add_argument('--network_gb_s', type=float, default=None, help='network GB/s per GPU (its share of the NICs)')
+    group.add_argument('--memory_gb_s', type=float, default=None, help='GPU memory GB/s (optimizer and EMA estimate)')
+    group.add_argument(
+        '--link_efficiency',
+        type=float,
+        default=scaling.LINK_EFFICIENCY,
+        help=f'achieved share of the link rate (default {scaling.LINK_EFFICIENCY}, nccl-tests reach 0.8-0.9)',
+    )
+    group.add_argument('--no_overlap', action='store_true', help='the backward hides none of the communication')
+    group.add_argument(
+        '--rail_aligned', action='store_true', help="the network carries one GPU's share per node, not every GPU's"
+    )
+    group.add_argument(
+        '--fixed_ms', type=float, default=None, help='per-step optimizer and EMA time (default: from memory traffic)'
+    )
+    group.add_argument(
+        '--global_batch', type=int, default=PUBLISHED_BATCH, help=f'batch of the predicted runs ({PUBLISHED_BATCH})'
+    )
+    group.add_argument(
+        '--microbatch',
+        type=int,
+        default=PUBLISHED_MICROBATCH,
+        help=f'per-GPU microbatch of a --throughput value (default {PUBLISHED_MICROBATCH}; '
+        'results files carry their own)',
+    )
+    group.add_argument(
+        '--trained_parameters',
+        type=int,
+        default=None,
+        help=f'parameters trained, for a --throughput value (default SD2 UNet, {SD2_UNET_PARAMETERS:,})',
+    )
+
+
+def check_prediction_args(args, parser):
+    if args.predict is None:
+        return
+    if args.extrapolate is not None:
+        parser.error('--predict and --extrapolate: give one (the step model or the fit of several counts)')
+    for flag in ('predict', 'gpus_per_node', 'global_batch', 'microbatch', 'trained_parameters'):
+        values = getattr(args, flag)
+        for value in values if isinstance(values, list) else [values]:
+            if value is not None and value <= 0:
+                parser.error(f'--{flag}: expected a positive integer, got {value}')
+    for flag in ('nvlink_gb_s', 'network_gb_s', 'memory_gb_s'):
+        value = getattr(args, flag)
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            parser.error(f'--{flag}: expected a positive number of GB/s, got {value}')
+    if not 0 < args.link_efficiency <= 1:
+        parser.error(f'--link_efficiency: expected a fraction in (0, 1], got {args.link_efficiency}')
+    if args.fixed_ms is not None and not (args.fixed_ms >= 0 and math.isfinite(args.fixed_ms)):
+        parser.error(f'--fixed_ms: expected a time >= 0, got {args.fixed_ms}')
 
 
 def parse_budget(items, parser):
@@ -158,6 +241,9 @@ class Point:
     model: str | None = None
     source: str = 'hand'
     precomputed: bool | None = None  # trained from precompute.py's latents (the UNet alone); None: not known
+    run: dict | None = None  # the results file's configuration (batch, microbatch, fsdp, ...); None: by hand
+    trained_parameters: int | None = None
+    trained_flops_per_image: float | None = None
 
 
 def parse_throughput(item, gpu, what='--throughput'):
@@ -178,6 +264,8 @@ def load_results(path):
         gpus = results.positive('num_devices', int, path)
         img_per_sec = results.positive('img_per_sec', float, path)
         flops = results.positive('flops_per_image', float, path, required=False)
+        trained_flops = results.positive('trained_flops_per_image', float, path, required=False)
+        trained_parameters = results.positive('trained_parameters', int, path, required=False)
         mfu = results.positive('mfu', float, path, required=False)
         image_size = results.positive('image_size', int, path)
     except ResultsError as error:
@@ -197,6 +285,9 @@ def load_results(path):
         results.model_name,
         path,
         bool(results.config.get('precomputed_latents')),
+        results.config,
+        trained_parameters,
+        trained_flops,
     )
 
 
@@ -246,8 +337,199 @@ def describe_fit(label, fit, extra):
     return '\n'.join(lines)
 
 
-def build_rows(points, budget, extrapolate, references, price, peak):
-    """Rows of one table (one GPU type): measured, reference and predicted counts, then the limit."""
+def prediction_models(points, args, gpu):
+    """{phase: ScalingModel} calibrated on the one measured run of each phase, and {phase: [band corners]}.
+    A phase with no run of its own (the 256px phase of the published schedule, when only 512px was measured)
+    scales the other phase's compute time by the FLOP ratio: the same MFU at both sizes."""
+    cluster_name = args.cluster or gpu
+    if cluster_name not in scaling.CLUSTERS:
+        raise ReportError(
+            f'--predict: no cluster preset for GPU type {gpu!r}; pass --cluster '
+            f'({", ".join(sorted(scaling.CLUSTERS))}), adjusted with --nvlink_gb_s, --network_gb_s, --memory_gb_s'
+        )
+    overrides = {
+        field: getattr(args, field)
+        for field in ('gpus_per_node', 'nvlink_gb_s', 'network_gb_s', 'memory_gb_s')
+        if getattr(args, field) is not None
+    }
+    assumptions = scaling.Assumptions(
+        replace(scaling.CLUSTERS[cluster_name], **overrides),
+        link_efficiency=args.link_efficiency,
+        overlap=not args.no_overlap,
+        rail_aligned=args.rail_aligned,
+        fixed_seconds=None if args.fixed_ms is None else args.fixed_ms / 1000,
+    )
+    phases = sorted(args.budget, key=lambda k: -1 if k is None else k)
+    models, bands, notes = {}, {}, []
+    try:
+        for phase in phases:
+            runs = [p for p in points if phase is None or p.image_size == phase]
+            if len(runs) > 1:
+                raise ReportError(
+                    f'--predict starts from one measured run per phase; got {len(runs)} at '
+                    f'{phase or runs[0].image_size}px ({", ".join(p.source for p in runs)}): pass one, or leave '
+                    'out --predict to fit them'
+                )
+            if runs:
+                workload, batch, microbatch = prediction_workload(runs[0], args)
+                start = scaling.Measurement(runs[0].gpus, runs[0].img_per_sec, batch, microbatch)
+                models[phase] = scaling.calibrate(workload, assumptions, start)
+                bands[phase] = scaling.band(workload, assumptions, start)
+        for phase in phases:
+            if phase in models:
+                continue
+            source = next(iter(models.values()), None)
+            size = next(p.image_size for p in points)
+            if source is None or size not in FLOPS_PER_IMAGE or phase not in FLOPS_PER_IMAGE:
+                raise ReportError(f'--samples: no throughput measured at {phase}px for {gpu}')
+            precomputed = bool(points[0].precomputed)
+            ratio = scaled_flops(phase, precomputed) / scaled_flops(size, precomputed)
+            workload = replace(source.workload, **shares(phase, precomputed))
+            origin = f"the {size}px run's, scaled by the FLOPs per image ({ratio:.3f}x)"
+            models[phase] = source.scaled(ratio, workload, origin)
+            bands[phase] = [corner.scaled(ratio, workload, origin) for corner in bands[next(iter(bands))]]
+            notes.append(
+                f"{gpu}: no run at {phase}px: its compute is the {size}px run's scaled by the FLOPs per image "
+                f'({ratio:.3f}x), which assumes the same MFU at both sizes (smaller images usually reach less)'
+            )
+        for model in models.values():
+            for gpus in args.predict:
+                model.step(gpus)  # each count must divide the batch: say so before printing anything
+    except scaling.ScalingError as error:
+        raise ReportError(f'--predict: {error}')
+    return models, bands, notes
+
+
+def scaled_flops(image_size, precomputed):
+    return (TRAINED_FLOPS_PER_IMAGE if precomputed else FLOPS_PER_IMAGE)[image_size]
+
+
+def shares(image_size, precomputed):
+    """The UNet's share of an image's compute (its backward: two thirds of it), from the analytic SD2 FLOPs."""
+    trained = 1.0 if precomputed else TRAINED_FLOPS_PER_IMAGE[image_size] / FLOPS_PER_IMAGE[image_size]
+    return {'trained_share': trained, 'backward_share': 2 / 3 * trained}
+
+
+def prediction_workload(point, args):
+    """(Workload, measured batch, measured microbatch) of one measured run: a results file's own configuration,
+    or for a value given by hand the published run's (batch --global_batch, microbatch --microbatch, SD2 UNet,
+    DDP, AdamW and EMA)."""
+    run = point.run
+    if run is None:
+        trained = args.trained_parameters or SD2_UNET_PARAMETERS
+        batch, microbatch = args.global_batch, args.microbatch
+        fsdp, precision, fused, ema = 'none', 'amp_fp16', False, True
+    else:
+        trained = point.trained_parameters or (SD2_UNET_PARAMETERS if point.model == 'sd2-base' else None)
+        if trained is None:
+            raise ReportError(f"{point.source}: no 'trained_parameters' (written by newer benchmark.py runs)")
+        batch, microbatch = run.get('batch_size'), run.get('device_train_microbatch_size')
+        if not isinstance(batch, int) or not isinstance(microbatch, int):
+            raise ReportError(
+                f"{point.source}: --predict needs the run's batch and a fixed microbatch (got batch {batch!r}, "
+                f'microbatch {microbatch!r}); measure with --device_train_microbatch_size N'
+            )
+        fsdp, precision = run.get('fsdp', 'none'), run.get('precision', 'amp_bf16')
+        fused, ema = bool(run.get('fused_adamw')), bool(run.get('use_ema'))
+    if point.flops_per_image and point.trained_flops_per_image:
+        trained_share = point.trained_flops_per_image / point.flops_per_image
+        split = {'trained_share': trained_share, 'backward_share': 2 / 3 * trained_share}
+    elif point.image_size in FLOPS_PER_IMAGE:
+        split = shares(point.image_size, bool(point.precomputed))
+    else:
+        raise ReportError(f"{point.source}: --predict needs the UNet's FLOPs at {point.image_size}px")
+    workload = scaling.Workload(
+        global_batch=args.global_batch,
+        microbatch=microbatch,
+        trained_parameters=trained,
+        fsdp=fsdp,
+        param_bytes=4 if precision == 'fp32' else 2,
+        fixed_bytes_per_parameter=scaling.ADAMW_BYTES['fused' if fused else 'foreach']
+        + (scaling.EMA_BYTES if ema else 0),
+        **split,
+    )
+    return workload, batch, microbatch
+
+
+def overall_img_per_sec(models, budget, gpus):
+    """Throughput over the whole budget: each phase's samples at its own rate."""
+    return sum(budget.values()) / sum(budget[ph] / models[ph].img_per_sec(gpus) for ph in models)
+
+
+def describe_prediction(gpu, models, bands, budget, rows):
+    """The model's inputs, each predicted step's breakdown, its range, and its error against references."""
+    lines = []
+    counts = sorted({r['gpus'] for r in rows if r['kind'] != 'limit'})
+    corners = range(len(next(iter(bands.values()))))
+    for phase, model in models.items():
+        w, a = model.workload, model.assumptions
+        c = a.cluster
+        fixed = scaling.fixed_seconds(w, a, 1)
+        lines += [
+            f'### {gpu}' + (f' {phase}px' if phase else '') + ': step model',
+            '',
+            f'- one image forward and backward on one GPU: {1000 * model.image_seconds:.2f} ms ({model.origin}); '
+            f'global batch {w.global_batch}, microbatch {w.microbatch}',
+            f'- cluster: {c.description}: {c.gpus_per_node} GPUs per node, NVLink {c.nvlink_gb_s:g} GB/s and network '
+            f'{c.network_gb_s:g} GB/s per GPU, at {a.link_efficiency:.0%} of the link rate'
+            + ("; rail-aligned rings (the network carries one GPU's share per node)" if a.rail_aligned else ''),
+            '- communication: '
+            + (
+                f'{w.gradient_bytes / 1e9:.2f} GB of fp32 gradients ({w.trained_parameters:,} parameters) '
+                'all-reduced per step, '
+                + ("overlapped with the last microbatch's backward" if a.overlap else 'not overlapped')
+                if w.fsdp == 'none'
+                else f'FSDP {w.fsdp}: per microbatch, parameter gathers and a gradient reduce-scatter'
+            ),
+            f'- fixed work per step (optimizer step and EMA): {1000 * fixed:.1f} ms'
+            + (
+                ''
+                if a.fixed_seconds is not None
+                else f' ({w.fixed_bytes_per_parameter} bytes per parameter at {c.memory_gb_s:,.0f} GB/s)'
+            )
+            + (', divided among the GPUs under FSDP' if w.fsdp != 'none' else ''),
+            '',
+            '| GPUs | nodes | img/GPU/step | microbatches | compute s | communication s | exposed s | fixed s '
+            '| step s | img/s | scaling eff. | range img/s |',
+            '|' + '---|' * 12,
+        ]
+        base = model.step(counts[0])
+        for gpus in counts:
+            st = model.step(gpus)
+            low = min(corner.img_per_sec(gpus) for corner in bands[phase])
+            high = max(corner.img_per_sec(gpus) for corner in bands[phase])
+            efficiency = (st.img_per_sec / gpus) / (base.img_per_sec / base.gpus)
+            lines.append(
+                f'| {gpus:,} | {st.nodes} | {st.images_per_gpu:g} | {st.microbatches} | {st.compute:.3f} '
+                f'| {st.communication:.3f} | {st.exposed:.3f} | {st.fixed:.3f} | {st.seconds:.3f} '
+                f'| {st.img_per_sec:,.1f} | {efficiency:.1%} | {low:,.1f}-{high:,.1f} |'
+            )
+        lines.append('')
+    lo, hi = scaling.LINK_EFFICIENCY_BAND
+    f_lo, f_hi = scaling.FIXED_WORK_BAND
+    lines.append(
+        f'Range: the lowest and highest prediction over link efficiency {lo:.0%}-{hi:.0%}, overlap or none, '
+        f"fixed work x{f_lo:g}-x{f_hi:g}, and every GPU's share over the network or rail-aligned rings.\n"
+    )
+    references = [r for r in rows if r['kind'] == 'reference']
+    if references:
+        lines.append('Against the reference throughputs:\n')
+    for ref in references:
+        gpus = ref['gpus']
+        predicted = overall_img_per_sec(models, budget, gpus)
+        values = [overall_img_per_sec({ph: bands[ph][i] for ph in bands}, budget, gpus) for i in corners]
+        inside = min(values) <= ref['img_per_sec'] <= max(values)
+        lines.append(
+            f'- {gpus:,} GPUs: predicted {predicted:,.1f} img/s, reference {ref["img_per_sec"]:,.1f}: '
+            f'error {predicted / ref["img_per_sec"] - 1:+.1%}; range {min(values):,.1f}-{max(values):,.1f} '
+            + ('(inside)' if inside else '(OUTSIDE)')
+        )
+    return '\n'.join(lines) + '\n'
+
+
+def build_rows(points, budget, extrapolate, references, price, peak, models=None):
+    """Rows of one table (one GPU type): measured, reference and predicted counts, then the limit. Predictions
+    come from `models` ({phase: scaling.ScalingModel}) when given, else from a fit per phase."""
     phases = sorted(budget, key=lambda k: -1 if k is None else k)
     # FLOPs per image of each phase: results files first, then the analytic SD2 figures.
     flops = {}
@@ -261,7 +543,7 @@ def build_rows(points, budget, extrapolate, references, price, peak):
                 'prefixed, e.g. 256:8=400)'
             )
         known = [p.flops_per_image for p in points if p.image_size in sizes and p.flops_per_image]
-        flops[ph] = known[0] if known else FLOPS_PER_IMAGE.get(next(iter(sizes), None))
+        flops[ph] = known[0] if known else FLOPS_PER_IMAGE.get(next(iter(sizes), ph))
     total_flops = sum(budget[ph] * flops[ph] for ph in phases) if all(flops.values()) else None
     total = sum(budget.values())
 
@@ -275,11 +557,14 @@ def build_rows(points, budget, extrapolate, references, price, peak):
             )
         by_phase.setdefault(phase, {}).setdefault(p.gpus, []).append(p.img_per_sec)
     for phase in phases:
-        if phase not in by_phase:
+        if phase not in by_phase and phase not in (models or {}):
             raise ReportError(f'--samples: no throughput measured at {phase}px for {points[0].gpu}')
     # Repeated runs at one GPU count are averaged.
-    measured = {ph: {k: sum(v) / len(v) for k, v in d.items()} for ph, d in by_phase.items()}
-    fits = {ph: fit_scaling(m) for ph, m in measured.items() if len(m) >= 2}
+    measured = {ph: {k: sum(v) / len(v) for k, v in by_phase.get(ph, {}).items()} for ph in phases}
+    if models is not None:
+        fits = models
+    else:
+        fits = {ph: fit_scaling(m) for ph, m in measured.items() if len(m) >= 2}
     notes = [
         f'{points[0].gpu}, {ph or points[0].image_size}px: {len(v)} runs at {k} GPUs averaged'
         for ph, d in by_phase.items()
@@ -290,7 +575,7 @@ def build_rows(points, budget, extrapolate, references, price, peak):
         f'{points[0].gpu}' + (f' {ph}px' if ph else '') + ': the fit misses a measured point '
         'by more than 5%; treat its predictions with care'
         for ph, fit in fits.items()
-        if any(abs(fit.img_per_sec(k) / v - 1) > 0.05 for k, v in fit.points.items())
+        if isinstance(fit, Fit) and any(abs(fit.img_per_sec(k) / v - 1) > 0.05 for k, v in fit.points.items())
     ]
 
     def row(gpus, kind, img_per_sec):
@@ -426,7 +711,8 @@ def plot(path, tables, budget):
                     **style,
                 )
         if curve:
-            ax.plot(*curve, color=color, linewidth=1, linestyle='--', label=f'{label} fit')
+            n, days, name = curve
+            ax.plot(n, days, color=color, linewidth=1, linestyle='--', label=f'{label} {name}')
         limit = [r for r in rows if r['kind'] == 'limit']
         if limit:  # days at the limit scale as 1/N
             n = np.array([min(r['gpus'] for r in rows), limit[0]['gpus']], float)
@@ -490,14 +776,19 @@ def main(args):
                 raise ReportError(f'{flag} {path}: is a folder; give a file name')
     groups = collect_points(args)
     phases = sorted(args.budget, key=lambda k: -1 if k is None else k)
-    tables, fit_lines, notes = [], [], []
+    tables, fit_lines, notes, prediction_text = [], [], [], []
     for gpu, pts in groups.items():
         peak = (
             args.peak_tflops * 1e12
             if args.peak_tflops
             else PEAK_FLOPS.get(gpu) or next((p.peak for p in pts if p.peak), None)
         )
-        rows, fits, group_notes, base = build_rows(pts, args.budget, args.extrapolate, args.reference, args.price, peak)
+        models = bands = None
+        if args.predict is not None:
+            models, bands, prediction_notes = prediction_models(pts, args, gpu)
+            notes += prediction_notes
+        counts = args.predict if models else args.extrapolate
+        rows, fits, group_notes, base = build_rows(pts, args.budget, counts, args.reference, args.price, peak, models)
         notes += group_notes
         if 'tiny' in {p.model for p in pts}:
             notes.append(
@@ -510,10 +801,16 @@ def main(args):
                 'precompute.py (the VAE and text encoder over the data once) to the cost'
             )
         curve = None
-        if len(fits) == len(phases):  # days against GPUs along the fitted model, for the plot
+        if models:  # days against GPUs through the predicted counts
+            line = sorted((r for r in rows if r['kind'] in ('measured', 'predicted')), key=lambda r: r['gpus'])
+            curve = ([r['gpus'] for r in line], [r['days'] for r in line], 'step model')
+            prediction_text.append(describe_prediction(gpu, models, bands, args.budget, rows))
+        elif len(fits) == len(phases):  # days against GPUs along the fitted model, for the plot
             n = np.geomspace(min(r['gpus'] for r in rows), max(r['gpus'] for r in rows), 50)
-            curve = (n, sum(args.budget[ph] / fits[ph].img_per_sec(n) for ph in phases) / SECONDS_PER_DAY)
+            curve = (n, sum(args.budget[ph] / fits[ph].img_per_sec(n) for ph in phases) / SECONDS_PER_DAY, 'fit')
         tables.append((gpu, rows, curve, base))
+        if models:
+            continue
         extra = [r['gpus'] for r in rows if r['kind'] == 'predicted']
         fit_lines += [describe_fit(gpu + (f' {ph}px' if ph else ''), fit, extra) for ph, fit in fits.items()]
         refs = {r['gpus']: r for r in rows if r['kind'] == 'reference'}
@@ -529,6 +826,8 @@ def main(args):
     print(f'# SD2 training time and cost\n\nBudget: {budget_text}; ${args.price:.2f} per GPU-hour.\n')
     for gpu, rows, _, base in tables:
         print((f'## {gpu}\n\n' if len(tables) > 1 else '') + markdown_table(rows, gpu, base, phases) + '\n')
+    if prediction_text:
+        print('\n'.join(prediction_text))
     if fit_lines:
         print(
             "Scaling fit (seconds/image = a + b/N: Amdahl's law at a fixed global batch; "

@@ -35,6 +35,8 @@ class Results:
     img_per_sec: float | None = None  # median of Composer's SpeedMonitor rolling windows, warm-up excluded
     img_per_sec_per_device: float | None = None
     flops_per_image: float | None = None  # training FLOPs: 3 x UNet forward + the frozen encoders' forward
+    trained_flops_per_image: float | None = None  # the UNet's forward and backward: the share DDP overlaps
+    trained_parameters: int | None = None  # the UNet's: their gradients are all-reduced, the optimizer updates them
     flops_per_sec: float | None = None
     mfu: float | None = None  # flops_per_sec / (num_devices x peak), against PEAK_FLOPS
     throughput_windows: int | None = None

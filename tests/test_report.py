@@ -252,6 +252,11 @@ def test_report_from_tiny_benchmark_run(tmp_path, capsys):
     assert row['mfu'] == pytest.approx(data['img_per_sec'] * data['flops_per_image'] / (data['num_devices'] * 1e12))
     assert 'limit' in capsys.readouterr().out
     assert (tmp_path / 'report.png').stat().st_size > 0
+    # The file holds what the step model needs: the UNet's parameters, its FLOPs share, batch and microbatch.
+    assert 0 < data['trained_flops_per_image'] < data['flops_per_image'] and data['trained_parameters'] > 0
+    tables = run_report(tmp_path, [str(results), '--predict', '2', '8', '--cluster', 'A100', '--global_batch', '8'])
+    predicted = rows_by_kind(tables, 'predicted')
+    assert sorted(predicted) == [2, 8] and predicted[8]['img_per_sec'] > data['img_per_sec']
 
 
 # ------------------------------------------------------------------------------ the figure
@@ -392,3 +397,88 @@ def test_command_line_reports_bad_input_in_one_line_with_status_2(tmp_path):
     )
     assert run.returncode == 2
     assert run.stderr.strip() == "error: --throughput: expected GPUS=IMG_S (e.g. 8=128.2), got '8'"
+
+
+# ------------------------------------------------------------------------------ --predict (scaling.py)
+
+PREDICT_ARGS = ['--gpu_type', 'A100', '--throughput', '8=128.2', '--predict', '16', '32', '64', '128', '256']
+PUBLISHED_REFERENCES = ['--reference', '16=254.0', '32=485.7', '64=912.2', '128=1618.4', '256=2589.4']
+
+
+def test_predict_the_published_table_from_one_row(tmp_path, capsys):
+    tables = run_report(tmp_path, PREDICT_ARGS + PUBLISHED_REFERENCES)
+    out = capsys.readouterr().out
+    predicted = rows_by_kind(tables, 'predicted')
+    assert sorted(predicted) == [16, 32, 64, 128, 256]
+    assert rows_by_kind(tables, 'measured')[8]['img_per_sec'] == 128.2
+    for gpus, img_per_sec, *_ in PUBLISHED[1:]:
+        assert predicted[gpus]['img_per_sec'] == pytest.approx(img_per_sec, rel=0.10)
+        assert f'- {gpus} GPUs: predicted' in out
+    assert out.count('(inside)') == 5 and 'OUTSIDE' not in out
+    # The breakdown shows what limits scaling: a step of compute, exposed communication and fixed work.
+    assert '| compute s | communication s | exposed s | fixed s |' in out
+    assert '3.46 GB of fp32 gradients (865,910,724 parameters)' in out
+    assert 'Scaling fit' not in out
+
+
+def test_predict_from_a_results_file_uses_its_configuration(tmp_path, capsys):
+    common = dict(num_devices=8, img_per_sec=200.0, trained_parameters=10**9, trained_flops_per_image=2.4e12)
+    ddp = results_file(tmp_path / 'ddp.json', config={'batch_size': 256, 'device_train_microbatch_size': 8}, **common)
+    fsdp_config = {'batch_size': 256, 'device_train_microbatch_size': 8, 'fsdp': 'shard_grad_op'}
+    fsdp = results_file(tmp_path / 'fsdp.json', config=fsdp_config, **common)
+    rows = {}
+    for name, path in (('ddp', ddp), ('fsdp', fsdp)):
+        rows[name] = rows_by_kind(run_report(tmp_path, [path, '--predict', '64']), 'predicted')[64]
+        out = capsys.readouterr().out
+        assert '8x H100 SXM per node' in out  # the preset of the file's GPU
+        assert '4.00 GB of fp32 gradients (1,000,000,000 parameters)' in out or name == 'fsdp'
+    assert rows['ddp']['img_per_sec'] != pytest.approx(rows['fsdp']['img_per_sec'])
+    # The global batch of the prediction is the published 2048 unless given.
+    assert '| 64 | 8 | 32 | 4 |' in run_report_out(tmp_path, capsys, [ddp, '--predict', '64'])
+    assert '| 64 | 8 | 4 | 1 |' in run_report_out(tmp_path, capsys, [ddp, '--predict', '64', '--global_batch', '256'])
+
+
+def run_report_out(tmp_path, capsys, argv):
+    run_report(tmp_path, argv)
+    return capsys.readouterr().out
+
+
+def test_predict_the_256px_phase_from_a_512px_run(tmp_path, capsys):
+    tables = run_report(tmp_path, PREDICT_ARGS + ['--samples', '256=1126400000', '512=1740800000'])
+    out = capsys.readouterr().out
+    row = rows_by_kind(tables, 'predicted')[64]
+    assert row['phase_img_per_sec'][512] == pytest.approx(909.8, abs=0.5)
+    assert row['phase_img_per_sec'][256] > row['phase_img_per_sec'][512]
+    assert 'no run at 256px' in out and 'same MFU at both sizes' in out
+
+
+@pytest.mark.parametrize(
+    'argv, message',
+    [
+        (['--predict', '0'], '--predict: expected a positive integer, got 0'),
+        (['--predict', '16', '--extrapolate', '32'], '--predict and --extrapolate: give one'),
+        (['--predict', '16', '--link_efficiency', '1.5'], '--link_efficiency: expected a fraction in (0, 1]'),
+        (['--predict', '16', '--network_gb_s', '-1'], '--network_gb_s: expected a positive number of GB/s'),
+        (['--predict', '16', '--fixed_ms', 'nan'], '--fixed_ms: expected a time >= 0'),
+        (['--predict', '16', '--cluster', 'A10'], "--cluster: invalid choice: 'A10'"),
+    ],
+)
+def test_bad_prediction_arguments(argv, message, capsys):
+    with pytest.raises(SystemExit) as error:
+        report.parse_args(['--throughput', '8=128.2'] + argv)
+    assert error.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bad_prediction_inputs(tmp_path):
+    with pytest.raises(report.ReportError, match='--predict: 3 GPUs do not divide the global batch of 2048'):
+        run_report(tmp_path, ['--gpu_type', 'A100', '--throughput', '8=128.2', '--predict', '3'])
+    with pytest.raises(report.ReportError, match="no cluster preset for GPU type 'GPU'; pass --cluster"):
+        run_report(tmp_path, ['--throughput', '8=128.2', '--predict', '16'])
+    with pytest.raises(report.ReportError, match='starts from one measured run per phase; got 2'):
+        run_report(tmp_path, ['--gpu_type', 'A100', '--throughput', '8=128.2', '16=254', '--predict', '32'])
+    auto = results_file(tmp_path / 'auto.json', config={'batch_size': 256, 'device_train_microbatch_size': 'auto'})
+    with pytest.raises(report.ReportError, match='needs the run.s batch and a fixed microbatch'):
+        run_report(tmp_path, [auto, '--predict', '16'])
+    tiny = results_file(tmp_path / 'tiny.json', model_name='tiny', config={'batch_size': 8})
+    with pytest.raises(report.ReportError, match="no 'trained_parameters'"):
+        run_report(tmp_path, [tiny, '--predict', '16'])

@@ -1,0 +1,116 @@
+"""Tests for scaling.py, the step model of report.py --predict: its pieces against hand-computed cases, and its
+prediction of the published A100 table from the published 8-GPU row alone."""
+
+from dataclasses import replace
+
+import pytest
+
+import scaling
+
+SD2_UNET = 865_910_724
+# The published run: global batch 2048, microbatch 4, the UNet's training FLOPs 2.41 of 3.58 TFLOP per image.
+PUBLISHED = scaling.Workload(2048, 4, SD2_UNET, backward_share=2 / 3 * 2.41 / 3.58, trained_share=2.41 / 3.58)
+A100 = scaling.Assumptions(scaling.CLUSTERS['A100'])
+# Published Table 1: 8 to 128 A100s measured, 256 extrapolated.
+PUBLISHED_IMG_PER_SEC = {16: 254.0, 32: 485.7, 64: 912.2, 128: 1618.4, 256: 2589.4}
+
+# A round cluster for hand computation: 4 GPUs per node, 100 GB/s NVLink, 10 GB/s network, 1000 GB/s memory.
+ROUND = scaling.Assumptions(scaling.Cluster('round', 4, 100, 10, 1000), link_efficiency=1.0)
+# 1e9 parameters: 4 GB of fp32 gradients; 10 bytes each of fixed work.
+WORK = scaling.Workload(64, 2, 10**9, backward_share=0.5, trained_share=0.75, fixed_bytes_per_parameter=10)
+
+
+def test_one_node_has_no_network_term():
+    step = scaling.step(WORK, ROUND, 4, image_seconds=0.1)
+    assert step.nodes == 1
+    assert step.communication == pytest.approx(2 * 3 / 4 * 4e9 / 100e9)  # 0.06 s over NVLink
+    slow_network = replace(ROUND, cluster=replace(ROUND.cluster, network_gb_s=0.001))
+    assert scaling.step(WORK, slow_network, 4, 0.1) == step
+
+
+def test_ring_traffic_over_the_network_across_nodes():
+    step = scaling.step(WORK, ROUND, 8, image_seconds=0.1)
+    assert step.nodes == 2
+    assert step.compute == pytest.approx(8 * 0.1)  # 64 / 8 images
+    assert step.communication == pytest.approx(2 * 7 / 8 * 4e9 / 10e9)  # 0.7 s
+    # The last microbatch's backward (2 images x 0.1 s x 0.5) hides 0.1 s of it.
+    assert step.exposed == pytest.approx(0.7 - 0.1)
+    assert step.fixed == pytest.approx(10**9 * 10 / 1000e9)  # 0.01 s, on every GPU
+    assert step.seconds == pytest.approx(0.8 + 0.6 + 0.01)
+    assert step.img_per_sec == pytest.approx(64 / 1.41)
+    rail = scaling.step(WORK, replace(ROUND, rail_aligned=True), 8, 0.1)  # 4 cards carry one GPU's share
+    assert rail.communication == pytest.approx(0.7 / 4)
+
+
+def test_doubled_bandwidth_halves_the_communication():
+    def exposed(network, overlap):
+        assumptions = replace(ROUND, cluster=replace(ROUND.cluster, network_gb_s=network), overlap=overlap)
+        return scaling.step(WORK, assumptions, 16, 0.1).exposed
+
+    assert exposed(20, overlap=False) == pytest.approx(exposed(10, overlap=False) / 2)
+    # With overlap, the hidden part does not change: what is left shrinks by more than half.
+    assert exposed(20, overlap=True) == pytest.approx((2 * 15 / 16 * 4e9 / 20e9) - 0.1)
+
+
+def test_one_microbatch_per_gpu_leaves_only_its_backward_to_overlap():
+    one = scaling.step(WORK, ROUND, 32, image_seconds=0.1)  # 2 images per GPU: a single microbatch
+    assert (one.images_per_gpu, one.microbatches) == (2, 1)
+    assert one.compute == pytest.approx(0.2)
+    assert one.exposed == pytest.approx(one.communication - 0.5 * 0.2)
+    # Fewer images per GPU than the microbatch: one smaller microbatch, and a smaller window.
+    half = scaling.step(WORK, ROUND, 64, image_seconds=0.1)
+    assert (half.images_per_gpu, half.microbatches) == (1, 1)
+    assert half.exposed == pytest.approx(half.communication - 0.5 * 0.1)
+    assert scaling.step(WORK, ROUND, 1, 0.1).communication == 0  # one GPU: nothing to reduce
+
+
+def test_fsdp_gathers_every_microbatch_and_shards_the_fixed_work():
+    for fsdp, gathers in (('shard_grad_op', 1), ('full_shard', 2)):
+        step = scaling.step(replace(WORK, fsdp=fsdp), ROUND, 8, image_seconds=0.1)
+        per_microbatch = 7 / 8 * (gathers * 2 * 10**9 + 4e9)  # bf16 parameters gathered, fp32 gradients
+        assert step.communication == pytest.approx(step.microbatches * per_microbatch / 10e9)
+        assert step.exposed == pytest.approx(step.communication - 0.75 * 0.8)
+        assert step.fixed == pytest.approx(0.01 / 8)
+
+
+def test_calibration_reproduces_the_measured_run():
+    model = scaling.calibrate(WORK, ROUND, scaling.Measurement(8, 40.0))
+    assert model.img_per_sec(8) == pytest.approx(40.0)
+    # Solved by hand: 64/40 = 1.6 s = 8 t + (0.7 - 2 x 0.5 t) + 0.01, so t = 0.89 / 7.
+    assert model.image_seconds == pytest.approx(0.89 / 7)
+    # A run at batch 128, microbatch 4 with the same per-image time: 16 t + (0.7 - 4 x 0.5 t) + 0.01 per step.
+    t = 0.89 / 7
+    other = scaling.calibrate(WORK, ROUND, scaling.Measurement(8, 128 / (16 * t + 0.7 - 2 * t + 0.01), 128, 4))
+    assert other.image_seconds == pytest.approx(t)
+    assert other.workload.global_batch == 64  # predictions stay at the workload's batch
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(scaling.ScalingError, match='3 GPUs do not divide the global batch of 64'):
+        scaling.calibrate(WORK, ROUND, scaling.Measurement(4, 40.0)).step(3)
+    with pytest.raises(scaling.ScalingError, match='128 GPUs exceed the global batch of 64'):
+        scaling.calibrate(WORK, ROUND, scaling.Measurement(4, 40.0)).step(128)
+    with pytest.raises(scaling.ScalingError, match='do not split into microbatches of 3'):
+        scaling.calibrate(replace(WORK, microbatch=3), ROUND, scaling.Measurement(4, 40.0))
+    with pytest.raises(scaling.ScalingError, match='leaves no time for compute'):
+        scaling.calibrate(WORK, ROUND, scaling.Measurement(8, 1000.0))  # faster than the communication alone allows
+    with pytest.raises(scaling.ScalingError, match='positive number'):
+        scaling.calibrate(WORK, ROUND, scaling.Measurement(8, float('nan')))
+
+
+def test_published_table_from_its_8_gpu_row_alone():
+    """The documented A100 cluster and nothing fitted but the 8-GPU row: within 10% of every published figure,
+    each inside the range over the plausible inputs."""
+    model = scaling.calibrate(PUBLISHED, A100, scaling.Measurement(8, 128.2))
+    corners = scaling.band(PUBLISHED, A100, scaling.Measurement(8, 128.2))
+    assert len(corners) == 16
+    for gpus, published in PUBLISHED_IMG_PER_SEC.items():
+        predicted = model.img_per_sec(gpus)
+        assert abs(predicted / published - 1) < 0.10, (gpus, predicted, published)
+        values = [corner.img_per_sec(gpus) for corner in corners]
+        assert min(values) <= published <= max(values), (gpus, min(values), max(values), published)
+        assert min(values) <= predicted <= max(values)
+    # Inside one node, NVLink hides the all-reduce behind the last backward: the 8-GPU step is compute and
+    # the optimizer and EMA work only.
+    step = model.step(8)
+    assert step.exposed == 0 and step.communication > 0
