@@ -177,6 +177,10 @@ class CheckedStreamingDataset(StreamingDataset):
     ):
         remote, local = resolve_location(remote, local, download_retry, download_timeout)
         self.location = remote or local
+        # Streaming's S3 client keeps botocore's own retries (3 tries of --download_timeout each) inside each of
+        # its download_retry + 1 tries: 9 reads of 20 s before a hung server is reported. One botocore try per
+        # Streaming try bounds it to 3 (AWS_MAX_ATTEMPTS, which botocore reads when its Config sets no count).
+        os.environ.setdefault('AWS_MAX_ATTEMPTS', '1')
         super().__init__(
             remote=remote,
             local=local,
