@@ -5,14 +5,14 @@ PYTHON ?= python3
 export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: install bench lint format test test-fast test-gpu clean
+.PHONY: install bench lint format test test-fast test-gpu test-current clean
 
 install: $(VENV)/.installed
 
 # The pinned packages, then this repo itself in editable mode (its modules importable from benchmarks/).
 $(VENV)/.installed: requirements.txt requirements-test.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements-test.txt
+	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements.txt -r requirements-test.txt
 	$(VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e .
 	touch $@
 
@@ -41,5 +41,24 @@ test-fast: install
 test-gpu: install
 	$(VENV)/bin/python -m pytest -m gpu
 
+# The second CPU lane, on today's stack rather than the pins (docs/install.md): a separate venv with torch from
+# PyPI (a CUDA build, which loads its nvidia-* libraries even on a CPU, so pip installs them as usual), the
+# newest numpy, then requirements-current.txt with --no-deps, as on a machine with its own PyTorch. Runs the
+# fast tier and the benchmark of `make bench`.
+CURRENT_VENV ?= .venv-current
+CURRENT_TORCH ?= torch==2.11.0 torchvision==0.26.0 numpy==2.4.6
+
+$(CURRENT_VENV)/.installed: requirements-current.txt requirements-test.txt pyproject.toml
+	$(PYTHON) -m venv $(CURRENT_VENV)
+	$(CURRENT_VENV)/bin/pip install --disable-pip-version-check -q $(CURRENT_TORCH)
+	$(CURRENT_VENV)/bin/pip install --disable-pip-version-check -q --no-deps -r requirements-current.txt
+	$(CURRENT_VENV)/bin/pip install --disable-pip-version-check -q -r requirements-test.txt
+	$(CURRENT_VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e .
+	touch $@
+
+test-current: $(CURRENT_VENV)/.installed
+	$(CURRENT_VENV)/bin/python -m pytest -m 'not slow and not gpu'
+	$(CURRENT_VENV)/bin/composer benchmark.py --results_json results/current.json
+
 clean:
-	rm -rf $(VENV) results
+	rm -rf $(VENV) $(CURRENT_VENV) results

@@ -30,12 +30,14 @@ from data import DataError, clean_stale_shared_memory
 from ema import export_ema_unet
 from model import StableDiffusion, build_model
 from results import Results, cpu_name, mfu, package_versions, peak_flops
+from stack import check_stack
 from tokenizer import TokenizerError
 from training import build_dataloader, build_trainer
 
 
 def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer:
     """Runs the benchmark; `callbacks` lets tests and scripts watch the run."""
+    check_stack()  # torch, numpy and transformers: silent on the pins, one line on others, an error on broken ones
     config = args if isinstance(args, RunConfig) else resolve_config(args)
     for note in config.notes:
         announce(note)

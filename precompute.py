@@ -46,6 +46,7 @@ from data import (
 )
 from images import unit_range
 from model import build_encoders, encode_text
+from stack import check_stack
 from tokenizer import TokenizerError
 
 SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun never mixes two settings
@@ -290,6 +291,7 @@ def precompute_part(dataset, indices: range, out: str, vae, text_encoders, devic
 
 
 def main(argv=None) -> dict:
+    check_stack()
     args = resolve_args(parse_args(argv))
     device = get_device(None)
     dist.initialize_dist(device)

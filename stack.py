@@ -1,0 +1,72 @@
+"""Which versions of torch, numpy and transformers this code works with, checked once at the start of a run.
+
+requirements.txt pins one stack; requirements-current.txt installs the rest onto a machine's own, often newer,
+PyTorch (docs/install.md). On the pinned versions a run says nothing; on others it prints one line naming them
+and what was tested; on a version known not to work it stops before building anything, with one line naming
+the package and what to install.
+"""
+
+from importlib import metadata
+
+from composer.utils import dist
+from packaging.specifiers import SpecifierSet
+
+from config import ConfigError
+
+PACKAGES = ('torch', 'numpy', 'transformers')
+
+# requirements.txt's pins (tests/test_stack.py holds them equal).
+PINNED = {'torch': '==2.7.0', 'numpy': '>=1.26,<2.2', 'transformers': '==4.57.6'}
+
+# Tested to work on CPU (docs/install.md): every CPU tier on the pins (make test) and on torch 2.11.0 with numpy
+# 2.4.6 (make test-current); an import and a benchmark run on torch 2.12.1, 2.13.0, 2.14.1 and 2.15.0.
+TESTED = {'torch': '>=2.7,<2.16', 'numpy': '>=1.26,<2.5', 'transformers': '==4.57.6'}
+
+# Known not to work: what goes wrong, and what to install instead.
+BROKEN = {
+    'transformers': (
+        '>=5',
+        'builds and loads the CLIP tokenizer differently (wrong token ids, found by tokenizer.py); install the '
+        'tested one, which leaves torch alone: pip install --no-deps transformers==4.57.6 huggingface-hub==0.36.2 '
+        'tokenizers==0.22.2',
+    ),
+}
+
+
+class StackError(ConfigError):
+    """A library version this code is known not to work with (reported like bad input: one line, exit 2)."""
+
+
+def installed_versions() -> dict[str, str]:
+    return {name: metadata.version(name) for name in PACKAGES}
+
+
+def matches(version: str, specifier: str) -> bool:
+    return SpecifierSet(specifier).contains(version, prereleases=True)
+
+
+def describe(versions: dict[str, str]) -> str:
+    """'torch 2.7.0, numpy >=1.26,<2.2, ...': a version or a range per package."""
+    return ', '.join(f'{name} {versions[name].removeprefix("==")}' for name in PACKAGES)
+
+
+def stack_note(versions: dict[str, str]) -> str | None:
+    """None on the pinned versions, else the one line to print; raises StackError on a version known not to work."""
+    for name, (specifier, problem) in BROKEN.items():
+        if matches(versions[name], specifier):
+            raise StackError(f'{name} {versions[name]}: this code does not work with it: {problem}')
+    if all(matches(versions[name], PINNED[name]) for name in PACKAGES):
+        return None
+    note = f'stack: {describe(versions)}: not the pinned versions ({describe(PINNED)}); '
+    note += f'tested to work: {describe(TESTED)}'
+    untested = [name for name in PACKAGES if not matches(versions[name], TESTED[name])]
+    if untested:
+        note += f'; not tested on this {" and ".join(untested)}'
+    return note
+
+
+def check_stack() -> None:
+    """Called once at the start of benchmark.py and precompute.py; prints on rank 0 only."""
+    note = stack_note(installed_versions())
+    if note and dist.get_global_rank() == 0:
+        print(note, flush=True)

@@ -1,0 +1,110 @@
+"""stack.py: the torch, numpy and transformers versions a run is silent on, names in one line, or stops on; and
+the two requirement files it describes."""
+
+import re
+
+import pytest
+from conftest import REPO, TINY
+from packaging.specifiers import SpecifierSet
+
+import precompute
+import stack
+
+PINNED = {'torch': '2.7.0', 'numpy': '2.1.3', 'transformers': '4.57.6'}  # what make install resolves to
+
+
+def versions(**changes) -> dict[str, str]:
+    return {**PINNED, **changes}
+
+
+def requirements(name: str) -> dict[str, str]:
+    """package -> specifier of a requirements file's lines, without comments, markers or -r lines."""
+    lines = (line.split('#')[0].split(';')[0].strip() for line in (REPO / name).read_text().splitlines())
+    pattern = re.compile(r'([A-Za-z0-9_.-]+)(?:\[[^]]*\])?(.*)')  # name, [extras], specifier
+    pairs = (pattern.match(line).groups() for line in lines if line and line[0] != '-')
+    return {re.sub(r'[-_.]+', '-', package).lower(): specifier for package, specifier in pairs}
+
+
+def test_the_pinned_versions_say_nothing():
+    assert stack.stack_note(versions()) is None
+    # a CUDA build's local version label, and the oldest numpy the pins allow
+    assert stack.stack_note(versions(torch='2.7.0+cu126', numpy='1.26.4')) is None
+
+
+def test_tested_versions_are_named_in_one_line():
+    note = stack.stack_note(versions(torch='2.11.0', numpy='2.4.6'))
+    assert note.startswith(
+        'stack: torch 2.11.0, numpy 2.4.6, transformers 4.57.6: not the pinned versions '
+        '(torch 2.7.0, numpy >=1.26,<2.2, transformers 4.57.6); tested to work: torch >=2.7,'
+    )
+    assert 'not tested' not in note
+    assert '\n' not in note
+    assert stack.stack_note(versions(torch='2.15.0+cpu')) is not None
+
+
+def test_untested_versions_are_named_as_such():
+    assert stack.stack_note(versions(torch='2.16.0')).endswith('; not tested on this torch')
+    assert stack.stack_note(versions(torch='2.16.0.dev20261120', numpy='1.25.2')).endswith(
+        '; not tested on this torch and numpy'
+    )
+    assert stack.stack_note(versions(transformers='4.56.2')).endswith('; not tested on this transformers')
+
+
+@pytest.mark.parametrize('version', ['5.0.0', '5.24.0'])
+def test_transformers_5_stops_with_what_to_install(version):
+    with pytest.raises(stack.StackError, match=rf'^transformers {version}: .* pip install --no-deps transformers==4'):
+        stack.stack_note(versions(transformers=version))
+
+
+def test_check_stack_prints_the_note_on_rank_zero_only(monkeypatch, capsys):
+    monkeypatch.setattr(stack, 'installed_versions', lambda: versions())
+    stack.check_stack()
+    assert capsys.readouterr().out == ''
+    monkeypatch.setattr(stack, 'installed_versions', lambda: versions(torch='2.11.0'))
+    stack.check_stack()
+    assert capsys.readouterr().out == stack.stack_note(versions(torch='2.11.0')) + '\n'
+    monkeypatch.setattr(stack.dist, 'get_global_rank', lambda: 1)
+    stack.check_stack()
+    assert capsys.readouterr().out == ''
+
+
+def test_installed_versions_are_read_from_the_environment():
+    installed = stack.installed_versions()
+    assert sorted(installed) == sorted(stack.PACKAGES)
+    assert all(re.match(r'\d+\.\d+', version) for version in installed.values())
+
+
+def test_benchmark_and_precompute_stop_before_any_work(monkeypatch, capsys, tmp_path):
+    import benchmark
+
+    monkeypatch.setattr(stack, 'installed_versions', lambda: versions(transformers='5.24.0'))
+    with pytest.raises(SystemExit) as stopped:
+        benchmark.cli(TINY)
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith('error: transformers 5.24.0: ')
+    assert error.count('\n') == 1
+    with pytest.raises(stack.StackError, match='^transformers 5.24.0'):
+        precompute.main(['--out', str(tmp_path / 'latents')])
+    assert not (tmp_path / 'latents').exists()
+
+
+def test_the_pins_agree_with_the_requirement_files():
+    pinned = requirements('requirements.txt')
+    for package in stack.PACKAGES:
+        assert SpecifierSet(pinned[package]) == SpecifierSet(stack.PINNED[package])
+        assert PINNED[package] in SpecifierSet(pinned[package])
+    current = requirements('requirements-current.txt')
+    # requirements-current.txt goes on top of a machine's own torch, torchvision and numpy, with --no-deps:
+    # every line pinned, none of those three, and the packages both files name at the same version.
+    assert all(specifier.startswith('==') for specifier in current.values())
+    assert not {'torch', 'torchvision', 'numpy', 'triton', 'xformers'} & set(current)
+    assert not [package for package in current if package.startswith('nvidia')]
+    shared = set(pinned) & set(current)
+    assert {'mosaicml', 'mosaicml-streaming', 'diffusers', 'transformers', 'huggingface-hub', 'boto3'} <= shared
+    assert [package for package in shared if current[package][2:] not in SpecifierSet(pinned[package])] == []
+    assert SpecifierSet(current['transformers']) == SpecifierSet(stack.TESTED['transformers'])
+    # the fix that stack.py names for transformers 5 installs this file's versions
+    fix = stack.BROKEN['transformers'][1]
+    for package in ('transformers', 'huggingface-hub', 'tokenizers'):
+        assert f'{package}{current[package]}' in fix
