@@ -17,6 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import CLIPTextConfig, CLIPTextModel
 
+import evaluation
 from config import LATENT_DOWNSAMPLE, WEIGHT_FILES, resolve_model_dir
 from images import unit_range
 from tokenizer import CAPTION_LENGTH
@@ -73,6 +74,12 @@ class StableDiffusion(ComposerModel):
             timesteps = torch.randint(
                 0, self.noise_scheduler.config.num_train_timesteps, (latents.shape[0],), device=latents.device
             )
+        return self.predict(latents, text_embeddings, noise, timesteps)
+
+    def predict(
+        self, latents: torch.Tensor, text_embeddings: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The UNet's prediction for latents noised to `timesteps` with `noise`, and its training target."""
         noisy_latents = self.noise_scheduler.add_noise(latents, noise, timesteps)
         if self.noise_scheduler.config.prediction_type == 'v_prediction':
             target = self.noise_scheduler.get_velocity(latents, noise, timesteps)
@@ -106,6 +113,16 @@ class StableDiffusion(ComposerModel):
     def loss(self, outputs, batch) -> torch.Tensor:
         prediction, target = outputs
         return F.mse_loss(prediction.float(), target.float())
+
+    # Evaluation (Composer's Evaluators, see evaluation.py): the validation loss, and sample images.
+    def eval_forward(self, batch: dict, outputs=None):
+        return evaluation.eval_forward(self, batch)
+
+    def get_metrics(self, is_train: bool = False) -> dict:
+        return {} if is_train else {'ValidationLoss': evaluation.ValidationLoss()}
+
+    def update_metric(self, batch: dict, outputs, metric) -> None:
+        metric.update(outputs, batch['valid'])
 
     def flops_per_batch(self, batch: dict) -> int:
         """Training FLOPs of this batch, for Composer's SpeedMonitor (FLOP/s and MFU)."""

@@ -10,7 +10,6 @@ from composer.algorithms import ChannelsLast, LowPrecisionGroupNorm, LowPrecisio
 from composer.callbacks import SpeedMonitor
 from composer.core import Callback
 from composer.loggers import InMemoryLogger, WandBLogger
-from composer.optim import ConstantScheduler
 from composer.profiler import Profiler, cyclic_schedule
 from composer.utils import dist, reproducibility
 from torch.utils.data import DataLoader
@@ -26,7 +25,9 @@ from data import (
     collate,
 )
 from ema import EMA
+from evaluation import build_evaluators, evaluation_callbacks
 from model import StableDiffusion
+from stability import lr_scheduler, stability_algorithms
 from tokenizer import TokenizerError
 
 # torch.compile options for --compile, as Composer's compile_config: Inductor with its defaults.
@@ -121,11 +122,14 @@ def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoa
     optimizer = build_optimizer(config, model)
     if config.fsdp != 'none':
         mark_fsdp_units(model)
-    algorithms = [EMA(half_life=config.ema_half_life, offload=config.ema_offload)] if config.use_ema else []
+    # The EMA's weights are evaluated under their own labels (evaluation.py); 'val' and 'samples' use the trained ones.
+    ema = EMA(half_life=config.ema_half_life, offload=config.ema_offload, eval_labels=('val_ema', 'samples_ema'))
+    algorithms = [ema] if config.use_ema else []
     if config.channels_last:
         algorithms.append(ChannelsLast())
     if config.low_precision_norm:
         algorithms += [LowPrecisionGroupNorm(), LowPrecisionLayerNorm()]
+    algorithms += stability_algorithms(config)
     # Throughput is a rolling mean over this many batches (100 as published, fewer on short runs),
     # so the first batch, which holds one-off setup costs, is never inside a window.
     speed_window = max(1, min(100, config.num_batches // 2))
@@ -136,11 +140,17 @@ def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoa
         model=model,
         train_dataloader=dataloader,
         optimizers=optimizer,
-        schedulers=ConstantScheduler(),
+        schedulers=lr_scheduler(config),
         max_duration=config.max_duration,
         device_train_microbatch_size=config.device_train_microbatch_size,
         precision=config.precision,
-        callbacks=[SpeedMonitor(window_size=speed_window), BadSampleCounter(), *callbacks],
+        callbacks=[
+            SpeedMonitor(window_size=speed_window),
+            BadSampleCounter(),
+            *evaluation_callbacks(config),
+            *callbacks,
+        ],
+        eval_dataloader=build_evaluators(config, latent_shape(config, model)) or None,
         loggers=loggers,
         progress_bar=True,
         seed=config.seed,
@@ -163,6 +173,11 @@ def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoa
     )
     restore_random_state_mid_epoch(trainer)
     return trainer
+
+
+def latent_shape(config: RunConfig, model: StableDiffusion) -> tuple[int, int, int]:
+    side = config.image_size // LATENT_DOWNSAMPLE
+    return (model.unet.config.in_channels, side, side)
 
 
 class RestoreRandomState(Callback):
