@@ -161,8 +161,12 @@ def main(args: argparse.Namespace) -> torch.Tensor:
 
 def clip_score(images: torch.Tensor, prompts: list[str], folder: str) -> str:
     from torchmetrics.multimodal.clip_score import CLIPScore
+    from transformers import CLIPModel, CLIPProcessor
 
-    metric = CLIPScore(model_name_or_path=folder)
+    def local_clip():  # torchmetrics takes hub names, or a function giving the model and its processor
+        return CLIPModel.from_pretrained(folder, local_files_only=True), CLIPProcessor.from_pretrained(folder)
+
+    metric = CLIPScore(model_name_or_path=local_clip)
     metric.update((images * 255).round().byte(), prompts)
     return f'CLIP score: {float(metric.compute()):.3f} ({len(prompts)} images, {folder})'
 
