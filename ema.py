@@ -307,8 +307,8 @@ class EMA(Algorithm):
         update_interval: time string: average every this many batches or epochs. Default: 1 in half_life's unit
             ('1ba' with smoothing). Must be in half_life's unit. smoothing = 2 ** -(update_interval / half_life).
         offload: keep the average in host memory and update it off the training thread (see the module doc).
-        eval_labels: the labels of the evaluators that run on the averaged weights. Default: every evaluator, as
-            Composer's EMA; evaluation.py evaluates both weights, under 'val' and 'val_ema'.
+        trained_labels: the labels of evaluators that keep the trained weights; every other one runs on the
+            averaged weights, as with Composer's EMA (evaluation.py evaluates both: 'val' and 'val_ema').
     """
 
     def __init__(
@@ -318,7 +318,7 @@ class EMA(Algorithm):
         ema_start: str = '0.0dur',
         update_interval: Optional[str] = None,
         offload: bool = False,
-        eval_labels: Optional[tuple[str, ...]] = None,
+        trained_labels: tuple[str, ...] = (),
     ):
         if half_life is not None and smoothing is not None:
             raise ValueError(f'EMA: pass half_life ({half_life!r}) or smoothing ({smoothing!r}), not both')
@@ -347,7 +347,7 @@ class EMA(Algorithm):
             float(smoothing) if smoothing is not None else 2 ** -(self.update_interval.value / self.half_life.value)
         )
         self.offload = offload
-        self.eval_labels = eval_labels
+        self.trained_labels = trained_labels
         self.update_event = Event.BATCH_END if self.update_interval.unit == TimeUnit.BATCH else Event.EPOCH_END
         self.weights: Optional[EMAWeights] = None  # allocated when averaging starts (or a checkpoint is loaded)
         self.started = False
@@ -383,7 +383,7 @@ class EMA(Algorithm):
             self.weights.wait_for_reads()  # fires just before the optimizer step, with or without closures
         elif event == self.update_event:
             self._update(state)
-        elif event == Event.EVAL_START and (self.eval_labels is None or state.dataloader_label in self.eval_labels):
+        elif event == Event.EVAL_START and state.dataloader_label not in self.trained_labels:
             self._use_ema_weights()
         elif event == Event.EVAL_END:
             self._use_training_weights()

@@ -184,11 +184,14 @@ def validation_losses(model, batch: dict) -> torch.Tensor:
 
 
 def eval_forward(model, batch: dict):
-    """StableDiffusion.eval_forward: per-sample validation losses. A sample-grid batch only marks that a grid is
-    due: SampleGrid draws it (at EVAL_START, with the weights the evaluator runs on)."""
+    """StableDiffusion.eval_forward: per-sample validation losses of a ValidationSplit batch. A sample-grid batch
+    only marks that a grid is due: SampleGrid draws it (at EVAL_START, with the weights the evaluator runs on).
+    Any other batch gets the model's forward, as Composer's default."""
     if 'sample_grid' in batch:
         return None
-    return validation_losses(model, batch)
+    if 'valid' in batch:
+        return validation_losses(model, batch)
+    return model(batch)
 
 
 # --------------------------------------------------------------------------------------- the evaluators

@@ -122,7 +122,8 @@ class StableDiffusion(ComposerModel):
         return {} if is_train else {'ValidationLoss': evaluation.ValidationLoss()}
 
     def update_metric(self, batch: dict, outputs, metric) -> None:
-        metric.update(outputs, batch['valid'])
+        if 'valid' in batch:  # a ValidationSplit batch: other evaluation data has no metric here
+            metric.update(outputs, batch['valid'])
 
     def flops_per_batch(self, batch: dict) -> int:
         """Training FLOPs of this batch, for Composer's SpeedMonitor (FLOP/s and MFU)."""

@@ -122,9 +122,9 @@ def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoa
     optimizer = build_optimizer(config, model)
     if config.fsdp != 'none':
         mark_fsdp_units(model)
-    # The EMA's weights are evaluated under their own labels (evaluation.py); 'val' and 'samples' use the trained ones.
-    ema = EMA(half_life=config.ema_half_life, offload=config.ema_offload, eval_labels=('val_ema', 'samples_ema'))
-    algorithms = [ema] if config.use_ema else []
+    algorithms = [EMA(half_life=config.ema_half_life, offload=config.ema_offload)] if config.use_ema else []
+    if config.use_ema:  # evaluation.py evaluates both weights: the trained ones under 'val' and 'samples'
+        algorithms[0].trained_labels = ('val', 'samples')
     if config.channels_last:
         algorithms.append(ChannelsLast())
     if config.low_precision_norm:
