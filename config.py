@@ -27,22 +27,28 @@ from convert import (
     SAMPLE_VALIDATION_SIZE,
     ensure_sample_dataset,
 )
-from data import DataError, DatasetDescription, describe_dataset
+from data import CaptionInputs, DataError, DatasetDescription, describe_dataset
 from ema import EMA
 from evaluation import SAMPLE_PROMPTS
-from tokenizer import CaptionTokenizer
+from tokenizer import CaptionTokenizer, caption_pad_ids
 
 CONFIGS_DIR = Path(__file__).resolve().parent / 'configs'
 BUILTIN_MODELS = sorted(path.name for path in CONFIGS_DIR.iterdir() if path.is_dir())
-# Files a model folder must hold: the layout of Diffusers' pipelines (stabilityai/stable-diffusion-2-base).
+# Files a model folder must hold: the layout of Diffusers' pipelines (stabilityai/stable-diffusion-2-base), and
+# the second text encoder's that SDXL's adds (stabilityai/stable-diffusion-xl-base-1.0).
 CONFIG_FILES = ('unet/config.json', 'vae/config.json', 'text_encoder/config.json', 'scheduler/scheduler_config.json')
+SECOND_ENCODER_CONFIG = 'text_encoder_2/config.json'
 # Weight files of each part, as Diffusers and Transformers save them; a part without them is randomly initialized.
 WEIGHT_FILES = {
     'unet': ('diffusion_pytorch_model.safetensors', 'diffusion_pytorch_model.bin'),
     'vae': ('diffusion_pytorch_model.safetensors', 'diffusion_pytorch_model.bin'),
     'text_encoder': ('model.safetensors', 'pytorch_model.bin'),
+    'text_encoder_2': ('model.safetensors', 'pytorch_model.bin'),
 }
 LATENT_DOWNSAMPLE = 8  # SD's VAE: image pixels per latent pixel along each side
+# The values SDXL's UNet embeds beside the pooled text ('time_ids'): original height and width, crop top and
+# left, target height and width.
+MICRO_CONDITIONS = 6
 SYNTHETIC_SAMPLES = 100_000  # one synthetic "epoch"; runs are normally bounded in batches instead
 
 
@@ -65,7 +71,19 @@ class Preset:
 SD2_BASE = Preset(image_size=512, batch_size=2048, device_train_microbatch_size=4, max_duration='10ba')
 # A CPU smoke run: a few dozen small batches of a model with SD2's structure and tiny widths.
 TINY = Preset(image_size=64, batch_size=16, device_train_microbatch_size=None, max_duration='40ba')
-PRESETS = {'sd2-base': SD2_BASE, 'tiny': TINY}
+# The other models at the resolution and global batch of their public training runs: SD 1.5 and SD 2 768-v
+# 2048 (their model cards: 32 x 8 x 2 x 4), SDXL 2048 (its report's pretraining batch) at its final 1024px.
+# Microbatches are starting points scaled from SD2's 4 at 512px by activation size, not measured.
+PRESETS = {
+    'sd2-base': SD2_BASE,
+    'sd1.5': SD2_BASE,
+    'sd2-768-v': dataclasses.replace(SD2_BASE, image_size=768, device_train_microbatch_size=2),
+    'sdxl-base': dataclasses.replace(SD2_BASE, image_size=1024, device_train_microbatch_size=1),
+    'tiny': TINY,
+    'tiny-sd1.5': TINY,
+    'tiny-sd2-768-v': dataclasses.replace(TINY, image_size=96),
+    'tiny-sdxl-base': TINY,
+}
 
 
 @dataclass(frozen=True)
@@ -650,6 +668,17 @@ def check_precomputed_shapes(draft: argparse.Namespace, dataset: DatasetDescript
             f'{unet["in_channels"]} and {unet["cross_attention_dim"]}: precompute it with the same '
             '--model_name'
         )
+    pooled = pooled_text_width(unet)
+    if pooled != dataset.pooled_width:
+        raise ConfigError(
+            f'{dataset.location}: '
+            + (
+                f"no pooled text embedding of width {pooled}, which {draft.model_name}'s UNet (SDXL) takes"
+                if dataset.pooled_width is None
+                else f"a pooled text embedding (SDXL's), which {draft.model_name}'s UNet does not take"
+            )
+            + ': precompute it with the same --model_name'
+        )
     if height != width:
         raise ConfigError(f'{dataset.location}: latents of {height}x{width}; square ones expected')
     if height * LATENT_DOWNSAMPLE != draft.image_size:
@@ -665,6 +694,12 @@ def check_quality(draft: argparse.Namespace) -> None:
     check_validation_split(draft)
     draft.sample_interval = parse_interval('--sample_interval', draft.sample_interval)
     needs_encoders = [flag for flag in ('sample_interval', 'export_pipeline') if getattr(draft, flag)]
+    if needs_encoders and (Path(draft.model_dir) / 'text_encoder_2').is_dir():
+        raise ConfigError(
+            f"--{needs_encoders[0]}: sample images and pipeline exports use Diffusers' StableDiffusionPipeline, "
+            f'which takes one text encoder; {draft.model_name} (SDXL) has two. The validation loss '
+            '(--eval_interval) works for every model'
+        )
     if draft.precomputed_latents and (needs_encoders or draft.caption_dropout):
         flag = f'--{needs_encoders[0]}' if needs_encoders else '--caption_dropout'
         raise ConfigError(
@@ -768,6 +803,7 @@ def resolve_model_dir(model_name: str) -> Path:
                 model_name,
                 allow_patterns=[
                     *CONFIG_FILES,
+                    SECOND_ENCODER_CONFIG,
                     *(f'{part}/{name}' for part, names in WEIGHT_FILES.items() for name in names[:1]),
                 ],
             )
@@ -778,12 +814,47 @@ def resolve_model_dir(model_name: str) -> Path:
             f'--model_name {model_name!r}: missing config file(s) {", ".join(missing)} in {path} '
             f'(expected the Diffusers layout: {", ".join(CONFIG_FILES)})'
         )
-    for name in CONFIG_FILES:
+    configs = {}
+    for name in (*CONFIG_FILES, SECOND_ENCODER_CONFIG):
+        if not (path / name).is_file():
+            continue
         try:
-            json.loads((path / name).read_text())
+            configs[name] = json.loads((path / name).read_text())
         except (ValueError, UnicodeDecodeError) as error:
             raise ConfigError(f'--model_name {model_name!r}: {path / name} is not valid JSON ({error})')
+    # SDXL's UNet embeds the second encoder's pooled output: one without the other cannot train.
+    micro_conditioning = has_micro_conditioning(configs['unet/config.json'])
+    if micro_conditioning != (SECOND_ENCODER_CONFIG in configs):
+        raise ConfigError(
+            f'--model_name {model_name!r}: '
+            + (
+                "the UNet's addition_embed_type 'text_time' (SDXL) needs a second text encoder: "
+                + SECOND_ENCODER_CONFIG
+                if micro_conditioning
+                else f"{SECOND_ENCODER_CONFIG} is there, but the UNet has no addition_embed_type 'text_time' to use it"
+            )
+        )
     return path
+
+
+def has_micro_conditioning(unet_config) -> bool:
+    """SDXL's UNet: it embeds the pooled text and the size/crop values beside the timestep."""
+    return unet_config.get('addition_embed_type') == 'text_time'
+
+
+def pooled_text_width(unet_config) -> int | None:
+    """The width of the pooled text embedding an SDXL UNet takes (1280), None for other UNets."""
+    if not has_micro_conditioning(unet_config):
+        return None
+    return (
+        unet_config['projection_class_embeddings_input_dim'] - MICRO_CONDITIONS * unet_config['addition_time_embed_dim']
+    )
+
+
+def caption_inputs(model_dir: Path) -> CaptionInputs:
+    """What the batches of a model folder's model carry beside the image (see data.CaptionInputs)."""
+    unet = json.loads((model_dir / 'unet' / 'config.json').read_text())
+    return CaptionInputs(caption_pad_ids(model_dir), has_micro_conditioning(unet))
 
 
 def check_tokenizer(folder: str) -> None:

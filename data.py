@@ -2,12 +2,13 @@
 the checks of a dataset's location and index made before a run builds anything (`describe_dataset`).
 
 Every dataset yields dicts {'image': tensor (3, H, W), 'input_ids': long tensor (77,)}: captions as CLIP
-token ids padded to the text encoder's 77 positions. Synthetic images are floats in [-1, 1], the VAE's
-input range; real images leave the loader as uint8 in [0, 255] and the model maps them to [-1, 1] on its
-device (`images.unit_range`): a quarter of the bytes to batch, pin and copy, and no float conversion in the loader,
-which at 512px cost more than the JPEG decode itself. The streaming dataset adds 'sample_id' (the sample's
-position in the dataset) and 'bad_samples' (1 where a bad sample was replaced), which the model ignores
-and `BadSampleCounter` logs.
+token ids padded to the text encoder's 77 positions. For SDXL (see `CaptionInputs`) also 'input_ids_2' for its
+second text encoder and 'time_ids', the image's size and crop (`images.size_conditions`). Synthetic images
+are floats in [-1, 1], the VAE's input range; real images leave the loader as uint8 in [0, 255] and the model
+maps them to [-1, 1] on its device (`images.unit_range`): a quarter of the bytes to batch, pin and copy, and no
+float conversion in the loader, which at 512px cost more than the JPEG decode itself. The streaming dataset
+adds 'sample_id' (the sample's position in the dataset) and 'bad_samples' (1 where a bad sample was
+replaced), which the model ignores and `BadSampleCounter` logs.
 """
 
 import atexit
@@ -34,14 +35,36 @@ from streaming.base.format import reader_from_json
 from streaming.base.storage.download import CloudDownloader
 from torch.utils.data import Dataset, default_collate
 
-from images import MAX_IMAGE_PIXELS, BadSample, decode_image
-from tokenizer import CAPTION_LENGTH, CLIP_VOCAB_SIZE, CaptionTokenizer
+from images import MAX_IMAGE_PIXELS, BadSample, decode_image, size_conditions
+from tokenizer import CAPTION_LENGTH, CLIP_PAD_ID, CLIP_VOCAB_SIZE, CaptionTokenizer
 
 log = logging.getLogger(__name__)
 # Remote reads (index, shards): a connection must open within 10 s and each read return data within 20 s, with
 # 2 retries after backoff (botocore's standard mode; Streaming's download_retry): a server that is down or
 # hung is reported in about a minute, not after minutes of silence.
 CONNECT_TIMEOUT, READ_TIMEOUT, RETRIES = 10, 20, 2
+
+
+@dataclass(frozen=True)
+class CaptionInputs:
+    """What a model's batches carry beside the image: one column of caption token ids per text encoder, padded
+    with that encoder's pad id ('input_ids', 'input_ids_2'), and for SDXL 'time_ids' (size and crop)."""
+
+    pad_ids: tuple[int, ...] = (CLIP_PAD_ID,)
+    size_conditions: bool = False
+
+    @property
+    def id_columns(self) -> list[str]:
+        return ['input_ids'] + [f'input_ids_{n}' for n in range(2, len(self.pad_ids) + 1)]
+
+
+def synthetic_size_conditions(size: int, generator: torch.Generator) -> torch.Tensor:
+    """Plausible micro-conditioning for a synthetic image: an original of 1 to 2x the target on each side,
+    center-cropped after resizing the shorter side to the target."""
+    height, width = (int(v) for v in torch.randint(size, 2 * size + 1, (2,), generator=generator))
+    scale = size / min(height, width)
+    top, left = round((height - min(height, width)) / 2 * scale), round((width - min(height, width)) / 2 * scale)
+    return torch.tensor([height, width, top, left, size, size], dtype=torch.float32)
 
 
 class SyntheticDataset(Dataset):
@@ -71,17 +94,22 @@ class SyntheticImageCaptionDataset(SyntheticDataset):
         seed: int = 17,
         vocab_size: int = CLIP_VOCAB_SIZE,
         caption_length: int = CAPTION_LENGTH,
+        inputs: CaptionInputs = CaptionInputs(),
     ):
         super().__init__(num_samples, seed)
         self.image_size = image_size
         self.vocab_size = vocab_size
         self.caption_length = caption_length
+        self.inputs = inputs
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         generator = self.generator(index)
-        image = torch.rand(3, self.image_size, self.image_size, generator=generator) * 2 - 1
-        input_ids = torch.randint(0, self.vocab_size, (self.caption_length,), generator=generator)
-        return {'image': image, 'input_ids': input_ids}
+        sample = {'image': torch.rand(3, self.image_size, self.image_size, generator=generator) * 2 - 1}
+        for column in self.inputs.id_columns:
+            sample[column] = torch.randint(0, self.vocab_size, (self.caption_length,), generator=generator)
+        if self.inputs.size_conditions:
+            sample['time_ids'] = synthetic_size_conditions(self.image_size, generator)
+        return sample
 
 
 class SyntheticLatentsDataset(SyntheticDataset):
@@ -97,10 +125,12 @@ class SyntheticLatentsDataset(SyntheticDataset):
         num_samples: int = 100_000,
         seed: int = 17,
         caption_length: int = CAPTION_LENGTH,
+        pooled_dim: int | None = None,
     ):
         super().__init__(num_samples, seed)
         self.shape = (latent_channels, latent_size, latent_size)
         self.embedding_shape = (caption_length, embedding_dim)
+        self.pooled_dim = pooled_dim  # SDXL: its pooled text embedding's width, and size/crop conditioning
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         generator = self.generator(index)
@@ -108,7 +138,11 @@ class SyntheticLatentsDataset(SyntheticDataset):
         mean = torch.randn(self.shape, generator=generator) * 5
         logvar = torch.full(self.shape, -10.0)
         text_embedding = torch.randn(self.embedding_shape, generator=generator)
-        return {'latent_mean': mean.half(), 'latent_logvar': logvar.half(), 'text_embedding': text_embedding.half()}
+        sample = {'latent_mean': mean.half(), 'latent_logvar': logvar.half(), 'text_embedding': text_embedding.half()}
+        if self.pooled_dim:
+            sample['pooled_text_embedding'] = torch.randn(self.pooled_dim, generator=generator).half()
+            sample['time_ids'] = synthetic_size_conditions(self.shape[-1] * 8, generator)
+        return sample
 
 
 class DataError(RuntimeError):
@@ -143,6 +177,10 @@ class CheckedStreamingDataset(StreamingDataset):
     ):
         remote, local = resolve_location(remote, local, download_retry, download_timeout)
         self.location = remote or local
+        # Streaming's S3 client keeps botocore's own retries (3 tries of --download_timeout each) inside each of
+        # its download_retry + 1 tries: 9 reads of 20 s before a hung server is reported. One botocore try per
+        # Streaming try bounds it to 3 (AWS_MAX_ATTEMPTS, which botocore reads when its Config sets no count).
+        os.environ.setdefault('AWS_MAX_ATTEMPTS', '1')
         super().__init__(
             remote=remote,
             local=local,
@@ -243,6 +281,7 @@ class StreamingLAIONDataset(CheckedStreamingDataset):
         local: str | None = None,
         image_size: int = 512,
         tokenizer: str | None = None,
+        inputs: CaptionInputs = CaptionInputs(),
         batch_size: int | None = None,
         shuffle: bool = True,
         seed: int = 17,
@@ -257,7 +296,10 @@ class StreamingLAIONDataset(CheckedStreamingDataset):
         self.max_bad_fraction = max_bad_fraction
         self.max_image_pixels = max_image_pixels
         self.keep_caption = keep_caption  # precompute.py stores the caption beside its embedding
-        self.tokenize = CaptionTokenizer(tokenizer)
+        self.inputs = inputs
+        self.tokenizers = {
+            column: CaptionTokenizer(tokenizer, pad_id) for column, pad_id in zip(inputs.id_columns, inputs.pad_ids)
+        }
         super().__init__(
             remote=remote,
             local=local,
@@ -306,33 +348,38 @@ class StreamingLAIONDataset(CheckedStreamingDataset):
         caption = raw.get('caption')
         if not isinstance(caption, str):
             raise BadSample('missing or non-string caption', f'got {type(caption).__name__}')
-        sample = {
-            'image': decode_image(raw.get('jpg'), self.image_size, self.max_image_pixels),
-            'input_ids': self.tokenize(caption),
-        }
+        sample = {'image': decode_image(raw.get('jpg'), self.image_size, self.max_image_pixels)}
+        for column, tokenize in self.tokenizers.items():
+            sample[column] = tokenize(caption)
+        if self.inputs.size_conditions:
+            sample['time_ids'] = size_conditions(raw['jpg'], self.image_size)
         if self.keep_caption:
             sample['caption'] = caption
         return sample
 
 
-# precompute.py's output: the VAE's latent distribution and the text encoder's output, fp16, and the caption.
+# precompute.py's output: the VAE's latent distribution and the text encoder's output, fp16, and the caption;
+# for SDXL also the pooled text embedding and the size/crop conditioning.
 PRECOMPUTED_COLUMNS = {
     'latent_mean': 'ndarray:float16',
     'latent_logvar': 'ndarray:float16',
     'text_embedding': 'ndarray:float16',
     'caption': 'str',
 }
+SDXL_PRECOMPUTED_COLUMNS = {'pooled_text_embedding': 'ndarray:float16', 'time_ids': 'ndarray:float32'}
 
 
 class PrecomputedLatentsDataset(CheckedStreamingDataset):
     """MDS shards written by precompute.py, streamed like StreamingLAIONDataset (same remotes, caches,
-    resumption). Samples: 'latent_mean', 'latent_logvar' (C, H/8, W/8) and 'text_embedding' (77, D), fp16."""
+    resumption). Samples: 'latent_mean', 'latent_logvar' (C, H/8, W/8) and 'text_embedding' (77, D), fp16;
+    for SDXL also 'pooled_text_embedding' (D2,) and 'time_ids' (6,)."""
 
     precomputed = True
+    COLUMNS = ('latent_mean', 'latent_logvar', 'text_embedding', *SDXL_PRECOMPUTED_COLUMNS)
 
     def get_item(self, sample_id: int, retry: int = 7) -> dict:
         raw = super().get_item(sample_id, retry)
-        return {name: torch.tensor(raw[name]) for name in ('latent_mean', 'latent_logvar', 'text_embedding')}
+        return {name: torch.tensor(raw[name]) for name in self.COLUMNS if name in raw}
 
 
 def check_columns(location: str, shard: str, columns: list[str] | None, precomputed: bool) -> None:
@@ -542,6 +589,7 @@ class DatasetDescription:
     num_samples: int
     latent_shape: tuple[int, int, int] | None = None  # precomputed latents: (C, H/8, W/8) of the first sample
     embedding_width: int | None = None  # precomputed latents: the text embedding's width
+    pooled_width: int | None = None  # precomputed latents for SDXL: the pooled text embedding's width
 
 
 def describe_dataset(
@@ -586,6 +634,11 @@ def describe_dataset(
                 folder = work
                 (Path(work) / raw).write_bytes(data)
         sample = reader_from_json(folder, None, shard).get_item(0)
+    pooled = sample.get('pooled_text_embedding')
     return DatasetDescription(
-        location, num_samples, tuple(sample['latent_mean'].shape), sample['text_embedding'].shape[-1]
+        location,
+        num_samples,
+        tuple(sample['latent_mean'].shape),
+        sample['text_embedding'].shape[-1],
+        None if pooled is None else pooled.shape[-1],
     )

@@ -37,8 +37,9 @@ from torch.utils.data import DataLoader, Dataset
 from torchmetrics import Metric
 from torchvision.utils import make_grid
 
-from images import BadSample, decode_image
-from tokenizer import CaptionTokenizer
+from data import CaptionInputs, PrecomputedLatentsDataset
+from images import BadSample, decode_image, size_conditions
+from tokenizer import CaptionTokenizer, caption_pad_ids
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class ValidationSplit(Dataset):
         image_size: int,
         tokenizer: str | None = None,
         precomputed: bool = False,
+        inputs: CaptionInputs | None = None,  # default: SD2's, one encoder
     ):
         self.folder, self.latent_shape, self.image_size, self.precomputed = (
             folder,
@@ -107,7 +109,10 @@ class ValidationSplit(Dataset):
         self.starts = [0]
         for shard in self.shards:
             self.starts.append(self.starts[-1] + int(shard['samples']))
-        self.tokenize = CaptionTokenizer(tokenizer)
+        self.inputs = inputs = inputs or CaptionInputs()
+        self.tokenizers = {
+            column: CaptionTokenizer(tokenizer, pad_id) for column, pad_id in zip(inputs.id_columns, inputs.pad_ids)
+        }
         self._readers = {}
 
     def __len__(self) -> int:
@@ -131,20 +136,27 @@ class ValidationSplit(Dataset):
         raw = self.reader(shard_id).get_item(index - self.starts[shard_id])
         sample = {**sample_draws(index, self.latent_shape), 'valid': torch.tensor(1)}
         if self.precomputed:
-            for name in ('latent_mean', 'latent_logvar', 'text_embedding'):
-                sample[name] = torch.tensor(raw[name])
+            for name in PrecomputedLatentsDataset.COLUMNS:
+                if name in raw:
+                    sample[name] = torch.tensor(raw[name])
             return sample
         try:
             caption = raw.get('caption')
             if not isinstance(caption, str):
                 raise BadSample('missing or non-string caption')
             sample['image'] = decode_image(raw.get('jpg'), self.image_size)
-            sample['input_ids'] = self.tokenize(caption)
+            if self.inputs.size_conditions:
+                sample['time_ids'] = size_conditions(raw['jpg'], self.image_size)
         except BadSample as error:
             log.warning(f'validation sample {index} of {self.folder} left out: {error}')
             sample['image'] = torch.zeros(3, self.image_size, self.image_size, dtype=torch.uint8)
-            sample['input_ids'] = self.tokenize('')
+            if self.inputs.size_conditions:
+                sample['time_ids'] = torch.tensor([self.image_size, self.image_size, 0, 0] + [self.image_size] * 2)
+                sample['time_ids'] = sample['time_ids'].float()
             sample['valid'] = torch.tensor(0)
+            caption = ''
+        for column, tokenize in self.tokenizers.items():
+            sample[column] = tokenize(caption)
         return sample
 
 
@@ -172,12 +184,12 @@ class ValidationLoss(Metric):
 
 def validation_losses(model, batch: dict) -> torch.Tensor:
     """Each sample's noise-prediction loss, the mean over VALIDATION_TIMESTEPS fixed timesteps and its fixed draws."""
-    latents, text_embeddings = model.encode(batch)  # with the batch's 'latent_noise'
+    latents, conditioning = model.encode(batch)  # with the batch's 'latent_noise'
     timesteps = validation_timesteps(model.noise_scheduler.config.num_train_timesteps).to(latents.device)
     losses = []
     for k, timestep in enumerate(timesteps):
         prediction, target = model.predict(
-            latents, text_embeddings, batch['noise'][:, k], timestep.expand(latents.shape[0])
+            latents, conditioning, batch['noise'][:, k], timestep.expand(latents.shape[0])
         )
         losses.append(F.mse_loss(prediction.float(), target.float(), reduction='none').mean(dim=(1, 2, 3)))
     return torch.stack(losses, dim=1).mean(dim=1)
@@ -205,7 +217,12 @@ def build_evaluators(config, latent_shape: tuple[int, int, int]) -> list[Evaluat
     weights = ('', '_ema') if config.use_ema else ('',)
     if config.eval_interval:
         folder = config.eval_local if config.eval_remote is None else fetch_split(config.eval_remote)
-        split = ValidationSplit(folder, latent_shape, config.image_size, config.tokenizer, config.precomputed_latents)
+        from config import caption_inputs  # here: config imports this module
+
+        inputs = caption_inputs(Path(config.model_dir))
+        split = ValidationSplit(
+            folder, latent_shape, config.image_size, config.tokenizer, config.precomputed_latents, inputs
+        )
         loader = DataLoader(
             split,
             batch_size=batch_size,
@@ -244,7 +261,7 @@ class SampleGrid(Callback):
 
     def __init__(self, config):
         self.config = config
-        self.tokenize = CaptionTokenizer(config.tokenizer)
+        self.tokenize = CaptionTokenizer(config.tokenizer, caption_pad_ids(Path(config.model_dir))[0])
         self.saved: list[Path] = []
 
     def eval_start(self, state: State, logger: Logger) -> None:

@@ -19,14 +19,15 @@ from transformers import AutoTokenizer, CLIPTokenizerFast
 
 from ema import EMA, full_unet
 from model import StableDiffusion
-from tokenizer import CAPTION_LENGTH, CaptionTokenizer, clip_tokenizer_folder
+from tokenizer import CAPTION_LENGTH, CLIP_PAD_ID, CaptionTokenizer, caption_pad_ids, clip_tokenizer_folder
 
 # Samplers by flag name, built from the training noise schedule (betas, prediction type).
 SCHEDULERS = {'ddim': DDIMScheduler, 'euler': EulerDiscreteScheduler}
 
 
-def pipeline_tokenizer(folder: str | None = None):
-    """A Transformers tokenizer giving CaptionTokenizer's ids for raw prompts, padded to 77 positions."""
+def pipeline_tokenizer(folder: str | None = None, pad_id: int = CLIP_PAD_ID):
+    """A Transformers tokenizer giving CaptionTokenizer's ids for raw prompts, padded to 77 positions with the
+    text encoder's pad id (tokenizer.caption_pad_ids)."""
     if folder is not None:
         tokenizer = AutoTokenizer.from_pretrained(folder)
     else:
@@ -34,7 +35,8 @@ def pipeline_tokenizer(folder: str | None = None):
         tokenizer.backend_tokenizer.normalizer = normalizers.Sequence(
             [normalizers.Replace(Regex(r'\s+'), ' '), normalizers.Strip(), normalizers.Lowercase()]
         )
-        tokenizer.pad_token = '!'  # id 0, OpenCLIP's padding (SD2's own tokenizer folder sets the same)
+        # id 0 ('!'), OpenCLIP's padding (SD2's own tokenizer folder sets the same), or OpenAI CLIP's end of text.
+        tokenizer.pad_token = '!' if pad_id == CLIP_PAD_ID else '<|endoftext|>'
     tokenizer.model_max_length = CAPTION_LENGTH
     return tokenizer
 
@@ -49,13 +51,18 @@ def build_pipeline(
     return StableDiffusionPipeline(
         vae=model.vae,
         text_encoder=model.text_encoder,
-        tokenizer=pipeline_tokenizer(tokenizer),
+        tokenizer=pipeline_tokenizer(tokenizer, model_pad_id(model)),
         unet=model.unet if unet is None else unet,
         scheduler=SCHEDULERS[scheduler].from_config(model.noise_scheduler.config),
         safety_checker=None,
         feature_extractor=None,
         requires_safety_checker=False,
     )
+
+
+def model_pad_id(model: StableDiffusion) -> int:
+    """The pad id the model's text encoder was trained with (OpenCLIP's 0 unless its folder says otherwise)."""
+    return caption_pad_ids(model.model_dir)[0] if model.model_dir is not None else CLIP_PAD_ID
 
 
 @torch.no_grad()

@@ -25,7 +25,7 @@ from tqdm import tqdm  # noqa: E402
 from config import LATENT_DOWNSAMPLE, ConfigError, resolve_model_dir  # noqa: E402
 from export import SCHEDULERS, build_pipeline, generate  # noqa: E402
 from model import build_model  # noqa: E402
-from tokenizer import CaptionTokenizer  # noqa: E402
+from tokenizer import CaptionTokenizer, caption_pad_ids  # noqa: E402
 
 FID_WEIGHTS_NEEDED = (
     "FID: not computed; it needs --fid_weights FILE (torchvision's Inception v3 weights, "
@@ -116,6 +116,11 @@ def load_pipeline(args: argparse.Namespace) -> StableDiffusionPipeline:
         model_dir = resolve_model_dir(args.model_name)
     except ConfigError as error:
         raise GenerateError(str(error))
+    if (model_dir / 'text_encoder_2').is_dir():
+        raise GenerateError(
+            f"--model_name {args.model_name}: SDXL's two text encoders need Diffusers' StableDiffusionXLPipeline, "
+            'which generate.py does not build'
+        )
     model = build_model(str(model_dir), args.prediction_type)
     state = torch.load(args.checkpoint, map_location='cpu', weights_only=False)['state']
     try:
@@ -139,7 +144,10 @@ def main(args: argparse.Namespace) -> torch.Tensor:
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     pipeline.to(device)
     pipeline.set_progress_bar_config(disable=True)
-    tokenizer = CaptionTokenizer(args.tokenizer if args.checkpoint else str(Path(args.pipeline) / 'tokenizer'))
+    if args.checkpoint:  # the training tokenizer, padded as the model's text encoder was trained
+        tokenizer = CaptionTokenizer(args.tokenizer, caption_pad_ids(resolve_model_dir(args.model_name))[0])
+    else:
+        tokenizer = CaptionTokenizer(str(Path(args.pipeline) / 'tokenizer'))
     size = args.image_size or pipeline.unet.config.sample_size * pipeline.vae_scale_factor
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

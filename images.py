@@ -80,6 +80,19 @@ def decode_image(data, size: int, max_pixels: int = MAX_IMAGE_PIXELS, draft: boo
         return torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
 
 
+def size_conditions(data, size: int) -> torch.Tensor:
+    """SDXL's micro-conditioning of an image decode_image made: its original height and width (after EXIF
+    orientation), the top-left corner of the center crop in the resized image (shorter side = size), and the
+    target height and width. Reads only the header."""
+    image = data if isinstance(data, Image.Image) else Image.open(io.BytesIO(data))
+    width, height = image.size
+    if image.getexif().get(0x0112, 1) in (5, 6, 7, 8):  # a quarter turn swaps the sides
+        width, height = height, width
+    scale = size / min(width, height)
+    top, left = round((height - min(width, height)) / 2 * scale), round((width - min(width, height)) / 2 * scale)
+    return torch.tensor([height, width, top, left, size, size], dtype=torch.float32)
+
+
 ORIENTATION_TRANSPOSE = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
     3: Image.Transpose.ROTATE_180,

@@ -1,6 +1,9 @@
 """Stable Diffusion as a Composer model, built from a model folder, and its training FLOPs.
 
-`StableDiffusion` trains the UNet on the noise-prediction loss, with the VAE and CLIP text encoder frozen.
+`StableDiffusion` trains the UNet on the noise-prediction loss, with the VAE and CLIP text encoder(s) frozen.
+SD 1.5 and SD 2 condition the UNet on one text encoder's last hidden state; SDXL on two encoders' penultimate
+hidden states side by side, plus the second's pooled embedding and the image's size and crop
+("micro-conditioning"), as Diffusers' SDXL pipeline does.
 `build_model` makes one from a folder in the Diffusers pipeline layout (a built-in config in `configs/`, or
 a folder a user gives): parts whose weights are in the folder load them, the rest are randomly initialized
 from their configs, which is right for training from scratch and never needs a download.
@@ -15,24 +18,38 @@ from composer.models import ComposerModel
 from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import CLIPTextConfig, CLIPTextModel
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
 import evaluation
-from config import LATENT_DOWNSAMPLE, WEIGHT_FILES, resolve_model_dir
+from config import (
+    LATENT_DOWNSAMPLE,
+    MICRO_CONDITIONS,
+    WEIGHT_FILES,
+    has_micro_conditioning,
+    pooled_text_width,
+    resolve_model_dir,
+)
 from images import unit_range
 from tokenizer import CAPTION_LENGTH
 
-MODEL_PARTS = {'unet': UNet2DConditionModel, 'vae': AutoencoderKL, 'text_encoder': CLIPTextModel}
+MODEL_PARTS = {
+    'unet': UNet2DConditionModel,
+    'vae': AutoencoderKL,
+    'text_encoder': CLIPTextModel,
+    'text_encoder_2': CLIPTextModelWithProjection,  # SDXL's second encoder (OpenCLIP ViT-bigG/14)
+}
 
 
 class StableDiffusion(ComposerModel):
     """Trains the UNet to predict the noise added to VAE latents, conditioned on CLIP text embeddings.
 
-    The VAE and text encoder are frozen: in eval mode, without gradients, outside the optimizer, and run
+    The VAE and text encoders are frozen: in eval mode, without gradients, outside the optimizer, and run
     online every step, as in the published benchmark. Without them (vae=None, text_encoder=None) the model
-    trains from precomputed batches: 'latent_mean', 'latent_logvar' and 'text_embedding', as precompute.py
-    writes them. A batch may carry 'noise', 'timesteps' and 'latent_noise' (the Gaussian draw that samples
-    the latent distribution) to make a step deterministic; otherwise each is drawn at random.
+    trains from precomputed batches: 'latent_mean', 'latent_logvar' and 'text_embedding' (for SDXL also
+    'pooled_text_embedding'), as precompute.py writes them. SDXL batches carry 'time_ids' (see
+    MICRO_CONDITIONS) and, online, 'input_ids_2' for the second encoder. A batch may carry 'noise',
+    'timesteps' and 'latent_noise' (the Gaussian draw that samples the latent distribution) to make a step
+    deterministic; otherwise each is drawn at random.
     """
 
     def __init__(
@@ -42,11 +59,14 @@ class StableDiffusion(ComposerModel):
         text_encoder: CLIPTextModel | None,
         noise_scheduler: DDPMScheduler,
         latent_scale: float | None = None,
+        text_encoder_2: CLIPTextModelWithProjection | None = None,
     ):
         super().__init__()
         self.unet = unet
         self.vae = None if vae is None else vae.requires_grad_(False).eval()
         self.text_encoder = None if text_encoder is None else text_encoder.requires_grad_(False).eval()
+        self.text_encoder_2 = None if text_encoder_2 is None else text_encoder_2.requires_grad_(False).eval()
+        self.micro_conditioning = has_micro_conditioning(unet.config)
         self.noise_scheduler = noise_scheduler
         # 0.18215 for SD2: scales latents to unit variance (the VAE config's scaling_factor).
         self.latent_scale = vae.config.scaling_factor if vae is not None else latent_scale
@@ -59,13 +79,15 @@ class StableDiffusion(ComposerModel):
     def train(self, mode: bool = True):
         # Composer calls model.train() every epoch; the frozen encoders must stay in eval mode.
         super().train(mode)
-        for encoder in (self.vae, self.text_encoder):
-            if encoder is not None:
-                encoder.eval()
+        for encoder in self.frozen_encoders():
+            encoder.eval()
         return self
 
+    def frozen_encoders(self) -> list[torch.nn.Module]:
+        return [part for part in (self.vae, self.text_encoder, self.text_encoder_2) if part is not None]
+
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        latents, text_embeddings = self.encode(batch)
+        latents, conditioning = self.encode(batch)
         noise = batch.get('noise')
         if noise is None:
             noise = torch.randn_like(latents)
@@ -74,10 +96,10 @@ class StableDiffusion(ComposerModel):
             timesteps = torch.randint(
                 0, self.noise_scheduler.config.num_train_timesteps, (latents.shape[0],), device=latents.device
             )
-        return self.predict(latents, text_embeddings, noise, timesteps)
+        return self.predict(latents, conditioning, noise, timesteps)
 
     def predict(
-        self, latents: torch.Tensor, text_embeddings: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor
+        self, latents: torch.Tensor, conditioning: dict, noise: torch.Tensor, timesteps: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The UNet's prediction for latents noised to `timesteps` with `noise`, and its training target."""
         noisy_latents = self.noise_scheduler.add_noise(latents, noise, timesteps)
@@ -85,17 +107,18 @@ class StableDiffusion(ComposerModel):
             target = self.noise_scheduler.get_velocity(latents, noise, timesteps)
         else:
             target = noise
-        prediction = self.unet(noisy_latents, timesteps, text_embeddings).sample
+        prediction = self.unet(noisy_latents, timesteps, **conditioning).sample
         return prediction, target
 
     @torch.no_grad()
-    def encode(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scaled latents sampled from the VAE's latent distribution, and the text embeddings: computed by
-        the frozen encoders, or read from a precomputed batch. Both in fp32, whatever the encoders hold."""
+    def encode(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        """Scaled latents sampled from the VAE's latent distribution, and the UNet's conditioning (keyword
+        arguments of its forward): computed by the frozen encoders, or read from a precomputed batch. In fp32,
+        whatever the encoders hold."""
         if 'latent_mean' in batch:
             mean = batch['latent_mean'].float()
             std = torch.exp(0.5 * batch['latent_logvar'].float())  # as Diffusers' DiagonalGaussianDistribution
-            text_embeddings = batch['text_embedding'].float()
+            text = {name: batch[name].float() for name in ('text_embedding', 'pooled_text_embedding') if name in batch}
         else:
             if self.vae is None:
                 raise ValueError(
@@ -104,11 +127,20 @@ class StableDiffusion(ComposerModel):
                 )
             latent_dist = self.vae.encode(unit_range(batch['image']).to(self.vae.dtype)).latent_dist
             mean, std = latent_dist.mean.float(), latent_dist.std.float()
-            text_embeddings = self.text_encoder(batch['input_ids'])[0].float()
+            text = {
+                name: value.float()
+                for name, value in encode_text(self.text_encoder, self.text_encoder_2, batch).items()
+            }
         latent_noise = batch.get('latent_noise')
         if latent_noise is None:
             latent_noise = torch.randn_like(mean)
-        return (mean + std * latent_noise) * self.latent_scale, text_embeddings
+        conditioning = {'encoder_hidden_states': text['text_embedding']}
+        if self.micro_conditioning:
+            conditioning['added_cond_kwargs'] = {
+                'text_embeds': text['pooled_text_embedding'],
+                'time_ids': batch['time_ids'].float(),
+            }
+        return (mean + std * latent_noise) * self.latent_scale, conditioning
 
     def loss(self, outputs, batch) -> torch.Tensor:
         prediction, target = outputs
@@ -141,7 +173,7 @@ class StableDiffusion(ComposerModel):
         """Training FLOPs per image: the UNet's forward and backward (3x its forward: the backward computes
         gradients of activations and of weights) and the frozen encoders' forward."""
         parts = self.forward_flops(height, width, caption_length)
-        return 3 * parts['unet'] + parts.get('vae_encoder', 0) + parts.get('text_encoder', 0)
+        return 3 * parts['unet'] + sum(flops for part, flops in parts.items() if part != 'unet')
 
     def trained_flops_per_image(self, height: int, width: int, caption_length: int = CAPTION_LENGTH) -> int:
         """The trained UNet's share of flops_per_image: forward and backward."""
@@ -157,16 +189,16 @@ class StableDiffusion(ComposerModel):
                     )
                 }
             else:
-                self._forward_flops[key] = count_forward_flops(
-                    self.unet.config, self.vae.config, self.text_encoder.config, *key
-                )
+                text_configs = [encoder.config for encoder in (self.text_encoder, self.text_encoder_2) if encoder]
+                self._forward_flops[key] = count_forward_flops(self.unet.config, self.vae.config, text_configs, *key)
         return self._forward_flops[key]
 
 
 def count_forward_flops(
-    unet_config, vae_config, text_config, height: int, width: int, caption_length: int
+    unet_config, vae_config, text_configs: list, height: int, width: int, caption_length: int
 ) -> dict[str, int]:
-    """Forward FLOPs per image of each part: matmuls and convolutions, attention included.
+    """Forward FLOPs per image of each part ('unet', 'vae_encoder', 'text_encoder', 'text_encoder_2'): matmuls
+    and convolutions, attention included.
 
     Counted by PyTorch's FlopCounterMode on meta-device copies (no memory, no compute, any config and
     size) with the math attention kernel: the fused CPU flash-attention kernel is invisible to the counter.
@@ -174,13 +206,14 @@ def count_forward_flops(
     counts = {}
     with torch.device('meta'), sdpa_kernel(SDPBackend.MATH):
         vae = AutoencoderKL.from_config(vae_config)
-        text_encoder = CLIPTextModel(text_config)
         with FlopCounterMode(display=False) as counter:
             latents = vae.encode(torch.empty(1, vae_config.in_channels, height, width)).latent_dist.mean
         counts['vae_encoder'] = counter.get_total_flops()
-        with FlopCounterMode(display=False) as counter:
-            text_encoder(torch.zeros(1, caption_length, dtype=torch.long))
-        counts['text_encoder'] = counter.get_total_flops()
+        for name, text_config in zip(('text_encoder', 'text_encoder_2'), text_configs):
+            text_encoder = MODEL_PARTS[name](text_config)
+            with FlopCounterMode(display=False) as counter:
+                text_encoder(torch.zeros(1, caption_length, dtype=torch.long))
+            counts[name] = counter.get_total_flops()
     counts['unet'] = count_unet_forward_flops(unet_config, latents.shape[-2], latents.shape[-1], caption_length)
     return counts
 
@@ -190,10 +223,30 @@ def count_unet_forward_flops(unet_config, latent_height: int, latent_width: int,
     with torch.device('meta'), sdpa_kernel(SDPBackend.MATH):
         unet = UNet2DConditionModel.from_config(unet_config)
         latents = torch.empty(1, unet_config.in_channels, latent_height, latent_width)
-        text_embeddings = torch.empty(1, caption_length, unet_config.cross_attention_dim)
+        conditioning = {'encoder_hidden_states': torch.empty(1, caption_length, unet_config.cross_attention_dim)}
+        if has_micro_conditioning(unet_config):
+            conditioning['added_cond_kwargs'] = {
+                'text_embeds': torch.empty(1, pooled_text_width(unet_config)),
+                'time_ids': torch.empty(1, MICRO_CONDITIONS),
+            }
         with FlopCounterMode(display=False) as counter:
-            unet(latents, torch.tensor([500]), text_embeddings)
+            unet(latents, torch.tensor([500]), **conditioning)
     return counter.get_total_flops()
+
+
+def encode_text(text_encoder, text_encoder_2, batch: dict) -> dict[str, torch.Tensor]:
+    """What the UNet is conditioned on, from caption token ids. One encoder (SD 1.5, SD 2): 'text_embedding', its
+    last hidden state after the final layer norm. Two (SDXL): the penultimate hidden states of both, without
+    the final norm, side by side ('text_embedding', 768 + 1280 wide), and 'pooled_text_embedding', the second
+    encoder's projected end-of-text state."""
+    if text_encoder_2 is None:
+        return {'text_embedding': text_encoder(batch['input_ids'])[0]}
+    first = text_encoder(batch['input_ids'], output_hidden_states=True).hidden_states[-2]
+    second = text_encoder_2(batch['input_ids_2'], output_hidden_states=True)
+    return {
+        'text_embedding': torch.cat([first, second.hidden_states[-2]], dim=-1),
+        'pooled_text_embedding': second.text_embeds,
+    }
 
 
 def has_weights(model_dir: Path, part: str) -> bool:
@@ -203,7 +256,7 @@ def has_weights(model_dir: Path, part: str) -> bool:
 def build_part(
     model_dir: Path, part: str, init_device: torch.device | str | None = None
 ) -> tuple[torch.nn.Module, bool]:
-    """One part of a model folder ('unet', 'vae' or 'text_encoder') and whether its weights were loaded: they load
+    """One part of a model folder (a key of MODEL_PARTS) and whether its weights were loaded: they load
     (on the CPU) where the folder has them, otherwise the part is randomly initialized from its config on
     init_device (default: torch's default device, the CPU unless a caller set another)."""
     model_class = MODEL_PARTS[part]
@@ -212,20 +265,25 @@ def build_part(
     # SD2 base's 1.3B parameters take about 20 s of CPU time and 5 GB of host memory per rank to initialize
     # (measured on 2 cores); built on the GPU the Trainer would move them to anyway, well under a second.
     with contextlib.nullcontext() if init_device is None else torch.device(init_device):
-        if part == 'text_encoder':  # Transformers' models take a config object
+        if part.startswith('text_encoder'):  # Transformers' models take a config object
             return model_class(CLIPTextConfig.from_pretrained(model_dir, subfolder=part)), False
         return model_class.from_config(model_class.load_config(model_dir, subfolder=part)), False
 
 
 def build_encoders(
     model_dir: Path, encoders_bf16: bool = False, init_device: torch.device | str | None = None
-) -> tuple[AutoencoderKL, CLIPTextModel, list[str]]:
-    """The VAE and text encoder of a model folder, and the names of those whose weights were loaded."""
-    vae, vae_loaded = build_part(model_dir, 'vae', init_device)
-    text_encoder, text_encoder_loaded = build_part(model_dir, 'text_encoder', init_device)
-    if encoders_bf16:
-        vae, text_encoder = vae.to(torch.bfloat16), text_encoder.to(torch.bfloat16)
-    return vae, text_encoder, ['vae'] * vae_loaded + ['text_encoder'] * text_encoder_loaded
+) -> tuple[AutoencoderKL, CLIPTextModel, CLIPTextModelWithProjection | None, list[str]]:
+    """The VAE and text encoder(s) of a model folder (the second None but for SDXL), and the names of those whose
+    weights were loaded."""
+    parts, loaded = [], []
+    for part in ('vae', 'text_encoder', 'text_encoder_2'):
+        if part == 'text_encoder_2' and not (model_dir / part).is_dir():
+            parts.append(None)
+            continue
+        module, weights = build_part(model_dir, part, init_device)
+        parts.append(module.to(torch.bfloat16) if encoders_bf16 else module)
+        loaded += [part] * weights
+    return (*parts, loaded)
 
 
 def build_model(
@@ -253,8 +311,8 @@ def build_model(
         model = StableDiffusion(unet, None, None, noise_scheduler, latent_scale)
         encoders_loaded = []
     else:
-        vae, text_encoder, encoders_loaded = build_encoders(model_dir, encoders_bf16, init_device)
-        model = StableDiffusion(unet, vae, text_encoder, noise_scheduler)
+        vae, text_encoder, text_encoder_2, encoders_loaded = build_encoders(model_dir, encoders_bf16, init_device)
+        model = StableDiffusion(unet, vae, text_encoder, noise_scheduler, text_encoder_2=text_encoder_2)
     model.model_dir = model_dir
     model.weights_loaded = ['unet'] * unet_loaded + encoders_loaded
     return model

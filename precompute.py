@@ -1,5 +1,6 @@
-"""Run the frozen VAE and text encoder over an MDS dataset once, and write what they give as a new MDS
-dataset: the latent distribution (mean and log-variance) and the text embedding, fp16, and the caption.
+"""Run the frozen VAE and text encoder(s) over an MDS dataset once, and write what they give as a new MDS
+dataset: the latent distribution (mean and log-variance) and the text embedding, fp16, and the caption; for
+SDXL also the pooled text embedding and the image's size and crop conditioning.
 `benchmark.py --precomputed_latents` then trains the UNet alone on it, with no encoder in memory or in
 the step (in the published run the VAE encoder was about a third of the compute of every step).
 
@@ -23,6 +24,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
+import numpy as np
 import torch
 from composer.utils import dist, get_device, reproducibility
 from streaming import MDSWriter
@@ -30,10 +32,11 @@ from streaming.base.util import merge_index
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
-from config import PRESETS, SD2_BASE, ConfigError, resolve_model_dir
+from config import PRESETS, SD2_BASE, ConfigError, caption_inputs, resolve_model_dir
 from convert import SAMPLE_DATASET, ensure_sample_dataset
 from data import (
     PRECOMPUTED_COLUMNS,
+    SDXL_PRECOMPUTED_COLUMNS,
     DataError,
     StreamingLAIONDataset,
     clean_stale_shared_memory,
@@ -42,7 +45,7 @@ from data import (
     s3_client,
 )
 from images import unit_range
-from model import build_encoders
+from model import build_encoders, encode_text
 from tokenizer import TokenizerError
 
 SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun never mixes two settings
@@ -244,16 +247,22 @@ def without_streaming_notices():
 
 
 @torch.no_grad()
-def encode(vae, text_encoder, batch: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The latent distribution's mean and log-variance and the text embedding of a batch, as fp16: exactly what
-    StableDiffusion.encode samples from online (the log-variance is Diffusers' clamped one)."""
+def encode(vae, text_encoders: tuple, batch: dict, device: torch.device) -> dict[str, np.ndarray]:
+    """The columns precompute.py writes for a batch: the latent distribution's mean and log-variance and the text
+    embedding(s) as fp16, exactly what StableDiffusion.encode samples from online (the log-variance is
+    Diffusers' clamped one); SDXL's size and crop conditioning as the loader made it."""
     images = unit_range(batch['image'].to(device)).to(vae.dtype)
     latent_dist = vae.encode(images).latent_dist
-    text_embeddings = text_encoder(batch['input_ids'].to(device))[0]
-    return latent_dist.mean.half(), latent_dist.logvar.half(), text_embeddings.half()
+    token_ids = {name: ids.to(device) for name, ids in batch.items() if name.startswith('input_ids')}
+    columns = {'latent_mean': latent_dist.mean, 'latent_logvar': latent_dist.logvar}
+    columns.update(encode_text(*text_encoders, token_ids))
+    columns = {name: tensor.half() for name, tensor in columns.items()}
+    if 'time_ids' in batch:
+        columns['time_ids'] = batch['time_ids'].float()
+    return {name: tensor.cpu().numpy() for name, tensor in columns.items()}
 
 
-def precompute_part(dataset, indices: range, out: str, vae, text_encoder, device, args, progress) -> tuple[int, int]:
+def precompute_part(dataset, indices: range, out: str, vae, text_encoders, device, args, progress) -> tuple[int, int]:
     """Encode one part's samples and write them as one MDS folder; returns (written, bad samples left out)."""
     loader = DataLoader(
         Subset(dataset, indices),
@@ -263,23 +272,17 @@ def precompute_part(dataset, indices: range, out: str, vae, text_encoder, device
         pin_memory=device.type == 'cuda',
     )
     written = bad = 0
-    with MDSWriter(out=out, columns=PRECOMPUTED_COLUMNS, exist_ok=True) as writer:
+    columns = PRECOMPUTED_COLUMNS | (SDXL_PRECOMPUTED_COLUMNS if text_encoders[1] is not None else {})
+    with MDSWriter(out=out, columns=columns, exist_ok=True) as writer:
         for batch in loader:
-            means, logvars, text_embeddings = (
-                tensor.cpu().numpy() for tensor in encode(vae, text_encoder, batch, device)
-            )
+            encoded = encode(vae, text_encoders, batch, device)
             for row, replaced in enumerate(batch['bad_samples'].tolist()):
                 # A bad sample was replaced by the next good one, which has its own position too: keep it once.
                 if replaced:
                     bad += 1
                     continue
                 writer.write(
-                    {
-                        'latent_mean': means[row],
-                        'latent_logvar': logvars[row],
-                        'text_embedding': text_embeddings[row],
-                        'caption': batch['caption'][row],
-                    }
+                    {**{name: array[row] for name, array in encoded.items()}, 'caption': batch['caption'][row]}
                 )
                 written += 1
             progress.update(len(batch['bad_samples']))
@@ -301,6 +304,7 @@ def main(argv=None) -> dict:
             local=args.local,
             image_size=args.image_size,
             tokenizer=args.tokenizer,
+            inputs=caption_inputs(resolve_model_dir(args.model_name)),
             shuffle=False,
             keep_caption=True,
         )
@@ -313,9 +317,10 @@ def main(argv=None) -> dict:
 
     reproducibility.seed_all(args.seed)  # every rank, and every rerun, gets the same encoders
     # The encoders alone: the UNet's weights (3.5 GB for SD2 base) are never read.
-    vae, text_encoder, loaded = build_encoders(resolve_model_dir(args.model_name), init_device=device._device)
+    vae, *text_encoders, loaded = build_encoders(resolve_model_dir(args.model_name), init_device=device._device)
     dtype = torch.bfloat16 if args.precision == 'bf16' else torch.float32
-    vae, text_encoder = vae.to(device._device, dtype), text_encoder.to(device._device, dtype)
+    vae = vae.to(device._device, dtype)
+    text_encoders = tuple(None if encoder is None else encoder.to(device._device, dtype) for encoder in text_encoders)
     num_parts = -(-num_samples // args.part_size)
     mine = [part for part in range(rank, num_parts, world_size)]
     todo = [part for part in mine if args.overwrite or read_text(part_out(args.out, part), 'index.json') is None]
@@ -334,7 +339,7 @@ def main(argv=None) -> dict:
         for part in todo:
             indices = range(part * args.part_size, min((part + 1) * args.part_size, num_samples))
             part_written, part_bad = precompute_part(
-                dataset, indices, part_out(args.out, part), vae, text_encoder, device._device, args, progress
+                dataset, indices, part_out(args.out, part), vae, text_encoders, device._device, args, progress
             )
             written, bad = written + part_written, bad + part_bad
     totals = torch.tensor([written, bad], dtype=torch.long, device=device._device)

@@ -112,6 +112,9 @@ def parse_args(argv=None):
     parser.add_argument(
         '--per_gpu_type', action='store_true', help='one table, fit and curve per GPU type when inputs mix GPU types'
     )
+    parser.add_argument(
+        '--per_model', action='store_true', help='one table, fit and curve per model when results files mix models'
+    )
     add_prediction_args(parser)
     parser.add_argument('--csv', default='report.csv', help="CSV output path (default report.csv; '' for none)")
     parser.add_argument('--plot', default='report.png', help="PNG output path (default report.png; '' for none)")
@@ -337,7 +340,7 @@ def describe_fit(label, fit, extra):
     return '\n'.join(lines)
 
 
-def prediction_models(points, args, gpu):
+def prediction_models(points, args, gpu, label):
     """{phase: ScalingModel} calibrated on the one measured run of each phase, and {phase: [band corners]}.
     A phase with no run of its own (the 256px phase of the published schedule, when only 512px was measured)
     scales the other phase's compute time by the FLOP ratio: the same MFU at both sizes."""
@@ -381,7 +384,7 @@ def prediction_models(points, args, gpu):
             source = next(iter(models.values()), None)
             size = next(p.image_size for p in points)
             if source is None or size not in FLOPS_PER_IMAGE or phase not in FLOPS_PER_IMAGE:
-                raise ReportError(f'--samples: no throughput measured at {phase}px for {gpu}')
+                raise ReportError(f'--samples: no throughput measured at {phase}px for {label}')
             precomputed = bool(points[0].precomputed)
             ratio = scaled_flops(phase, precomputed) / scaled_flops(size, precomputed)
             workload = replace(source.workload, **shares(phase, precomputed))
@@ -389,7 +392,7 @@ def prediction_models(points, args, gpu):
             models[phase] = source.scaled(ratio, workload, origin)
             bands[phase] = [corner.scaled(ratio, workload, origin) for corner in bands[next(iter(bands))]]
             notes.append(
-                f"{gpu}: no run at {phase}px: its compute is the {size}px run's scaled by the FLOPs per image "
+                f"{label}: no run at {phase}px: its compute is the {size}px run's scaled by the FLOPs per image "
                 f'({ratio:.3f}x), which assumes the same MFU at both sizes (smaller images usually reach less)'
             )
         for model in models.values():
@@ -685,7 +688,7 @@ def write_csv(path, tables, phases):
                 )
 
 
-def plot(path, tables, budget):
+def plot(path, tables, budget, names):
     import matplotlib
 
     matplotlib.use('Agg')  # files only, no display needed
@@ -728,7 +731,7 @@ def plot(path, tables, budget):
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.set_xlabel('Number of GPUs')
     ax.set_ylabel('Days to train')
-    ax.set_title(f'Days to train SD2 on {sum(budget.values()) / 1e9:.2f}B samples')
+    ax.set_title(f'Days to train {", ".join(names)} on {sum(budget.values()) / 1e9:.2f}B samples')
     ax.grid(True, which='both', alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -737,7 +740,8 @@ def plot(path, tables, budget):
 
 
 def collect_points(args):
-    """All throughputs, grouped by GPU type; mixing types needs --per_gpu_type."""
+    """All throughputs, grouped by GPU type (and with --per_model, by model): {label: points}. Mixing types
+    needs --per_gpu_type; mixing models in one table is refused."""
     points = [load_results(path) for path in args.results]
     types = sorted({p.gpu for p in points})
     hand_gpu = gpu_key(args.gpu_type) if args.gpu_type else (types[0] if len(types) == 1 else 'GPU')
@@ -752,12 +756,19 @@ def collect_points(args):
         raise ReportError(
             f'inputs mix GPU types ({listing}); pass --per_gpu_type for one table per type, or give inputs of one type'
         )
+    if args.per_model:
+        groups = {}
+        for p in points:
+            groups.setdefault(p.gpu + (f' {p.model}' if p.model else ''), []).append(p)
     if args.reference and len(groups) > 1:
-        raise ReportError('--reference is ambiguous with several GPU types; report one type at a time')
+        raise ReportError('--reference is ambiguous with several tables; report one GPU type and model at a time')
     for gpu, pts in groups.items():
         models = {p.model for p in pts if p.model}
         if len(models) > 1:
-            raise ReportError(f'{gpu}: results mix models ({", ".join(sorted(models))}); report one model at a time')
+            raise ReportError(
+                f'{gpu}: results mix models ({", ".join(sorted(models))}); report one model at a time, or pass '
+                '--per_model for one table per model'
+            )
         if len({p.precomputed for p in pts if p.precomputed is not None}) > 1:
             raise ReportError(
                 f'{gpu}: results mix training from precomputed latents with encoders online; report one at a time'
@@ -777,7 +788,8 @@ def main(args):
     groups = collect_points(args)
     phases = sorted(args.budget, key=lambda k: -1 if k is None else k)
     tables, fit_lines, notes, prediction_text = [], [], [], []
-    for gpu, pts in groups.items():
+    for label, pts in groups.items():
+        gpu = pts[0].gpu
         peak = (
             args.peak_tflops * 1e12
             if args.peak_tflops
@@ -785,37 +797,38 @@ def main(args):
         )
         models = bands = None
         if args.predict is not None:
-            models, bands, prediction_notes = prediction_models(pts, args, gpu)
+            models, bands, prediction_notes = prediction_models(pts, args, gpu, label)
             notes += prediction_notes
         counts = args.predict if models else args.extrapolate
         rows, fits, group_notes, base = build_rows(pts, args.budget, counts, args.reference, args.price, peak, models)
         notes += group_notes
-        if 'tiny' in {p.model for p in pts}:
+        tiny = sorted({p.model for p in pts if p.model and p.model.startswith('tiny')})
+        if tiny:
             notes.append(
-                f"{gpu}: measured on the 'tiny' smoke-test model, not SD2 base: these days and costs "
-                "are that model's, not what training SD2 takes"
+                f'{label}: measured on the {tiny[0]!r} smoke-test model, not a real one: these days and costs '
+                "are that model's, not what training Stable Diffusion takes"
             )
         if any(p.precomputed for p in pts):
             notes.append(
-                f'{gpu}: measured from precomputed latents (the UNet alone): add the one-off pass of '
+                f'{label}: measured from precomputed latents (the UNet alone): add the one-off pass of '
                 'precompute.py (the VAE and text encoder over the data once) to the cost'
             )
         curve = None
         if models:  # days against GPUs through the predicted counts
             line = sorted((r for r in rows if r['kind'] in ('measured', 'predicted')), key=lambda r: r['gpus'])
             curve = ([r['gpus'] for r in line], [r['days'] for r in line], 'step model')
-            prediction_text.append(describe_prediction(gpu, models, bands, args.budget, rows))
+            prediction_text.append(describe_prediction(label, models, bands, args.budget, rows))
         elif len(fits) == len(phases):  # days against GPUs along the fitted model, for the plot
             n = np.geomspace(min(r['gpus'] for r in rows), max(r['gpus'] for r in rows), 50)
             curve = (n, sum(args.budget[ph] / fits[ph].img_per_sec(n) for ph in phases) / SECONDS_PER_DAY, 'fit')
-        tables.append((gpu, rows, curve, base))
+        tables.append((label, rows, curve, base))
         if models:
             continue
         extra = [r['gpus'] for r in rows if r['kind'] == 'predicted']
-        fit_lines += [describe_fit(gpu + (f' {ph}px' if ph else ''), fit, extra) for ph, fit in fits.items()]
+        fit_lines += [describe_fit(label + (f' {ph}px' if ph else ''), fit, extra) for ph, fit in fits.items()]
         refs = {r['gpus']: r for r in rows if r['kind'] == 'reference'}
         fit_lines += [
-            f'- {gpu} at {r["gpus"]} GPUs: predicted {r["img_per_sec"]:,.1f} img/s vs reference '
+            f'- {label} at {r["gpus"]} GPUs: predicted {r["img_per_sec"]:,.1f} img/s vs reference '
             f'{refs[r["gpus"]]["img_per_sec"]:,.1f} img/s '
             f'({r["img_per_sec"] / refs[r["gpus"]]["img_per_sec"] - 1:+.1%})'
             for r in rows
@@ -823,9 +836,10 @@ def main(args):
         ]
 
     budget_text = ' + '.join(f'{n:,} samples' + (f' at {ph}px' if ph else '') for ph, n in args.budget.items())
-    print(f'# SD2 training time and cost\n\nBudget: {budget_text}; ${args.price:.2f} per GPU-hour.\n')
-    for gpu, rows, _, base in tables:
-        print((f'## {gpu}\n\n' if len(tables) > 1 else '') + markdown_table(rows, gpu, base, phases) + '\n')
+    names = sorted({p.model for pts in groups.values() for p in pts if p.model}) or ['SD2']
+    print(f'# {", ".join(names)}: training time and cost\n\nBudget: {budget_text}; ${args.price:.2f} per GPU-hour.\n')
+    for label, rows, _, base in tables:
+        print((f'## {label}\n\n' if len(tables) > 1 else '') + markdown_table(rows, label, base, phases) + '\n')
     if prediction_text:
         print('\n'.join(prediction_text))
     if fit_lines:
@@ -839,7 +853,7 @@ def main(args):
         write_csv(args.csv, [(gpu, rows) for gpu, rows, _, _ in tables], phases)
         print(f'wrote {args.csv}', file=sys.stderr)
     if args.plot:
-        plot(args.plot, [(gpu, rows, curve) for gpu, rows, curve, _ in tables], args.budget)
+        plot(args.plot, [(label, rows, curve) for label, rows, curve, _ in tables], args.budget, names)
         print(f'wrote {args.plot}', file=sys.stderr)
     return tables
 

@@ -83,19 +83,33 @@ def clip_tokenizer_folder(folder: Path = TOKENIZER_CACHE) -> Path:
     return folder
 
 
+def caption_pad_ids(model_dir: Path) -> tuple[int, ...]:
+    """The padding id of each text encoder of a model folder, from its config's pad_token_id: 0 for OpenCLIP's
+    encoders (SD 2, SDXL's second), the end-of-text token for OpenAI's CLIP (SD 1.5, SDXL's first). Configs
+    exported from OpenAI's CLIP carry a meaningless pad_token_id (1): CLIP's own end-of-text is used then."""
+    pad_ids = []
+    for name in ('text_encoder', 'text_encoder_2'):
+        path = model_dir / name / 'config.json'
+        if path.is_file():
+            pad = json.loads(path.read_text()).get('pad_token_id')
+            pad_ids.append(pad if pad in (CLIP_PAD_ID, CLIP_END_ID) else CLIP_END_ID)
+    return tuple(pad_ids)
+
+
 class CaptionTokenizer:
     """Caption -> 77 CLIP token ids: <|startoftext|>, tokens, <|endoftext|> kept last when truncating, then padding.
 
-    Built-in: ids equal OpenAI/OpenCLIP's SimpleTokenizer, padded with 0 as SD2 (OpenCLIP) does. A folder
-    (`--tokenizer`) is loaded with AutoTokenizer and pads with its own pad token. Loads lazily, so that
-    each dataloader worker builds its own after the fork.
+    Built-in: ids equal OpenAI/OpenCLIP's SimpleTokenizer, padded with `pad_id` (default 0, as SD2's OpenCLIP
+    encoder was trained; see caption_pad_ids). A folder (`--tokenizer`) is loaded with AutoTokenizer and pads
+    with its own pad token. Loads lazily, so that each dataloader worker builds its own after the fork.
     """
 
-    def __init__(self, folder: str | None = None):
+    def __init__(self, folder: str | None = None, pad_id: int = CLIP_PAD_ID):
         if folder is not None and not Path(folder).is_dir():
             raise TokenizerError(f'--tokenizer {folder}: no such folder')
         self.folder = str(clip_tokenizer_folder()) if folder is None else folder
         self.builtin = folder is None
+        self.builtin_pad_id = pad_id
         self._encode = None
 
     def __getstate__(self) -> dict:
@@ -104,7 +118,7 @@ class CaptionTokenizer:
     def load(self) -> None:
         tokenizer = AutoTokenizer.from_pretrained(self.folder)
         pad = tokenizer.pad_token_id
-        self.pad_id = CLIP_PAD_ID if self.builtin or pad is None else pad
+        self.pad_id = self.builtin_pad_id if self.builtin or pad is None else pad
         if tokenizer.is_fast:  # the Rust tokenizer itself: half the time of the Python wrapper around it
             backend = tokenizer.backend_tokenizer
             backend.no_padding()

@@ -4,6 +4,8 @@ profiler, and the random state of a checkpoint resumed mid-epoch. benchmark.py r
 benchmarks/framework_overhead.py times it against a bare loop.
 """
 
+from pathlib import Path
+
 import torch
 from composer import Trainer
 from composer.algorithms import ChannelsLast, LowPrecisionGroupNorm, LowPrecisionLayerNorm
@@ -14,7 +16,14 @@ from composer.profiler import Profiler, cyclic_schedule
 from composer.utils import dist, reproducibility
 from torch.utils.data import DataLoader
 
-from config import LATENT_DOWNSAMPLE, SYNTHETIC_SAMPLES, ConfigError, RunConfig
+from config import (
+    LATENT_DOWNSAMPLE,
+    SYNTHETIC_SAMPLES,
+    ConfigError,
+    RunConfig,
+    caption_inputs,
+    pooled_text_width,
+)
 from data import (
     BadSampleCounter,
     DataError,
@@ -45,9 +54,15 @@ def build_dataloader(config: RunConfig, model: StableDiffusion) -> DataLoader:
             unet.cross_attention_dim,
             num_samples=SYNTHETIC_SAMPLES,
             seed=config.seed,
+            pooled_dim=pooled_text_width(unet),
         )
     else:
-        dataset = SyntheticImageCaptionDataset(config.image_size, num_samples=SYNTHETIC_SAMPLES, seed=config.seed)
+        dataset = SyntheticImageCaptionDataset(
+            config.image_size,
+            num_samples=SYNTHETIC_SAMPLES,
+            seed=config.seed,
+            inputs=caption_inputs(Path(config.model_dir)),
+        )
     # Composer's sampler gives each rank its own slice of every global batch.
     sampler = dist.get_sampler(dataset, shuffle=False, drop_last=True)
     return DataLoader(
@@ -79,6 +94,7 @@ def build_streaming_dataloader(config: RunConfig) -> DataLoader:
                 local=config.local,
                 image_size=config.image_size,
                 tokenizer=config.tokenizer,
+                inputs=caption_inputs(Path(config.model_dir)),
                 batch_size=config.device_batch_size,
                 shuffle=True,
                 seed=config.seed,
@@ -108,9 +124,7 @@ def mark_fsdp_units(model: StableDiffusion) -> None:
     unet = model.unet
     for block in (*unet.down_blocks, unet.mid_block, *unet.up_blocks):
         block._fsdp_wrap = True  # one unit per resolution block: full_shard gathers one block's weights at a time
-    for encoder in (model.vae, model.text_encoder):
-        if encoder is None:
-            continue
+    for encoder in model.frozen_encoders():
         # The frozen encoders stay whole on every GPU (1.7 GB in fp32): FSDP gathers weights only in forward(),
         # which encode() never calls, and their weights have no gradients or optimizer state to shard.
         encoder._fsdp_wrap = False

@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 import torch  # noqa: E402
 
 from benchmarks import profile_summary  # noqa: E402
+from config import PRESETS, SD2_BASE  # noqa: E402
 from results import load_results  # noqa: E402
 from results import mfu as results_mfu  # noqa: E402
 
@@ -94,8 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=int,
         nargs='+',
         default=None,
-        help='image sizes in pixels, run in this order (default: 512 256, the published size first; '
-        '64 for the tiny model)',
+        help='image sizes in pixels, run in this order (default for sd2-base: 512 256, the published size '
+        'first; for other models their preset size)',
     )
     parser.add_argument(
         '--modes',
@@ -164,7 +165,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.sizes is None:
-        args.sizes = [512, 256] if args.model_name != 'tiny' else [64]
+        preset = PRESETS.get(args.model_name, SD2_BASE)
+        args.sizes = [512, 256] if args.model_name == 'sd2-base' else [preset.image_size]
     for flag in ('microbatch', 'accumulation', 'batches', 'peak_tflops', 'time_limit'):
         value = getattr(args, flag)
         if value is not None and value <= 0:

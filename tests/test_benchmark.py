@@ -257,7 +257,7 @@ def test_sd2_flops_match_the_reference_figures():
     with torch.device('meta'):
         model = build_model('sd2-base')
     parts = model_module.count_forward_flops(
-        model.unet.config, model.vae.config, model.text_encoder.config, 512, 512, 77
+        model.unet.config, model.vae.config, [model.text_encoder.config], 512, 512, 77
     )
     # Published SD2 base figures: UNet 0.80, VAE encoder 1.12, text encoder 0.045 TFLOP forward;
     # 3.58 per training image.
@@ -394,10 +394,10 @@ def test_local_folder_loads_weights_when_present(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(loaded.unet.parameters(), trained.unet.parameters()))
     assert not all(torch.equal(a, b) for a, b in zip(random_init.unet.parameters(), trained.unet.parameters()))
     # The encoders load the same way, alone as precompute.py builds them.
-    assert model_module.build_encoders(tmp_path)[2] == []
+    assert model_module.build_encoders(tmp_path)[-1] == []
     trained.vae.save_pretrained(tmp_path / 'vae')
     trained.text_encoder.save_pretrained(tmp_path / 'text_encoder')
-    vae, text_encoder, loaded_names = model_module.build_encoders(tmp_path)
+    vae, text_encoder, _, loaded_names = model_module.build_encoders(tmp_path)
     assert loaded_names == ['vae', 'text_encoder']
     for part, trained_part in ((vae, trained.vae), (text_encoder, trained.text_encoder)):
         assert all(torch.equal(a, b) for a, b in zip(part.parameters(), trained_part.parameters()))

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -274,6 +275,51 @@ def test_a_server_that_dies_mid_run_ends_it_with_one_line(tmp_path, workers):
     assert not (tmp_path / 'r').exists() and not (tmp_path / 'rank0.json').exists()
 
 
+def run_probe_against_s3(tmp_path, endpoint, workers, env):
+    """two_rank_probe.py on 400 samples in 200 shards uploaded to the S3 server at `endpoint`: (run, seconds)."""
+    folder = Path(write_dataset(tmp_path / 'mds', good_samples(400), size_limit=1 << 12))
+    client = s3_client(endpoint)
+    for path in folder.iterdir():
+        client.upload_file(str(path), 'bucket', f'mds/{path.name}')
+    env = {**os.environ, 'S3_ENDPOINT_URL': endpoint, **S3_CREDENTIALS, 'PROBE_DIR': str(tmp_path), **env}
+    env.update({'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'})
+    flags = [*REAL_DATA, '--batch_size', '8', '--remote', 's3://bucket/mds', '--num_workers', workers]
+    start = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, str(REPO / 'tests' / 'two_rank_probe.py'), *flags, '--results_json', str(tmp_path / 'r')],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    return run, time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_a_server_that_hangs_mid_run_ends_it_within_about_a_minute(tmp_path):
+    """The same, through a proxy that stops passing bytes when the first batch arrives: the server still
+    accepts connections but never answers."""
+    server, endpoint = start_s3_server()
+    proxy = subprocess.Popen(
+        [sys.executable, str(REPO / 'tests' / 'hanging_proxy.py'), endpoint.rsplit(':', 1)[1]],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        proxied = f'http://127.0.0.1:{proxy.stdout.readline().strip()}'
+        s3_client(proxied).list_objects_v2(Bucket='bucket')  # passes bytes until told to hang
+        run, seconds = run_probe_against_s3(
+            tmp_path, proxied, '2', {'PROBE_KILL_PID': str(proxy.pid), 'PROBE_SIGNAL': 'SIGUSR1'}
+        )
+    finally:
+        proxy.kill()
+        server.kill()
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert 'error: s3://bucket/mds: reading shards failed: ' in run.stderr and 'timeout' in run.stderr.lower()
+    assert 'Traceback' not in run.stderr and seconds < 120, seconds
+    assert not (tmp_path / 'r').exists()
+
+
 # ----------------------------------------------------------------------------------------------- two jobs
 
 
@@ -314,16 +360,23 @@ def test_two_jobs_on_one_machine_both_run_to_the_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_killed_while_training_resumes_to_the_uninterrupted_weights(tmp_path):
+@pytest.mark.parametrize('when', ['training', 'writing a checkpoint'])
+def test_a_run_killed_while_training_resumes_to_the_uninterrupted_weights(tmp_path, when):
     """SIGKILL to a run on MDS data with 2 loader workers once its first checkpoint is on disk (it may be writing
-    the next one): the resumed run cleans the shared memory the dead one left, and ends bitwise where an
-    uninterrupted run does."""
+    the next one), or halfway through writing its second checkpoint: the resumed run sets aside the partial
+    file, cleans the shared memory the dead one left, and ends bitwise where an uninterrupted run does."""
     folder = write_dataset(tmp_path / 'mds', good_samples(96), size_limit=1 << 14)
     flags = [*REAL_DATA, '--local', folder, '--num_workers', '2', '--max_duration', '1ep']  # 24 batches
 
-    def probe(name, *extra):
+    def probe(name, *extra, env=None):
         (tmp_path / name).mkdir()
-        env = {**os.environ, 'PROBE_DIR': str(tmp_path / name), 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
+        env = {
+            **os.environ,
+            'PROBE_DIR': str(tmp_path / name),
+            'HF_HUB_OFFLINE': '1',
+            'WANDB_MODE': 'offline',
+            **(env or {}),
+        }
         command = [sys.executable, str(REPO / 'tests' / 'two_rank_probe.py'), *flags, *extra]
         with open(tmp_path / name / 'output.log', 'w') as log:  # a file: a pipe left unread would fill and block
             return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -334,26 +387,32 @@ def test_a_run_killed_while_training_resumes_to_the_uninterrupted_weights(tmp_pa
     straight = probe('straight')
     assert straight.wait(timeout=300) == 0, output('straight')
     checkpoints = ['--save_folder', str(tmp_path / 'ckpt'), '--save_interval', '2ba', '--run_name', 'killed']
-    killed = probe('killed', *checkpoints)
-    deadline = time.monotonic() + 120
-    while not (tmp_path / 'ckpt' / 'latest-rank0.pt').exists():
-        assert killed.poll() is None and time.monotonic() < deadline, 'no checkpoint was written'
-        time.sleep(0.05)
-    killed.kill()  # SIGKILL: no cleanup of any kind
-    killed.wait(timeout=60)
+    if when == 'training':
+        killed = probe('killed', *checkpoints)
+        deadline = time.monotonic() + 120
+        while not (tmp_path / 'ckpt' / 'latest-rank0.pt').exists():
+            assert killed.poll() is None and time.monotonic() < deadline, 'no checkpoint was written'
+            time.sleep(0.05)
+        killed.kill()  # SIGKILL: no cleanup of any kind
+    else:  # the process kills itself halfway through the file of batch 4
+        killed = probe('killed', *checkpoints, env={'PROBE_KILL_IN_CHECKPOINT': '2'})
+    assert killed.wait(timeout=300) == -signal.SIGKILL, output('killed')
     resumed = probe('resumed', *checkpoints, '--autoresume')
     assert resumed.wait(timeout=300) == 0, output('resumed')
     first, last = (json.loads((tmp_path / name / 'rank0.json').read_text()) for name in ('straight', 'resumed'))
     assert resumed.returncode == 0 and last['first_batch'] >= 2
+    if when == 'writing a checkpoint':  # resumed from batch 2's, the last complete one
+        assert last['first_batch'] == 2
+        assert 'ep0-ba4-rank0.pt: an incomplete checkpoint' in (tmp_path / 'resumed' / 'output.log').read_text()
     assert last['batches'] == first['batches'][last['first_batch'] :]
     assert last['unet'] == first['unet']  # a digest of every UNet weight
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('workers', ['0', '2'])
-def test_shards_deleted_mid_run_end_it_with_one_line(tmp_path, workers):
+@pytest.mark.parametrize('workers, damage', [('0', 'DELETE'), ('2', 'DELETE'), ('2', 'TRUNCATE')])
+def test_shards_deleted_or_cut_short_mid_run_end_it_with_one_line(tmp_path, workers, damage):
     folder = write_dataset(tmp_path / 'mds', good_samples(96), size_limit=1 << 12)
-    env = {**os.environ, 'PROBE_DIR': str(tmp_path), 'PROBE_DELETE': f'{folder}/shard.*.mds'}
+    env = {**os.environ, 'PROBE_DIR': str(tmp_path), f'PROBE_{damage}': f'{folder}/shard.*.mds'}
     env.update({'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'})
     flags = [*REAL_DATA, '--local', folder, '--num_workers', workers, '--results_json', str(tmp_path / 'r')]
     start = time.monotonic()
@@ -365,8 +424,8 @@ def test_shards_deleted_mid_run_end_it_with_one_line(tmp_path, workers):
         timeout=300,
     )
     assert run.returncode == 1, run.stderr[-3000:]
-    assert re.search(
-        rf'error: {folder}: shard shard\.\d+\.mds is gone or unreadable; it was whole at start', run.stderr
-    )
+    gone = r'shard shard\.\d+\.mds is gone or unreadable; it was whole at start'
+    cut_short = r'reading shard shard\.\d+\.mds \(row \d+\) failed: IndexError: .* is not present in the'
+    assert re.search(rf'error: {folder}: ({gone if damage == "DELETE" else cut_short})', run.stderr), run.stderr[-2000:]
     assert 'Traceback' not in run.stderr and time.monotonic() - start < 120
     assert not (tmp_path / 'r').exists()

@@ -110,3 +110,17 @@ def test_sd2_base_trains_two_batches_at_256px(tmp_path):
     assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
     # At 256px: 3 x UNet forward 0.18 + VAE encoder 0.27 + text encoder 0.045 TFLOP.
     assert results['flops_per_image'] == pytest.approx(0.855e12, rel=0.02)
+
+
+@pytest.mark.parametrize('name', ['sd1.5', 'sd2-768-v', 'sdxl-base'])
+def test_other_models_train_two_batches_at_256px(tmp_path, name):
+    """Each built-in model, at full size, on the GPU in bf16: SDXL's two encoders, pooled embedding and size
+    conditioning, v-prediction, OpenAI CLIP's quick_gelu."""
+    flags = ['--model_name', name, '--use_synth_data', '--image_size', '256', '--batch_size', '2']
+    results, losses, model = train(tmp_path, *flags, '--device_train_microbatch_size', '1', '--max_duration', '2ba')
+    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+    assert {p.device.type for p in model.parameters()} == {'cuda'}
+    assert results['model_name'] == name and results['trained_parameters'] == sum(
+        p.numel() for p in model.unet.parameters()
+    )
+    assert results['peak_gpu_memory_gb'] > 0

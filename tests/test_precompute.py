@@ -15,27 +15,31 @@ from torch.utils.data import default_collate
 
 import precompute
 from benchmark import main
-from config import CONFIGS_DIR, ConfigError, parse_args, resolve_config
+from config import CONFIGS_DIR, ConfigError, caption_inputs, parse_args, resolve_config
 from convert import ensure_sample_dataset
 from data import PrecomputedLatentsDataset, StreamingLAIONDataset, SyntheticImageCaptionDataset
-from model import StableDiffusion, build_encoders, build_model, count_forward_flops
+from images import unit_range
+from model import StableDiffusion, build_encoders, build_model, count_forward_flops, encode_text
 from tokenizer import CaptionTokenizer
 
 SOURCE_SAMPLES = 40  # the generated dataset breaks samples 13 and 26 (an empty download, an HTML page)
 
 
-def online_and_precomputed_models():
-    """The tiny model, and a model of the same UNet weights without VAE or text encoder."""
+TINY_TWINS = ['tiny', 'tiny-sd1.5', 'tiny-sd2-768-v', 'tiny-sdxl-base']
+
+
+def online_and_precomputed_models(model_name='tiny'):
+    """A tiny model, and a model of the same UNet weights without VAE or text encoders."""
     reproducibility.seed_all(0)
-    online = build_model('tiny')
+    online = build_model(model_name)
     without_encoders = StableDiffusion(
         copy.deepcopy(online.unet), None, None, online.noise_scheduler, online.latent_scale
     )
     return online, without_encoders
 
 
-def fixed_batch(n=4, image_size=64):
-    dataset = SyntheticImageCaptionDataset(image_size)
+def fixed_batch(n=4, image_size=64, model_name='tiny'):
+    dataset = SyntheticImageCaptionDataset(image_size, inputs=caption_inputs(CONFIGS_DIR / model_name))
     batch = default_collate([dataset[i] for i in range(n)])
     generator = torch.Generator().manual_seed(1)
     latent_shape = (n, 4, image_size // 8, image_size // 8)
@@ -48,19 +52,18 @@ def fixed_batch(n=4, image_size=64):
 
 
 def precomputed_from(online, batch, dtype=torch.float16):
-    mean, logvar, text_embedding = precompute.encode(online.vae, online.text_encoder, batch, torch.device('cpu'))
-    if dtype != torch.float16:  # the same values before fp16 storage rounds them
+    text_encoders = (online.text_encoder, online.text_encoder_2)
+    if dtype == torch.float16:  # as precompute.py stores them
+        columns = precompute.encode(online.vae, text_encoders, batch, torch.device('cpu'))
+        columns = {name: torch.from_numpy(array) for name, array in columns.items()}
+    else:  # the same values before fp16 storage rounds them
         with torch.no_grad():
-            dist = online.vae.encode(batch['image']).latent_dist
-            mean, logvar = dist.mean, dist.logvar
-            text_embedding = online.text_encoder(batch['input_ids'])[0]
+            dist = online.vae.encode(unit_range(batch['image'])).latent_dist
+            columns = {'latent_mean': dist.mean, 'latent_logvar': dist.logvar, **encode_text(*text_encoders, batch)}
+        if 'time_ids' in batch:
+            columns['time_ids'] = batch['time_ids']
     keep = ('noise', 'latent_noise', 'timesteps')
-    return {
-        'latent_mean': mean,
-        'latent_logvar': logvar,
-        'text_embedding': text_embedding,
-        **{key: batch[key] for key in keep},
-    }
+    return {**columns, **{key: batch[key] for key in keep}}
 
 
 def step(model, batch):
@@ -71,9 +74,10 @@ def step(model, batch):
     return outputs[0].detach(), loss.detach(), [p.grad.clone() for p in model.unet.parameters()]
 
 
-def test_precomputed_step_equals_the_online_step():
-    online, without_encoders = online_and_precomputed_models()
-    batch = fixed_batch()
+@pytest.mark.parametrize('model_name', TINY_TWINS)
+def test_precomputed_step_equals_the_online_step(model_name):
+    online, without_encoders = online_and_precomputed_models(model_name)
+    batch = fixed_batch(model_name=model_name)
     prediction, loss, gradients = step(online, batch)
     # Unrounded encoder outputs: the same step up to float reassociation.
     exact = step(without_encoders, precomputed_from(online, batch, torch.float32))
@@ -91,8 +95,12 @@ def test_precomputed_step_equals_the_online_step():
     assert cosine > 0.999
     # Nothing but the UNet in the precomputed model, and its FLOPs are the UNet's forward and backward.
     assert sum(p.numel() for p in without_encoders.parameters()) == sum(p.numel() for p in online.unet.parameters())
-    unet_forward = count_forward_flops(online.unet.config, online.vae.config, online.text_encoder.config, 64, 64, 77)
+    text_configs = [encoder.config for encoder in online.frozen_encoders()[1:]]
+    unet_forward = count_forward_flops(online.unet.config, online.vae.config, text_configs, 64, 64, 77)
     assert without_encoders.flops_per_batch(stored) == 4 * 3 * unet_forward['unet']
+    assert online.flops_per_batch(batch) == 4 * (
+        3 * unet_forward['unet'] + sum(unet_forward.values()) - unet_forward['unet']
+    )
     assert online.flops_per_batch(batch) > without_encoders.flops_per_batch(stored)
 
 
@@ -131,7 +139,7 @@ def test_precompute_writes_aligned_samples_resumes_and_trains(source, tmp_path, 
     assert len(stored) == 38
     # Sample k of the output is the k-th good source sample, encoded by the tiny model's encoders.
     reproducibility.seed_all(17)  # precompute.py's --seed default
-    vae, text_encoder, loaded = build_encoders(CONFIGS_DIR / 'tiny')
+    vae, text_encoder, _, loaded = build_encoders(CONFIGS_DIR / 'tiny')
     assert loaded == [] and 'weights loaded for nothing, random init for the rest' in capfd.readouterr().out
     images = StreamingLAIONDataset(local=str(source), image_size=32, shuffle=False, keep_caption=True)
     good = [images[i] for i in range(SOURCE_SAMPLES) if not images[i]['bad_samples']]
@@ -139,10 +147,11 @@ def test_precompute_writes_aligned_samples_resumes_and_trains(source, tmp_path, 
     reader = PrecomputedLatentsDataset(local=str(out), shuffle=False, batch_size=1)
     for k in (0, 13, 37):
         batch = default_collate([good[k]])
-        mean, logvar, text_embedding = precompute.encode(vae, text_encoder, batch, torch.device('cpu'))
+        encoded = precompute.encode(vae, (text_encoder, None), batch, torch.device('cpu'))
+        assert sorted(encoded) == ['latent_logvar', 'latent_mean', 'text_embedding']
         # Encoded in batches of 16 there, of 1 here: equal up to fp16 rounding of reassociated sums.
-        for name, expected in (('latent_mean', mean), ('latent_logvar', logvar), ('text_embedding', text_embedding)):
-            torch.testing.assert_close(stored[k][name], expected[0], rtol=2e-3, atol=2e-3)
+        for name, expected in encoded.items():
+            torch.testing.assert_close(stored[k][name], torch.from_numpy(expected[0]), rtol=2e-3, atol=2e-3)
         assert StreamingDataset.get_item(reader, k)['caption'] == good[k]['caption']  # the raw row
     assert torch.equal(CaptionTokenizer()(good[5]['caption']), good[5]['input_ids'])
 
@@ -258,7 +267,7 @@ def test_synthetic_precomputed_run_counts_unet_flops_only(tmp_path):
     summary = json.loads(results.read_text())
     reproducibility.seed_all(0)
     online = build_model('tiny')
-    unet_forward = count_forward_flops(online.unet.config, online.vae.config, online.text_encoder.config, 64, 64, 77)
+    unet_forward = count_forward_flops(online.unet.config, online.vae.config, [online.text_encoder.config], 64, 64, 77)
     assert summary['flops_per_image'] == 3 * unet_forward['unet']
     assert summary['img_per_sec'] > 0
 
@@ -372,5 +381,6 @@ def test_encoders_bf16_keeps_encoders_in_bf16_and_trains():
     )
     assert {p.dtype for p in model.unet.parameters()} == {torch.float32}
     batch = fixed_batch(2, 32)
-    latents, text_embeddings = model.encode(batch)
-    assert latents.dtype == text_embeddings.dtype == torch.float32 and torch.isfinite(latents).all()
+    latents, conditioning = model.encode(batch)
+    assert latents.dtype == conditioning['encoder_hidden_states'].dtype == torch.float32
+    assert torch.isfinite(latents).all()

@@ -13,7 +13,7 @@ from conftest import TINY, good_samples, run_cli, write_dataset
 import generate
 from benchmark import main
 from benchmarks import learning_curve
-from config import ConfigError, parse_args, resolve_config
+from config import ConfigError, caption_inputs, parse_args, resolve_config
 from evaluation import (
     ValidationLoss,
     ValidationSplit,
@@ -202,11 +202,29 @@ def test_gradient_clipping_bounds_the_gradient_norm():
 # ------------------------------------------------------------------------------------ export, generate
 
 
-def test_the_exported_tokenizer_gives_the_training_ids():
-    exported, trained = pipeline_tokenizer(), CaptionTokenizer()
+@pytest.mark.parametrize('pad_id', [0, 49407])  # OpenCLIP's (SD 2), OpenAI CLIP's (SD 1.5)
+def test_the_exported_tokenizer_gives_the_training_ids(pad_id):
+    exported, trained = pipeline_tokenizer(pad_id=pad_id), CaptionTokenizer(pad_id=pad_id)
     for prompt in ('A  Red Circle on a BLUE background', 'a cat, on the mat.', ' x' * 100):
         ids = exported(prompt, padding='max_length', max_length=77, truncation=True).input_ids
         assert ids == trained(prompt).tolist()
+    assert exported('a cat', padding='max_length', max_length=77).input_ids[-1] == pad_id
+
+
+@torch.no_grad()
+def test_validation_loss_of_the_other_models(split):
+    """Each twin's split carries what its model takes (SDXL: both caption columns and the size), and the same
+    weights give the same loss for any batching."""
+    for name in ('tiny-sd1.5', 'tiny-sd2-768-v', 'tiny-sdxl-base'):
+        torch.manual_seed(0)
+        model = build_model(name).eval()
+        dataset = ValidationSplit(split, (4, 4, 4), 32, inputs=caption_inputs(model.model_dir))
+        if name == 'tiny-sdxl-base':
+            assert dataset[0]['input_ids_2'][-1] == 0 and dataset[0]['time_ids'].tolist() == [64, 80, 0, 4, 32, 32]
+        whole = mean_loss(model, dataset, [range(7)])
+        assert mean_loss(model, dataset, [[i] for i in range(7)]) == pytest.approx(whole, rel=1e-6)
+    with pytest.raises(ConfigError, match="--export_pipeline: sample images and pipeline exports use Diffusers'"):
+        resolve_config(parse_args([*SMALL[:1], 'tiny-sdxl-base', *SMALL[2:], '--export_pipeline', '/tmp/x']))
 
 
 @pytest.mark.parametrize(

@@ -356,7 +356,7 @@ def test_bad_combinations(tmp_path):
         run_report(tmp_path, ['--throughput', '8=128.2', '256:16=400'])
     a = results_file(tmp_path / 'a.json', model_name='sd2-base')
     b = results_file(tmp_path / 'b.json', model_name='tiny')
-    with pytest.raises(report.ReportError, match='results mix models'):
+    with pytest.raises(report.ReportError, match='results mix models .* or pass --per_model'):
         run_report(tmp_path, [a, b])
 
 
@@ -372,7 +372,7 @@ def test_results_of_the_tiny_model_or_precomputed_latents_say_what_they_measured
     run_report(tmp_path, [precomputed, '--throughput', '16=230'])  # hand-given figures mix with either
     assert 'measured from precomputed latents' in capsys.readouterr().out
     run_report(tmp_path, [tiny, '--samples', '64=1000'])
-    assert "measured on the 'tiny' smoke-test model, not SD2 base" in capsys.readouterr().out
+    assert "measured on the 'tiny' smoke-test model, not a real one" in capsys.readouterr().out
 
 
 def test_mixed_gpu_types(tmp_path, capsys):
@@ -482,3 +482,15 @@ def test_bad_prediction_inputs(tmp_path):
     tiny = results_file(tmp_path / 'tiny.json', model_name='tiny', config={'batch_size': 8})
     with pytest.raises(report.ReportError, match="no 'trained_parameters'"):
         run_report(tmp_path, [tiny, '--predict', '16'])
+
+
+def test_models_side_by_side(tmp_path, capsys):
+    sd2 = results_file(tmp_path / 'sd2.json', model_name='sd2-base')
+    xl = results_file(tmp_path / 'xl.json', model_name='sdxl-base', img_per_sec=30.0, image_size=1024)
+    tables = run_report(tmp_path, [sd2, xl, '--per_model', '--samples', '1000000'])
+    assert [label for label, *_ in tables] == ['H100 sd2-base', 'H100 sdxl-base']
+    days = {label: rows[0]['days'] for label, rows, *_ in tables}
+    assert days['H100 sdxl-base'] == pytest.approx(4 * days['H100 sd2-base'])  # a quarter of the throughput
+    out = capsys.readouterr().out
+    assert out.startswith('# sd2-base, sdxl-base: training time and cost')
+    assert '## H100 sd2-base' in out and '## H100 sdxl-base' in out

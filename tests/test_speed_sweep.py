@@ -122,3 +122,10 @@ def test_speed_sweep_compares_the_fastest_512px_rows_with_the_goal():
     # With the peak given, MFU comes from the FLOP rate: 170 x 2.41 TFLOP/s of 989 is 41.4%, over the 40% goal.
     assert 'MFU 41.4% against the goal of 40%: met' in speed_sweep.against_goal(rows, peak_tflops=989)[1]
     assert speed_sweep.against_goal([row('online', 'baseline', 40.0, 0.145, size=256)], None) == []
+
+
+def test_default_sizes_follow_the_model():
+    assert speed_sweep.parse_args(['--model_name', 'sd2-base']).sizes == [512, 256]  # the published size first
+    assert speed_sweep.parse_args(['--model_name', 'sdxl-base']).sizes == [1024]
+    assert speed_sweep.parse_args(['--model_name', 'tiny-sdxl-base']).sizes == [64]
+    assert speed_sweep.parse_args(['--model_name', 'tiny-sd2-768-v', '--sizes', '32']).sizes == [32]

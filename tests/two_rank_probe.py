@@ -8,13 +8,17 @@ digest of its final UNet weights, and its FSDP units; and $PROBE_DIR/rank{N}.pt:
 $PROBE_FAIL_RANK makes that rank raise at its second batch (or the one after $PROBE_FAIL_AFTER batches), to test
 that a failure ends the job or to crash it after a checkpoint.
 $PROBE_CPU_FSDP runs --fsdp on CPU (see cpu_fsdp). When rank 0's first batch arrives, $PROBE_KILL_PID is killed
-(SIGKILL: a server that dies mid-run) and the files $PROBE_DELETE (a glob) names are deleted (shards gone mid-run).
+(SIGKILL: a server that dies mid-run; or sent $PROBE_SIGNAL) and the files $PROBE_DELETE (a glob) names are
+deleted (shards gone mid-run), those $PROBE_TRUNCATE names cut to half their size. $PROBE_KILL_IN_CHECKPOINT=N
+kills the process while it writes its N-th checkpoint.
 """
 
 import argparse
 import dataclasses
 import glob
 import hashlib
+import io
+import itertools
 import json
 import os
 import signal
@@ -49,9 +53,11 @@ class Probe(Callback):
             self.first_batch = int(state.timestamp.batch)
         if dist.get_global_rank() == 0 and not self.batches:
             if os.environ.get('PROBE_KILL_PID'):
-                os.kill(int(os.environ['PROBE_KILL_PID']), signal.SIGKILL)
+                os.kill(int(os.environ['PROBE_KILL_PID']), getattr(signal, os.environ.get('PROBE_SIGNAL', 'SIGKILL')))
             for path in glob.glob(os.environ.get('PROBE_DELETE', '')):
                 os.unlink(path)
+            for path in glob.glob(os.environ.get('PROBE_TRUNCATE', '')):
+                os.truncate(path, os.path.getsize(path) // 2)
         fail_after = int(os.environ.get('PROBE_FAIL_AFTER', '1'))
         if os.environ.get('PROBE_FAIL_RANK') == str(dist.get_global_rank()) and len(self.batches) == fail_after:
             raise RuntimeError('probe: simulated failure on this rank')
@@ -85,6 +91,27 @@ def cpu_fsdp() -> None:
     benchmark.resolve_config = resolve_on_cpu
 
 
+def kill_while_writing_checkpoint(number: int) -> None:
+    """Composer's checkpoint writer, made to SIGKILL its own process halfway through writing checkpoint `number`:
+    the folder as a kill at that moment leaves it (the file cut short, no link moved, no cleanup)."""
+    from composer.utils import checkpoint
+
+    write, calls = checkpoint._write_checkpoint_file, itertools.count(1)
+
+    def write_then_die(state_dict, filename):
+        if next(calls) < number:
+            return write(state_dict, filename)
+        buffer = io.BytesIO()
+        torch.save(state_dict, buffer)
+        with open(filename, 'wb') as file:
+            file.write(buffer.getbuffer()[: buffer.tell() // 2])
+            file.flush()
+            os.fsync(file.fileno())
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    checkpoint._write_checkpoint_file = write_then_die
+
+
 def full_weights(unet) -> dict[str, torch.Tensor]:
     """The UNet's full weights on every rank (gathered under FSDP: a collective, so every rank calls it)."""
     state = get_model_state_dict(unet, options=StateDictOptions(full_state_dict=True))
@@ -94,6 +121,8 @@ def full_weights(unet) -> dict[str, torch.Tensor]:
 if __name__ == '__main__':
     if os.environ.get('PROBE_CPU_FSDP'):
         cpu_fsdp()
+    if os.environ.get('PROBE_KILL_IN_CHECKPOINT'):
+        kill_while_writing_checkpoint(int(os.environ['PROBE_KILL_IN_CHECKPOINT']))
     probe = Probe()
     trainer = benchmark.cli(callbacks=(probe,))
     model = trainer.state.model.module if hasattr(trainer.state.model, 'module') else trainer.state.model
