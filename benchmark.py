@@ -28,6 +28,8 @@ from checkpoints import set_aside_incomplete
 from config import ConfigError, RunConfig, parse_args, resolve_config
 from data import DataError, clean_stale_shared_memory
 from ema import export_ema_unet
+from evaluation import ValidationReport
+from export import export_pipeline
 from model import StableDiffusion, build_model
 from results import Results, cpu_name, mfu, package_versions, peak_flops
 from stack import check_stack
@@ -73,6 +75,8 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
                 announce(f'warning: {change}')
         dist.barrier()  # every rank resumes from the folder as rank 0 left it
     trainer = build_trainer(config, model, build_dataloader(config, model), callbacks)
+    if trainer.state.evaluators:
+        trainer.eval()  # the start of the learning curve, and the untrained model's samples
     trainer.fit()
     check_finished(trainer, config)
     if dist.get_global_rank() == 0:
@@ -88,6 +92,9 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
     if config.export_ema_unet:
         export_ema_unet(trainer, config.export_ema_unet)
         announce(f'EMA UNet saved to {config.export_ema_unet}')
+    if config.export_pipeline:
+        export_pipeline(trainer, config.export_pipeline, config.sample_scheduler, config.tokenizer)
+        announce(f'pipeline saved to {config.export_pipeline} (StableDiffusionPipeline.from_pretrained loads it)')
     return trainer
 
 
@@ -152,10 +159,27 @@ def summarize(trainer: Trainer, config: RunConfig) -> Results:
         world_size=config.world_size,
         image_size=config.image_size,
         model_name=config.model_name,
+        **validation_results(logged, trainer),
         config=config.as_dict(),
         versions=package_versions(),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
     )
+
+
+def validation_results(logged: dict, trainer: Trainer) -> dict:
+    """The validation losses (final, and against samples seen) and the seconds evaluation took beside training's."""
+    fields = {}
+    for weights, suffix in (('', ''), ('_ema', '_ema')):
+        curve = [[int(ts.sample), float(v)] for ts, v in logged.get(f'metrics/val{weights}/ValidationLoss', [])]
+        if curve:
+            fields[f'val_loss{suffix}'] = curve[-1][1]
+            fields[f'val_loss{suffix}_curve'] = curve
+    report = next((cb for cb in trainer.state.callbacks if isinstance(cb, ValidationReport)), None)
+    if report is not None:
+        fields['train_seconds'] = trainer.state.timestamp.total_wct.total_seconds()
+        fields['eval_seconds'] = report.seconds.get('validation', 0.0)
+        fields['sample_seconds'] = report.seconds.get('samples', 0.0)
+    return fields
 
 
 def print_summary(results: Results) -> None:
@@ -171,6 +195,19 @@ def print_summary(results: Results) -> None:
     if results.mfu:
         line += f', MFU {100 * results.mfu:.1f}%'
     print(line + f'; median of {results.throughput_windows} rolling windows', flush=True)
+    if results.val_loss_curve:
+        line = f'validation loss: {results.val_loss_curve[0][1]:.5f} at the start, {results.val_loss:.5f} at the end'
+        if results.val_loss_ema is not None:
+            line += f' ({results.val_loss_ema:.5f} with the EMA weights)'
+        print(line, flush=True)
+    if results.train_seconds:
+        evaluated = results.eval_seconds + results.sample_seconds
+        print(
+            f'evaluation: {evaluated:.1f} s ({results.eval_seconds:.1f} s validation, {results.sample_seconds:.1f} s '
+            f'samples), {100 * evaluated / (evaluated + results.train_seconds):.1f}% of the run; outside the '
+            'throughput windows',
+            flush=True,
+        )
     if results.bad_samples:
         print(
             f'data: {results.bad_samples} bad sample(s) read and replaced by the next good ones '

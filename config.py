@@ -10,6 +10,8 @@ import argparse
 import dataclasses
 import json
 import os
+import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +19,17 @@ import torch
 from composer.core import Time, TimeUnit
 from composer.utils import dist
 
-from convert import SAMPLE_DATASET, SAMPLE_SIZE, ensure_sample_dataset
+from convert import (
+    SAMPLE_DATASET,
+    SAMPLE_SIZE,
+    SAMPLE_VALIDATION_DATASET,
+    SAMPLE_VALIDATION_SEED,
+    SAMPLE_VALIDATION_SIZE,
+    ensure_sample_dataset,
+)
 from data import CaptionInputs, DataError, DatasetDescription, describe_dataset
 from ema import EMA
+from evaluation import SAMPLE_PROMPTS
 from tokenizer import CaptionTokenizer, caption_pad_ids
 
 CONFIGS_DIR = Path(__file__).resolve().parent / 'configs'
@@ -127,6 +137,21 @@ class RunConfig:
     wandb_project: str | None
     results_json: str | None
     profile: str | None
+    # does it learn: validation loss, sample images, pipeline export (evaluation.py, export.py)
+    eval_local: str | None  # the held-out split's folder (the sample dataset's own split by default on it)
+    eval_remote: str | None
+    eval_interval: str | None  # a Composer time string; None: no validation
+    sample_interval: str | None  # None: no sample images
+    sample_dir: str | None
+    sample_prompts: tuple[str, ...]
+    sample_scheduler: str
+    sample_steps: int
+    guidance_scale: float
+    export_pipeline: str | None
+    # stability options (stability.py), off by default
+    grad_clip_norm: float | None
+    lr_warmup: str | None
+    caption_dropout: float
     # what resolving chose on the user's behalf, printed at start
     notes: tuple[str, ...] = ()
 
@@ -305,7 +330,61 @@ def parse_args(argv=None) -> argparse.Namespace:
         'Chrome trace per rank; benchmarks/profile_summary.py says where its time went. The profiled '
         'batch runs slower: measure throughput without it',
     )
+    add_quality_flags(parser)
     return parser.parse_args(argv)
+
+
+def add_quality_flags(parser: argparse.ArgumentParser) -> None:
+    """Does it learn (docs/quality.md): validation, samples, export; and the options that keep long runs stable."""
+    quality = parser.add_argument_group(
+        'validation and samples (time outside the throughput windows: Composer stops its training clock)'
+    )
+    quality.add_argument(
+        '--eval_local', default=None, metavar='DIR', help='a held-out MDS split for the validation loss'
+    )
+    quality.add_argument(
+        '--eval_remote', default=None, metavar='URL', help='a held-out MDS split to copy from a remote (s3://...)'
+    )
+    quality.add_argument(
+        '--eval_interval',
+        default=None,
+        help="validation loss every this Composer time string ('100ba', '1ep'), at the start and at the end; "
+        '0: never. On the sample dataset it validates on its held-out split. Default: at the start and end '
+        'with --eval_local/--eval_remote, never otherwise (it costs time, though never measured throughput)',
+    )
+    quality.add_argument(
+        '--sample_interval',
+        default=None,
+        help='a grid of sample images every this time string, at the start and at the end (default: never)',
+    )
+    quality.add_argument(
+        '--sample_dir', default=None, metavar='DIR', help='where sample grids go (default: results/samples/RUN)'
+    )
+    quality.add_argument(
+        '--sample_prompts', default=None, metavar='FILE', help='prompts for the grid, one a line (default: 4 built in)'
+    )
+    quality.add_argument('--sample_scheduler', choices=['ddim', 'euler'], default='ddim', help='sampler (%(default)s)')
+    quality.add_argument('--sample_steps', type=int, default=25, help='sampling steps (default: %(default)s)')
+    quality.add_argument(
+        '--guidance_scale', type=float, default=7.5, help='classifier-free guidance scale (default: %(default)s)'
+    )
+    quality.add_argument(
+        '--export_pipeline',
+        default=None,
+        metavar='DIR',
+        help='after training, save a Diffusers StableDiffusionPipeline folder here (the EMA UNet with --use_ema)',
+    )
+    stability = parser.add_argument_group('stability (off by default: the published run has none)')
+    stability.add_argument('--grad_clip_norm', type=float, default=None, help='clip the gradient norm to this')
+    stability.add_argument(
+        '--lr_warmup', default=None, help="linear learning-rate warmup from 0 over this time string (e.g. '1000ba')"
+    )
+    stability.add_argument(
+        '--caption_dropout',
+        type=float,
+        default=0.0,
+        help='train on the empty caption with this probability, for classifier-free guidance (default: 0)',
+    )
 
 
 # ------------------------------------------------------------------------------------------ resolve
@@ -322,6 +401,7 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     check_outputs(draft)
     check_duration(draft)
     check_data(draft)
+    check_quality(draft)
     draft.notes = tuple(draft.notes)
     return RunConfig(**vars(draft))
 
@@ -607,6 +687,97 @@ def check_precomputed_shapes(draft: argparse.Namespace, dataset: DatasetDescript
             f'{height * LATENT_DOWNSAMPLE}px, which is what this run trains at'
         )
         draft.image_size = height * LATENT_DOWNSAMPLE
+
+
+def check_quality(draft: argparse.Namespace) -> None:
+    """Validation, samples, export and the stability options (docs/quality.md)."""
+    check_validation_split(draft)
+    draft.sample_interval = parse_interval('--sample_interval', draft.sample_interval)
+    needs_encoders = [flag for flag in ('sample_interval', 'export_pipeline') if getattr(draft, flag)]
+    if needs_encoders and (Path(draft.model_dir) / 'text_encoder_2').is_dir():
+        raise ConfigError(
+            f"--{needs_encoders[0]}: sample images and pipeline exports use Diffusers' StableDiffusionPipeline, "
+            f'which takes one text encoder; {draft.model_name} (SDXL) has two. The validation loss '
+            '(--eval_interval) works for every model'
+        )
+    if draft.precomputed_latents and (needs_encoders or draft.caption_dropout):
+        flag = f'--{needs_encoders[0]}' if needs_encoders else '--caption_dropout'
+        raise ConfigError(
+            f'{flag}: with --precomputed_latents the model has no VAE or text encoder (and the data holds text '
+            'embeddings, not captions): train on images and captions for it'
+        )
+    if draft.sample_steps <= 0:
+        raise ConfigError(f'--sample_steps {draft.sample_steps}: must be positive')
+    if not draft.guidance_scale >= 0:
+        raise ConfigError(f'--guidance_scale {draft.guidance_scale}: must be 0 or more (1 or less: no guidance)')
+    if draft.sample_prompts is None:
+        draft.sample_prompts = SAMPLE_PROMPTS
+    else:
+        path = Path(draft.sample_prompts)
+        if not path.is_file():
+            raise ConfigError(f'--sample_prompts {draft.sample_prompts}: no such file (one prompt a line)')
+        draft.sample_prompts = tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
+        if not draft.sample_prompts:
+            raise ConfigError(f'--sample_prompts {path}: holds no prompt (one prompt a line)')
+    if draft.sample_dir is None and draft.sample_interval:
+        draft.sample_dir = str(Path('results', 'samples', draft.run_name or time.strftime('%Y%m%d-%H%M%S')))
+    if draft.sample_dir and Path(draft.sample_dir).is_file():
+        raise ConfigError(f'--sample_dir {draft.sample_dir}: is a file; give a folder')
+    if draft.export_pipeline:
+        refuse_used_output_folder('--export_pipeline', draft.export_pipeline, 'an export never overwrites weights')
+    if draft.grad_clip_norm is not None and not 0 < draft.grad_clip_norm < float('inf'):
+        raise ConfigError(f'--grad_clip_norm {draft.grad_clip_norm}: must be a positive number')
+    if draft.lr_warmup is not None:
+        parse_time('--lr_warmup', draft.lr_warmup)
+    if not 0 <= draft.caption_dropout < 1:
+        raise ConfigError(f'--caption_dropout {draft.caption_dropout}: a probability, at least 0 and below 1')
+
+
+def check_validation_split(draft: argparse.Namespace) -> None:
+    """The held-out split: --eval_local/--eval_remote, or with the sample dataset its own held-out split; and
+    when the validation loss runs (see --eval_interval)."""
+    if draft.eval_local and draft.eval_remote:
+        raise ConfigError('--eval_local and --eval_remote: give one (a folder, or a remote copied whole)')
+    if draft.eval_remote and not urllib.parse.urlparse(draft.eval_remote).scheme:
+        draft.eval_local, draft.eval_remote = draft.eval_remote, None  # a bare folder is read in place
+    given = bool(draft.eval_local or draft.eval_remote)
+    interval = draft.eval_interval
+    if interval is None:  # with a split given, at the start and the end; otherwise never
+        interval = f'{draft.num_batches}ba' if given else '0'
+    draft.eval_interval = parse_interval('--eval_interval', interval)
+    if not draft.eval_interval:
+        return
+    if not given:
+        if not draft.sample_data:
+            raise ConfigError(
+                '--eval_interval: no held-out split to validate on: pass --eval_local DIR or --eval_remote URL '
+                '(an MDS dataset written by convert.py, or by precompute.py with --precomputed_latents)'
+            )
+        draft.eval_local = str(SAMPLE_VALIDATION_DATASET)
+        ensure_sample_dataset(SAMPLE_VALIDATION_DATASET, SAMPLE_VALIDATION_SIZE, SAMPLE_VALIDATION_SEED, broken=False)
+        draft.notes.append(
+            f"validation loss on the sample dataset's held-out split {draft.eval_local} ({SAMPLE_VALIDATION_SIZE} "
+            f'images) every {draft.eval_interval}, at the start and at the end (--eval_interval 0: never)'
+        )
+    try:
+        split = describe_dataset(draft.eval_remote, draft.eval_local, precomputed=draft.precomputed_latents)
+    except DataError as error:
+        raise ConfigError(f'--eval_{"remote" if draft.eval_remote else "local"}: {error}')
+    if split.num_samples == 0:
+        raise ConfigError(f'--eval_local/--eval_remote {split.location}: the split holds no samples')
+    if split.latent_shape is not None and split.latent_shape[-1] * LATENT_DOWNSAMPLE != draft.image_size:
+        raise ConfigError(
+            f'{split.location}: validation latents precomputed at {split.latent_shape[-1] * LATENT_DOWNSAMPLE}px, '
+            f'but the run trains at {draft.image_size}px: precompute the split at the same size'
+        )
+
+
+def parse_interval(flag: str, text: str | None) -> str | None:
+    """An evaluation interval: a positive Composer time string, or None for never ('0' or unset)."""
+    if text is None or text.strip() == '0':
+        return None
+    parse_time(flag, text)
+    return text
 
 
 def resolve_model_dir(model_name: str) -> Path:

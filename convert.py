@@ -34,6 +34,9 @@ COLUMNS = {'jpg': 'bytes', 'caption': 'str'}  # the LAION convention of the publ
 IMAGE_EXTENSIONS = ('jpg', 'jpeg', 'png', 'webp', 'bmp', 'gif', 'tif', 'tiff')
 SAMPLE_DATASET = Path(__file__).resolve().parent / 'data' / 'sample-mds'
 SAMPLE_SIZE = 320  # generated images: a few seconds to make, enough for 20 tiny batches per epoch
+# Its held-out validation split: more images of the same generator, from another seed, none broken.
+SAMPLE_VALIDATION_DATASET = SAMPLE_DATASET.parent / 'sample-mds-validation'
+SAMPLE_VALIDATION_SIZE, SAMPLE_VALIDATION_SEED = 64, 1
 
 
 class ConvertError(ValueError):
@@ -251,11 +254,13 @@ def generated_sample(rng: random.Random) -> tuple[bytes, str]:
     return buffer.getvalue(), f'{" and ".join(parts)} on a {background} background'
 
 
-def ensure_sample_dataset(path: Path = SAMPLE_DATASET, num_samples: int = SAMPLE_SIZE, seed: int = 0) -> Path:
+def ensure_sample_dataset(
+    path: Path = SAMPLE_DATASET, num_samples: int = SAMPLE_SIZE, seed: int = 0, broken: bool = True
+) -> Path:
     """Build the generated dataset once (local rank 0; other ranks wait) and return its folder.
 
     Two samples are written as they come in real crawls, an empty download and an HTML error page, so a
-    first run also exercises the bad-sample path; the loader replaces them and says so.
+    first run also exercises the bad-sample path; the loader replaces them and says so (unless broken=False).
     """
     path = Path(path)
     if (path / 'index.json').is_file():
@@ -272,9 +277,9 @@ def ensure_sample_dataset(path: Path = SAMPLE_DATASET, num_samples: int = SAMPLE
     with MDSWriter(out=str(work), columns=COLUMNS, exist_ok=True) as writer:
         for index in range(num_samples):
             image, caption = generated_sample(rng)
-            if index == num_samples // 3:
+            if broken and index == num_samples // 3:
                 image = b''
-            elif index == 2 * num_samples // 3:
+            elif broken and index == 2 * num_samples // 3:
                 image = b'<!DOCTYPE html><html><body><h1>404 Not Found</h1></body></html>'
             writer.write({'jpg': image, 'caption': caption})
     if path.exists():

@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 log = logging.getLogger(__name__)
 
-__all__ = ['EMA', 'EMAWeights', 'export_ema_unet']
+__all__ = ['EMA', 'EMAWeights', 'export_ema_unet', 'full_unet']
 
 # Wrappers that add a component to parameter names (FSDP1, activation checkpointing, torch.compile): names are
 # kept without them, the way torch's distributed state dicts write them, so checkpoints move between setups.
@@ -307,6 +307,8 @@ class EMA(Algorithm):
         update_interval: time string: average every this many batches or epochs. Default: 1 in half_life's unit
             ('1ba' with smoothing). Must be in half_life's unit. smoothing = 2 ** -(update_interval / half_life).
         offload: keep the average in host memory and update it off the training thread (see the module doc).
+        trained_labels: the labels of evaluators that keep the trained weights; every other one runs on the
+            averaged weights, as with Composer's EMA (evaluation.py evaluates both: 'val' and 'val_ema').
     """
 
     def __init__(
@@ -316,6 +318,7 @@ class EMA(Algorithm):
         ema_start: str = '0.0dur',
         update_interval: Optional[str] = None,
         offload: bool = False,
+        trained_labels: tuple[str, ...] = (),
     ):
         if half_life is not None and smoothing is not None:
             raise ValueError(f'EMA: pass half_life ({half_life!r}) or smoothing ({smoothing!r}), not both')
@@ -344,6 +347,7 @@ class EMA(Algorithm):
             float(smoothing) if smoothing is not None else 2 ** -(self.update_interval.value / self.half_life.value)
         )
         self.offload = offload
+        self.trained_labels = trained_labels
         self.update_event = Event.BATCH_END if self.update_interval.unit == TimeUnit.BATCH else Event.EPOCH_END
         self.weights: Optional[EMAWeights] = None  # allocated when averaging starts (or a checkpoint is loaded)
         self.started = False
@@ -379,7 +383,7 @@ class EMA(Algorithm):
             self.weights.wait_for_reads()  # fires just before the optimizer step, with or without closures
         elif event == self.update_event:
             self._update(state)
-        elif event == Event.EVAL_START:
+        elif event == Event.EVAL_START and state.dataloader_label not in self.trained_labels:
             self._use_ema_weights()
         elif event == Event.EVAL_END:
             self._use_training_weights()
@@ -461,20 +465,26 @@ def export_ema_unet(trainer, out_dir: str | Path) -> Path:
     if ema is None:
         raise ValueError('export_ema_unet: the trainer has no EMA algorithm (run with --use_ema)')
     out_dir = Path(out_dir)
-    unet = _unwrap(trainer.state.model).unet
     with ema.ema_weights():
-        if ema.weights.sharded:  # a single-file export needs full tensors: gather once, here only
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-            state = get_model_state_dict(
-                unet, options=StateDictOptions(full_state_dict=True, cpu_offload=ema.weights._device.type == 'cuda')
-            )
-            inner = unet.module if isinstance(unet, FullyShardedDataParallel) else unet
-            if dist.get_global_rank() == 0:
-                full_unet = type(inner).from_config(inner.config)
-                full_unet.load_state_dict(state)
-                full_unet.save_pretrained(out_dir)
-        elif dist.get_global_rank() == 0:
+        unet = full_unet(_unwrap(trainer.state.model).unet)
+        if unet is not None:
             unet.save_pretrained(out_dir)
     dist.barrier()
     return out_dir
+
+
+def full_unet(unet: torch.nn.Module) -> Optional[torch.nn.Module]:
+    """The whole UNet with its current weights on rank 0 (None on the others): under FSDP a full copy, gathered
+    here only (a collective: every rank calls it), to the host on GPUs; otherwise the module itself."""
+    if not _is_sharded(unet):
+        return unet if dist.get_global_rank() == 0 else None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    on_gpu = next(unet.parameters()).device.type == 'cuda'
+    state = get_model_state_dict(unet, options=StateDictOptions(full_state_dict=True, cpu_offload=on_gpu))
+    if dist.get_global_rank() != 0:
+        return None
+    inner = unet.module if isinstance(unet, FullyShardedDataParallel) else unet
+    whole = type(inner).from_config(inner.config)
+    whole.load_state_dict(state)
+    return whole

@@ -20,6 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
+import evaluation
 from config import (
     LATENT_DOWNSAMPLE,
     MICRO_CONDITIONS,
@@ -95,6 +96,12 @@ class StableDiffusion(ComposerModel):
             timesteps = torch.randint(
                 0, self.noise_scheduler.config.num_train_timesteps, (latents.shape[0],), device=latents.device
             )
+        return self.predict(latents, conditioning, noise, timesteps)
+
+    def predict(
+        self, latents: torch.Tensor, conditioning: dict, noise: torch.Tensor, timesteps: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The UNet's prediction for latents noised to `timesteps` with `noise`, and its training target."""
         noisy_latents = self.noise_scheduler.add_noise(latents, noise, timesteps)
         if self.noise_scheduler.config.prediction_type == 'v_prediction':
             target = self.noise_scheduler.get_velocity(latents, noise, timesteps)
@@ -138,6 +145,17 @@ class StableDiffusion(ComposerModel):
     def loss(self, outputs, batch) -> torch.Tensor:
         prediction, target = outputs
         return F.mse_loss(prediction.float(), target.float())
+
+    # Evaluation (Composer's Evaluators, see evaluation.py): the validation loss, and sample images.
+    def eval_forward(self, batch: dict, outputs=None):
+        return evaluation.eval_forward(self, batch)
+
+    def get_metrics(self, is_train: bool = False) -> dict:
+        return {} if is_train else {'ValidationLoss': evaluation.ValidationLoss()}
+
+    def update_metric(self, batch: dict, outputs, metric) -> None:
+        if 'valid' in batch:  # a ValidationSplit batch: other evaluation data has no metric here
+            metric.update(outputs, batch['valid'])
 
     def flops_per_batch(self, batch: dict) -> int:
         """Training FLOPs of this batch, for Composer's SpeedMonitor (FLOP/s and MFU)."""

@@ -42,6 +42,13 @@ class Results:
     throughput_windows: int | None = None
     peak_gpu_memory_gb: float | None = None
     bad_samples: int | None = None
+    val_loss: float | None = None  # the held-out validation loss at the end (evaluation.py)
+    val_loss_ema: float | None = None  # the same, of the EMA weights
+    val_loss_curve: list | None = None  # [[samples seen, validation loss], ...], from the start
+    val_loss_ema_curve: list | None = None
+    train_seconds: float | None = None  # Composer's training clock, evaluation left out
+    eval_seconds: float | None = None  # validation, both weights
+    sample_seconds: float | None = None  # sample grids
     device_type: str | None = None  # 'gpu' or 'cpu'
     device_name: str | None = None
     num_devices: int | None = None

@@ -12,7 +12,6 @@ from composer.algorithms import ChannelsLast, LowPrecisionGroupNorm, LowPrecisio
 from composer.callbacks import SpeedMonitor
 from composer.core import Callback
 from composer.loggers import InMemoryLogger, WandBLogger
-from composer.optim import ConstantScheduler
 from composer.profiler import Profiler, cyclic_schedule
 from composer.utils import dist, reproducibility
 from torch.utils.data import DataLoader
@@ -35,7 +34,9 @@ from data import (
     collate,
 )
 from ema import EMA
+from evaluation import build_evaluators, evaluation_callbacks
 from model import StableDiffusion
+from stability import lr_scheduler, stability_algorithms
 from tokenizer import TokenizerError
 
 # torch.compile options for --compile, as Composer's compile_config: Inductor with its defaults.
@@ -136,10 +137,13 @@ def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoa
     if config.fsdp != 'none':
         mark_fsdp_units(model)
     algorithms = [EMA(half_life=config.ema_half_life, offload=config.ema_offload)] if config.use_ema else []
+    if config.use_ema:  # evaluation.py evaluates both weights: the trained ones under 'val' and 'samples'
+        algorithms[0].trained_labels = ('val', 'samples')
     if config.channels_last:
         algorithms.append(ChannelsLast())
     if config.low_precision_norm:
         algorithms += [LowPrecisionGroupNorm(), LowPrecisionLayerNorm()]
+    algorithms += stability_algorithms(config)
     # Throughput is a rolling mean over this many batches (100 as published, fewer on short runs),
     # so the first batch, which holds one-off setup costs, is never inside a window.
     speed_window = max(1, min(100, config.num_batches // 2))
@@ -150,11 +154,17 @@ def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoa
         model=model,
         train_dataloader=dataloader,
         optimizers=optimizer,
-        schedulers=ConstantScheduler(),
+        schedulers=lr_scheduler(config),
         max_duration=config.max_duration,
         device_train_microbatch_size=config.device_train_microbatch_size,
         precision=config.precision,
-        callbacks=[SpeedMonitor(window_size=speed_window), BadSampleCounter(), *callbacks],
+        callbacks=[
+            SpeedMonitor(window_size=speed_window),
+            BadSampleCounter(),
+            *evaluation_callbacks(config),
+            *callbacks,
+        ],
+        eval_dataloader=build_evaluators(config, latent_shape(config, model)) or None,
         loggers=loggers,
         progress_bar=True,
         seed=config.seed,
@@ -177,6 +187,11 @@ def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoa
     )
     restore_random_state_mid_epoch(trainer)
     return trainer
+
+
+def latent_shape(config: RunConfig, model: StableDiffusion) -> tuple[int, int, int]:
+    side = config.image_size // LATENT_DOWNSAMPLE
+    return (model.unet.config.in_channels, side, side)
 
 
 class RestoreRandomState(Callback):

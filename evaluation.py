@@ -1,0 +1,320 @@
+"""Does it learn? The validation loss and the sample images of a run, run by Composer's Evaluators.
+
+Validation loss: the noise-prediction loss of a held-out MDS split, averaged over VALIDATION_TIMESTEPS equidistant
+timesteps. Each sample's draws (the latent sample and one noise per timestep) come from a generator seeded by
+the sample's index in the split, and the metric sums losses and counts over ranks before dividing, so the same
+weights give the same value on any number of ranks and any batch size.
+
+Sample images: a grid of fixed prompts and seeds generated through Diffusers' StableDiffusionPipeline
+(export.build_pipeline), saved as PNG and logged to W&B.
+
+Both run as Composer Evaluators ('val', 'samples', and with --use_ema 'val_ema', 'samples_ema', on which the EMA
+algorithm swaps the averaged weights in). Composer runs evaluators between batches with the training clock
+stopped: Trainer._train_loop takes the time of `_run_evaluators` out of `state.timestamp.total_wct`, which is
+the only clock SpeedMonitor's throughput windows read (it adds evaluation up apart, as time/val). So evaluating
+never slows a measured window.
+"""
+
+import atexit
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from composer.core import Callback, Evaluator, State
+from composer.core.precision import get_precision_context
+from composer.loggers import Logger
+from composer.utils import dist
+from PIL import Image
+from streaming.base.compression import decompress
+from streaming.base.format import reader_from_json
+from streaming.base.storage.download import CloudDownloader
+from torch.utils.data import DataLoader, Dataset
+from torchmetrics import Metric
+from torchvision.utils import make_grid
+
+from data import CaptionInputs, PrecomputedLatentsDataset
+from images import BadSample, decode_image, size_conditions
+from tokenizer import CaptionTokenizer, caption_pad_ids
+
+log = logging.getLogger(__name__)
+
+VALIDATION_TIMESTEPS = 8
+VALIDATION_SEED = 0  # fixed, not --seed: runs with different seeds are compared on the same draws
+# Prompts in the sample dataset's style (convert.py's generated captions), two seeds each.
+SAMPLE_PROMPTS = (
+    'a red circle on a blue background',
+    'a yellow square on a purple background',
+    'a white triangle on a green background',
+    'a blue circle and an orange square on a gray background',
+)
+SAMPLE_SEEDS = (0, 1)
+
+
+def validation_timesteps(num_train_timesteps: int, count: int = VALIDATION_TIMESTEPS) -> torch.Tensor:
+    """The midpoints of `count` equal bins of the schedule: 62, 187, ..., 937 of 1000 steps for count 8."""
+    return (torch.arange(count) * 2 + 1) * num_train_timesteps // (2 * count)
+
+
+def sample_draws(index: int, latent_shape: tuple[int, int, int], count: int = VALIDATION_TIMESTEPS) -> dict:
+    """The fixed random draws of the sample at `index` of the split: the same wherever and with whatever it is
+    batched."""
+    generator = torch.Generator().manual_seed(VALIDATION_SEED * 1_000_003 + index)
+    latent_noise = torch.randn(latent_shape, generator=generator)
+    noise = torch.randn((count, *latent_shape), generator=generator)
+    return {'latent_noise': latent_noise, 'noise': noise}
+
+
+# ------------------------------------------------------------------------------------------ the split
+
+
+def fetch_split(remote: str) -> str:
+    """A remote split copied whole into a temporary folder (removed at exit): validation splits are small, and
+    read in place they need none of Streaming's shared cache (which refuses two datasets on one folder)."""
+    folder = tempfile.mkdtemp(prefix='sd2-validation-')
+    atexit.register(shutil.rmtree, folder, True)
+    CloudDownloader.direct_download(f'{remote.rstrip("/")}/index.json', f'{folder}/index.json')
+    for shard in json.loads(Path(folder, 'index.json').read_text())['shards']:
+        packed = (shard.get('zip_data') or {}).get('basename')
+        name = packed or shard['raw_data']['basename']
+        CloudDownloader.direct_download(f'{remote.rstrip("/")}/{name}', f'{folder}/{name}')
+    return folder
+
+
+class ValidationSplit(Dataset):
+    """A held-out MDS split read in place (a local folder, or a remote copied by fetch_split): images and
+    captions as convert.py writes them, or precompute.py's latents. Every sample carries its fixed draws and
+    'valid': a bad sample (see images.py) is kept as a placeholder with valid 0, which the loss leaves out."""
+
+    def __init__(
+        self,
+        folder: str,
+        latent_shape: tuple[int, int, int],
+        image_size: int,
+        tokenizer: str | None = None,
+        precomputed: bool = False,
+        inputs: CaptionInputs | None = None,  # default: SD2's, one encoder
+    ):
+        self.folder, self.latent_shape, self.image_size, self.precomputed = (
+            folder,
+            latent_shape,
+            image_size,
+            precomputed,
+        )
+        self.shards = json.loads(Path(folder, 'index.json').read_text())['shards']
+        self.starts = [0]
+        for shard in self.shards:
+            self.starts.append(self.starts[-1] + int(shard['samples']))
+        self.inputs = inputs = inputs or CaptionInputs()
+        self.tokenizers = {
+            column: CaptionTokenizer(tokenizer, pad_id) for column, pad_id in zip(inputs.id_columns, inputs.pad_ids)
+        }
+        self._readers = {}
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def reader(self, shard_id: int):
+        if shard_id not in self._readers:
+            shard = self.shards[shard_id]
+            raw, packed = shard['raw_data']['basename'], (shard.get('zip_data') or {}).get('basename')
+            if not Path(self.folder, raw).is_file() and packed:  # decompressed once, next to the packed shard
+                Path(self.folder, raw).write_bytes(
+                    decompress(shard['compression'], Path(self.folder, packed).read_bytes())
+                )
+            self._readers[shard_id] = reader_from_json(self.folder, None, shard)
+        return self._readers[shard_id]
+
+    def __getitem__(self, index: int) -> dict:
+        if not 0 <= index < len(self):
+            raise IndexError(f'index {index} out of range for {len(self)} validation samples')
+        shard_id = next(i for i in range(len(self.shards)) if index < self.starts[i + 1])
+        raw = self.reader(shard_id).get_item(index - self.starts[shard_id])
+        sample = {**sample_draws(index, self.latent_shape), 'valid': torch.tensor(1)}
+        if self.precomputed:
+            for name in PrecomputedLatentsDataset.COLUMNS:
+                if name in raw:
+                    sample[name] = torch.tensor(raw[name])
+            return sample
+        try:
+            caption = raw.get('caption')
+            if not isinstance(caption, str):
+                raise BadSample('missing or non-string caption')
+            sample['image'] = decode_image(raw.get('jpg'), self.image_size)
+            if self.inputs.size_conditions:
+                sample['time_ids'] = size_conditions(raw['jpg'], self.image_size)
+        except BadSample as error:
+            log.warning(f'validation sample {index} of {self.folder} left out: {error}')
+            sample['image'] = torch.zeros(3, self.image_size, self.image_size, dtype=torch.uint8)
+            if self.inputs.size_conditions:
+                sample['time_ids'] = torch.tensor([self.image_size, self.image_size, 0, 0] + [self.image_size] * 2)
+                sample['time_ids'] = sample['time_ids'].float()
+            sample['valid'] = torch.tensor(0)
+            caption = ''
+        for column, tokenize in self.tokenizers.items():
+            sample[column] = tokenize(caption)
+        return sample
+
+
+# -------------------------------------------------------------------------------------------- the loss
+
+
+class ValidationLoss(Metric):
+    """The mean per-sample validation loss: sums and counts in float64, summed over ranks, then divided."""
+
+    full_state_update = False
+
+    def __init__(self):
+        super().__init__()
+        self.add_state('total', default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx='sum')
+        self.add_state('count', default=torch.tensor(0, dtype=torch.long), dist_reduce_fx='sum')
+
+    def update(self, losses: torch.Tensor, valid: torch.Tensor) -> None:
+        valid = valid.bool()
+        self.total += losses[valid].double().sum()
+        self.count += int(valid.sum())
+
+    def compute(self) -> torch.Tensor:
+        return self.total / self.count
+
+
+def validation_losses(model, batch: dict) -> torch.Tensor:
+    """Each sample's noise-prediction loss, the mean over VALIDATION_TIMESTEPS fixed timesteps and its fixed draws."""
+    latents, conditioning = model.encode(batch)  # with the batch's 'latent_noise'
+    timesteps = validation_timesteps(model.noise_scheduler.config.num_train_timesteps).to(latents.device)
+    losses = []
+    for k, timestep in enumerate(timesteps):
+        prediction, target = model.predict(
+            latents, conditioning, batch['noise'][:, k], timestep.expand(latents.shape[0])
+        )
+        losses.append(F.mse_loss(prediction.float(), target.float(), reduction='none').mean(dim=(1, 2, 3)))
+    return torch.stack(losses, dim=1).mean(dim=1)
+
+
+def eval_forward(model, batch: dict):
+    """StableDiffusion.eval_forward: per-sample validation losses of a ValidationSplit batch. A sample-grid batch
+    only marks that a grid is due: SampleGrid draws it (at EVAL_START, with the weights the evaluator runs on).
+    Any other batch gets the model's forward, as Composer's default."""
+    if 'sample_grid' in batch:
+        return None
+    if 'valid' in batch:
+        return validation_losses(model, batch)
+    return model(batch)
+
+
+# --------------------------------------------------------------------------------------- the evaluators
+
+
+def build_evaluators(config, latent_shape: tuple[int, int, int]) -> list[Evaluator]:
+    """The evaluators a RunConfig asks for, with their averaged-weights twins under --use_ema."""
+    evaluators = []
+    microbatch = config.device_train_microbatch_size
+    batch_size = config.device_batch_size if microbatch == 'auto' else microbatch
+    weights = ('', '_ema') if config.use_ema else ('',)
+    if config.eval_interval:
+        folder = config.eval_local if config.eval_remote is None else fetch_split(config.eval_remote)
+        from config import caption_inputs  # here: config imports this module
+
+        inputs = caption_inputs(Path(config.model_dir))
+        split = ValidationSplit(
+            folder, latent_shape, config.image_size, config.tokenizer, config.precomputed_latents, inputs
+        )
+        loader = DataLoader(
+            split,
+            batch_size=batch_size,
+            # Composer's sampler, without shuffling: Composer's eval loop drops the samples it repeats to even out
+            # the ranks, so each sample counts once.
+            sampler=dist.get_sampler(split, shuffle=False, drop_last=False),
+            num_workers=config.num_workers,
+            persistent_workers=config.num_workers > 0,
+        )
+        for suffix in weights:
+            evaluators.append(
+                Evaluator(
+                    label=f'val{suffix}',
+                    dataloader=loader,
+                    metric_names=['ValidationLoss'],
+                    eval_interval=config.eval_interval,
+                    device_eval_microbatch_size=microbatch,
+                )
+            )
+    if config.sample_interval:
+        # One batch, the same on every rank (no sampler): every rank draws the whole grid.
+        marker = DataLoader([{'sample_grid': torch.zeros(())}], batch_size=1)
+        for suffix in weights:
+            evaluators.append(
+                Evaluator(
+                    label=f'samples{suffix}', dataloader=marker, metric_names=[], eval_interval=config.sample_interval
+                )
+            )
+    return evaluators
+
+
+class SampleGrid(Callback):
+    """Draws the grid of prompts (rows) and seeds (columns) at the start of a 'samples' evaluator, with the model's
+    current weights (the averaged ones under 'samples_ema'); rank 0 saves it as PNG and logs it to W&B. Every rank
+    generates, so that FSDP's collectives match; the grid is a few images."""
+
+    def __init__(self, config):
+        self.config = config
+        self.tokenize = CaptionTokenizer(config.tokenizer, caption_pad_ids(Path(config.model_dir))[0])
+        self.saved: list[Path] = []
+
+    def eval_start(self, state: State, logger: Logger) -> None:
+        if not str(state.dataloader_label).startswith('samples'):
+            return
+        from export import build_pipeline, generate  # here: export imports the model, which imports this module
+
+        model = state.model.module if hasattr(state.model, 'module') else state.model
+        config = self.config
+        pipeline = build_pipeline(model, config.sample_scheduler, config.tokenizer)
+        pipeline.set_progress_bar_config(disable=True)
+        prompts = [prompt for prompt in config.sample_prompts for _ in SAMPLE_SEEDS]
+        seeds = [seed for _ in config.sample_prompts for seed in SAMPLE_SEEDS]
+        with get_precision_context(state.precision, state.precision_config):
+            images = generate(
+                pipeline, prompts, seeds, config.sample_steps, config.guidance_scale, config.image_size, self.tokenize
+            )
+        if dist.get_global_rank() != 0:
+            return
+        grid = make_grid(images.float().cpu(), nrow=len(SAMPLE_SEEDS), padding=2, pad_value=1.0)
+        weights = 'ema-' if state.dataloader_label.endswith('_ema') else ''
+        path = Path(config.sample_dir) / f'samples-{weights}ba{int(state.timestamp.batch):06d}.png'
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray((grid.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()).save(path)
+        self.saved.append(path)
+        logger.log_images(grid, name=f'samples/{weights or "trained"}', channels_last=False)
+
+
+class ValidationReport(Callback):
+    """Prints each validation loss (rank 0) and times every evaluator, for the share of the run they took."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._started = None
+
+    def eval_start(self, state: State, logger: Logger) -> None:
+        self._started = time.perf_counter()
+
+    def eval_end(self, state: State, logger: Logger) -> None:
+        label = str(state.dataloader_label)
+        kind = 'samples' if label.startswith('samples') else 'validation'
+        self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - self._started
+        if kind == 'validation' and dist.get_global_rank() == 0:
+            loss = float(state.eval_metric_values['ValidationLoss'])
+            weights = ' (EMA weights)' if label.endswith('_ema') else ''
+            print(
+                f'validation loss{weights}: {loss:.5f} after {int(state.timestamp.sample)} samples '
+                f'(batch {int(state.timestamp.batch)})',
+                flush=True,
+            )
+
+
+def evaluation_callbacks(config) -> list[Callback]:
+    """The console lines and timing of the evaluators (first, so that they time the sample grids too), the grids."""
+    callbacks = [ValidationReport()] if config.eval_interval or config.sample_interval else []
+    return callbacks + ([SampleGrid(config)] if config.sample_interval else [])

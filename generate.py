@@ -1,0 +1,225 @@
+"""Prompts to images, offline: from a Composer checkpoint of benchmark.py, or from a pipeline folder that
+`benchmark.py --export_pipeline` (or Diffusers) saved.
+
+    python generate.py --checkpoint runs/ckpt/latest-rank0.pt --model_name tiny --prompt 'a red circle' --out out/
+    python generate.py --pipeline results/pipeline --prompts prompts.txt --out out/ --batch_size 8
+
+Image i is drawn from seed --seed + i, so a prompt list gives the same images with any batch size. With
+--clip_model (a local CLIP folder) it prints the CLIP score of the images against their prompts, and with
+--fid_reference and --fid_weights the FID against reference images (docs/quality.md); no weights are downloaded.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')  # never the network: every part is local
+
+import torch  # noqa: E402
+from composer.utils import reproducibility  # noqa: E402
+from diffusers import StableDiffusionPipeline  # noqa: E402
+from PIL import Image  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from config import LATENT_DOWNSAMPLE, ConfigError, resolve_model_dir  # noqa: E402
+from export import SCHEDULERS, build_pipeline, generate  # noqa: E402
+from model import build_model  # noqa: E402
+from tokenizer import CaptionTokenizer, caption_pad_ids  # noqa: E402
+
+FID_WEIGHTS_NEEDED = (
+    "FID: not computed; it needs --fid_weights FILE (torchvision's Inception v3 weights, "
+    'inception_v3_google-0cc3c7bd.pth) and --fid_reference DIR (an MDS split of reference images)'
+)
+CLIP_WEIGHTS_NEEDED = 'CLIP score: not computed; it needs --clip_model DIR (a local Transformers CLIP model folder)'
+
+
+class GenerateError(ValueError):
+    """Bad input to generate.py, reported as one line."""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='Generate images from a trained model, offline and seeded.')
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument('--checkpoint', help="a Composer checkpoint file of benchmark.py (e.g. 'latest-rank0.pt')")
+    source.add_argument('--pipeline', help='a Diffusers StableDiffusionPipeline folder (--export_pipeline)')
+    parser.add_argument('--model_name', help="with --checkpoint: the run's --model_name (a built-in or a folder)")
+    parser.add_argument('--prediction_type', choices=['epsilon', 'v_prediction'], help="with --checkpoint: the run's")
+    parser.add_argument('--tokenizer', help="with --checkpoint: the run's --tokenizer folder")
+    parser.add_argument('--ema', action='store_true', help="with --checkpoint: the run's EMA weights (--use_ema)")
+    parser.add_argument('--prompt', action='append', default=[], help='a prompt (repeat the flag for more)')
+    parser.add_argument('--prompts', help='a file of prompts, one a line')
+    parser.add_argument('--out', required=True, help='a new or empty folder for the PNGs')
+    parser.add_argument('--seed', type=int, default=0, help='image i is drawn from seed + i (default: %(default)s)')
+    parser.add_argument('--batch_size', type=int, default=4, help='images per pipeline call (default: %(default)s)')
+    parser.add_argument('--steps', type=int, default=25, help='sampling steps (default: %(default)s)')
+    parser.add_argument('--guidance_scale', type=float, default=7.5, help='(default: %(default)s)')
+    parser.add_argument('--scheduler', choices=sorted(SCHEDULERS), help="sampler (default: ddim, or the folder's)")
+    parser.add_argument('--image_size', type=int, help="pixels per side (default: the UNet's sample size x 8)")
+    parser.add_argument('--clip_model', metavar='DIR', help='print the CLIP score with this local CLIP model')
+    parser.add_argument('--fid_reference', metavar='DIR', help='print the FID against this MDS split of images')
+    parser.add_argument('--fid_weights', metavar='FILE', help="torchvision's Inception v3 weights file, for the FID")
+    return parser.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> list[str]:
+    """The prompts, once every flag is checked; GenerateError names the first bad one."""
+    prompts = list(args.prompt)
+    if args.prompts:
+        if not Path(args.prompts).is_file():
+            raise GenerateError(f'--prompts {args.prompts}: no such file (one prompt a line)')
+        prompts += [line.strip() for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise GenerateError('no prompt: pass --prompt TEXT (repeatable) or --prompts FILE')
+    if args.checkpoint:
+        if not Path(args.checkpoint).is_file():
+            raise GenerateError(
+                f'--checkpoint {args.checkpoint}: no such file (sharded FSDP checkpoints: not supported)'
+            )
+        if not args.model_name:
+            raise GenerateError("--checkpoint needs --model_name: the run's model (e.g. tiny, sd2-base)")
+    else:
+        if not (Path(args.pipeline) / 'model_index.json').is_file():
+            raise GenerateError(f'--pipeline {args.pipeline}: no model_index.json there (not a pipeline folder)')
+        given = [flag for flag in ('model_name', 'prediction_type', 'tokenizer', 'ema') if getattr(args, flag)]
+        if given:
+            raise GenerateError(f'--{given[0]}: applies to --checkpoint only (a pipeline folder holds its own)')
+    out = Path(args.out)
+    if out.is_file() or (out.is_dir() and any(out.iterdir())):
+        raise GenerateError(
+            f'--out {args.out}: is a file or not empty; give a new folder (images are never overwritten)'
+        )
+    for flag in ('batch_size', 'steps', 'image_size'):
+        value = getattr(args, flag)
+        if value is not None and value <= 0:
+            raise GenerateError(f'--{flag} {value}: must be positive')
+    if args.image_size is not None and args.image_size % LATENT_DOWNSAMPLE:
+        raise GenerateError(f'--image_size {args.image_size}: must be a multiple of {LATENT_DOWNSAMPLE}')
+    if args.clip_model and not (Path(args.clip_model) / 'config.json').is_file():
+        raise GenerateError(f'--clip_model {args.clip_model}: no CLIP model folder (config.json) there')
+    if bool(args.fid_reference) != bool(args.fid_weights):
+        raise GenerateError('--fid_reference and --fid_weights: the FID needs both (reference images and weights)')
+    if args.fid_weights and not Path(args.fid_weights).is_file():
+        raise GenerateError(f'--fid_weights {args.fid_weights}: no such file')
+    if args.fid_reference and not (Path(args.fid_reference) / 'index.json').is_file():
+        raise GenerateError(f'--fid_reference {args.fid_reference}: no MDS split (index.json) there')
+    return prompts
+
+
+def load_pipeline(args: argparse.Namespace) -> StableDiffusionPipeline:
+    if args.pipeline:
+        pipeline = StableDiffusionPipeline.from_pretrained(args.pipeline, local_files_only=True)
+        if args.scheduler:
+            pipeline.scheduler = SCHEDULERS[args.scheduler].from_config(pipeline.scheduler.config)
+        return pipeline
+    try:
+        model_dir = resolve_model_dir(args.model_name)
+    except ConfigError as error:
+        raise GenerateError(str(error))
+    if (model_dir / 'text_encoder_2').is_dir():
+        raise GenerateError(
+            f"--model_name {args.model_name}: SDXL's two text encoders need Diffusers' StableDiffusionXLPipeline, "
+            'which generate.py does not build'
+        )
+    model = build_model(str(model_dir), args.prediction_type)
+    state = torch.load(args.checkpoint, map_location='cpu', weights_only=False)['state']
+    try:
+        model.load_state_dict(state['model'])
+        if args.ema:
+            ema = dict(state.get('algorithms') or []).get('EMA')
+            if not ema or ema.get('ema') is None:
+                raise GenerateError(f'--ema: {args.checkpoint} holds no EMA average (the run had no --use_ema)')
+            model.load_state_dict(ema['ema'], strict=False)
+    except RuntimeError as error:  # missing keys or other shapes
+        reason = str(error).strip().splitlines()[0]
+        raise GenerateError(f'--checkpoint {args.checkpoint}: does not fit --model_name {args.model_name} ({reason})')
+    return build_pipeline(model, args.scheduler or 'ddim', args.tokenizer)
+
+
+def main(args: argparse.Namespace) -> torch.Tensor:
+    """Writes the images, prints the scores asked for; returns the images (N, 3, H, W) in [0, 1]."""
+    prompts = check_args(args)
+    reproducibility.seed_all(args.seed)
+    pipeline = load_pipeline(args)
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    pipeline.to(device)
+    pipeline.set_progress_bar_config(disable=True)
+    if args.checkpoint:  # the training tokenizer, padded as the model's text encoder was trained
+        tokenizer = CaptionTokenizer(args.tokenizer, caption_pad_ids(resolve_model_dir(args.model_name))[0])
+    else:
+        tokenizer = CaptionTokenizer(str(Path(args.pipeline) / 'tokenizer'))
+    size = args.image_size or pipeline.unet.config.sample_size * pipeline.vae_scale_factor
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    images = []
+    for start in tqdm(range(0, len(prompts), args.batch_size), desc='generating', unit='batch'):
+        batch = prompts[start : start + args.batch_size]
+        seeds = [args.seed + start + i for i in range(len(batch))]
+        images.append(generate(pipeline, batch, seeds, args.steps, args.guidance_scale, size, tokenizer).float().cpu())
+        for i, image in enumerate(images[-1]):
+            array = (image.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
+            Image.fromarray(array).save(out / f'{start + i:04d}.png')
+    images = torch.cat(images)
+    (out / 'prompts.txt').write_text(''.join(f'{i:04d}.png\t{args.seed + i}\t{p}\n' for i, p in enumerate(prompts)))
+    print(f'{len(prompts)} image(s) of {size}x{size} written to {out}')
+    print(clip_score(images, prompts, args.clip_model) if args.clip_model else CLIP_WEIGHTS_NEEDED)
+    print(fid(images, args.fid_reference, args.fid_weights, size) if args.fid_weights else FID_WEIGHTS_NEEDED)
+    return images
+
+
+def clip_score(images: torch.Tensor, prompts: list[str], folder: str) -> str:
+    from torchmetrics.multimodal.clip_score import CLIPScore
+    from transformers import CLIPModel, CLIPProcessor
+
+    def local_clip():  # torchmetrics takes hub names, or a function giving the model and its processor
+        return CLIPModel.from_pretrained(folder, local_files_only=True), CLIPProcessor.from_pretrained(folder)
+
+    metric = CLIPScore(model_name_or_path=local_clip)
+    metric.update((images * 255).round().byte(), prompts)
+    return f'CLIP score: {float(metric.compute()):.3f} ({len(prompts)} images, {folder})'
+
+
+def fid(images: torch.Tensor, reference: str, weights: str, size: int) -> str:
+    """FID against an MDS split's images, with Inception v3 features from a local torchvision weights file."""
+    import torchvision
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
+    from evaluation import ValidationSplit
+
+    inception = torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=False)
+    inception.load_state_dict(torch.load(weights, map_location='cpu'))
+    inception.fc = torch.nn.Identity()  # the 2048 pooled features
+    metric = FrechetInceptionDistance(feature=InceptionFeatures(inception))
+    split = ValidationSplit(reference, (4, 1, 1), size)
+    real = torch.stack([split[i]['image'] for i in range(len(split)) if split[i]['valid']])
+    metric.update(real.float() / 255, real=True)
+    metric.update(images, real=False)
+    return f'FID: {float(metric.compute()):.2f} ({len(images)} generated, {len(real)} reference images of {reference})'
+
+
+class InceptionFeatures(torch.nn.Module):
+    """torchvision's Inception v3 as torchmetrics' FID feature extractor: [0, 1] images -> 2048 features."""
+
+    def __init__(self, inception: torch.nn.Module):
+        super().__init__()
+        self.inception = inception.eval()
+        self.num_features = 2048
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        images = images.float() / 255 if images.dtype == torch.uint8 else images
+        images = torch.nn.functional.interpolate(images, size=(299, 299), mode='bilinear', align_corners=False)
+        mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+        std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+        return self.inception((images - mean) / std)
+
+
+def cli(argv=None) -> None:
+    try:
+        main(parse_args(argv))
+    except GenerateError as error:
+        print(f'error: {error}', file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == '__main__':
+    cli()

@@ -1,0 +1,401 @@
+"""Does it learn: the validation loss (fixed draws per sample, any batch size or rank count, outside the throughput
+windows), sample grids, the exported pipeline and generate.py, the learning curve, and the stability options."""
+
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from composer.core import Callback
+from conftest import TINY, good_samples, run_cli, write_dataset
+
+import generate
+from benchmark import main
+from benchmarks import learning_curve
+from config import ConfigError, caption_inputs, parse_args, resolve_config
+from evaluation import (
+    ValidationLoss,
+    ValidationSplit,
+    sample_draws,
+    validation_losses,
+    validation_timesteps,
+)
+from export import pipeline_tokenizer
+from model import build_model
+from stability import CaptionDropout
+from tokenizer import CaptionTokenizer
+
+SMALL = [*TINY, '--image_size', '32', '--batch_size', '4']
+
+
+@pytest.fixture(scope='module')
+def split(tmp_path_factory):
+    """A held-out split of 7 images (an odd count: two ranks get a repeated sample to even out)."""
+    return write_dataset(tmp_path_factory.mktemp('validation') / 'mds', good_samples(7))
+
+
+# -------------------------------------------------------------------------------- validation loss
+
+
+def test_draws_depend_on_the_sample_index_only():
+    assert validation_timesteps(1000).tolist() == [62, 187, 312, 437, 562, 687, 812, 937]
+    first, again, other = sample_draws(5, (4, 4, 4)), sample_draws(5, (4, 4, 4)), sample_draws(6, (4, 4, 4))
+    assert first['noise'].shape == (8, 4, 4, 4) and first['latent_noise'].shape == (4, 4, 4)
+    assert torch.equal(first['noise'], again['noise']) and torch.equal(first['latent_noise'], again['latent_noise'])
+    assert not torch.equal(first['noise'], other['noise'])
+
+
+def mean_loss(model, split_dataset, batches) -> float:
+    metric = ValidationLoss()
+    for indices in batches:
+        batch = torch.utils.data.default_collate([split_dataset[i] for i in indices])
+        metric.update(validation_losses(model, batch), batch['valid'])
+    return float(metric.compute())
+
+
+@torch.no_grad()
+def test_validation_loss_is_the_same_for_any_batching(split):
+    torch.manual_seed(0)
+    model = build_model('tiny').eval()
+    dataset = ValidationSplit(split, (4, 4, 4), 32)
+    whole = mean_loss(model, dataset, [range(7)])
+    assert mean_loss(model, dataset, [[i] for i in range(7)]) == pytest.approx(whole, rel=1e-6)
+    # Two ranks, batches of 2, as Composer's sampler deals them (its eval loop drops the repeat evening them out).
+    assert mean_loss(model, dataset, [[0, 2], [4, 6], [1, 3], [5]]) == pytest.approx(whole, rel=1e-6)
+
+
+def test_a_bad_validation_sample_is_left_out(tmp_path):
+    samples = good_samples(3)
+    samples[1]['jpg'] = b'not an image'
+    dataset = ValidationSplit(write_dataset(tmp_path / 'mds', samples), (4, 4, 4), 32)
+    assert [int(dataset[i]['valid']) for i in range(3)] == [1, 0, 1]
+    metric = ValidationLoss()
+    metric.update(torch.tensor([1.0, 100.0, 3.0]), torch.tensor([1, 0, 1]))
+    assert float(metric.compute()) == 2.0
+
+
+class SlowEvaluation(Callback):
+    """Makes every evaluation take at least `seconds` longer."""
+
+    def __init__(self, seconds):
+        self.seconds, self.evaluations = seconds, 0
+
+    def eval_start(self, state, logger):
+        self.evaluations += 1
+        time.sleep(self.seconds)
+
+
+def test_evaluation_stays_out_of_the_throughput_windows(split, tmp_path, capfd):
+    slow = SlowEvaluation(1.0)
+    results = tmp_path / 'results.json'
+    flags = [*SMALL, '--max_duration', '2ba', '--eval_local', split, '--eval_interval', '2ba']
+    started = time.perf_counter()
+    trainer = main(parse_args([*flags, '--results_json', str(results)]), (slow,))
+    elapsed = time.perf_counter() - started
+    summary = json.loads(results.read_text())
+    assert slow.evaluations == 2  # at the start, and after batch 2 (the end: not twice)
+    assert [samples for samples, _ in summary['val_loss_curve']] == [0, 8]
+    # Composer's training clock, which is all SpeedMonitor's windows read, leaves the 2 seconds of sleep out.
+    assert summary['train_seconds'] == trainer.state.timestamp.total_wct.total_seconds() < elapsed - 2
+    assert summary['eval_seconds'] >= 2
+    out = capfd.readouterr().out
+    assert 'validation loss: ' in out and 'of the run; outside the throughput windows' in out
+
+
+# ------------------------------------------------------------------------------------ flags and checks
+
+
+@pytest.mark.parametrize(
+    'flags, message',
+    [
+        (['--eval_interval', '10ba'], '--eval_interval: no held-out split to validate on'),
+        (['--eval_local', '/no/such/split'], '--eval_local: no Streaming dataset at /no/such/split'),
+        (['--eval_local', 'a', '--eval_remote', 's3://b/p'], '--eval_local and --eval_remote: give one'),
+        (['--sample_interval', 'often'], "--sample_interval 'often'"),
+        (['--sample_interval', '0ba'], '--sample_interval 0ba: must be positive'),
+        (['--sample_steps', '0'], '--sample_steps 0: must be positive'),
+        (['--guidance_scale', '-1'], '--guidance_scale -1.0: must be 0 or more'),
+        (['--sample_prompts', '/no/such/file'], '--sample_prompts /no/such/file: no such file'),
+        (['--grad_clip_norm', '0'], '--grad_clip_norm 0.0: must be a positive number'),
+        (['--grad_clip_norm', 'nan'], '--grad_clip_norm nan: must be a positive number'),
+        (['--lr_warmup', 'soon'], "--lr_warmup 'soon'"),
+        (['--lr_warmup', '0ba'], '--lr_warmup 0ba: must be positive'),
+        (['--caption_dropout', '1'], '--caption_dropout 1.0: a probability'),
+        (['--caption_dropout', '-0.1'], '--caption_dropout -0.1: a probability'),
+        (['--precomputed_latents', '--sample_interval', '5ba'], '--sample_interval: with --precomputed_latents'),
+        (['--precomputed_latents', '--caption_dropout', '0.1'], '--caption_dropout: with --precomputed_latents'),
+    ],
+)
+def test_bad_quality_flags_fail_fast_naming_the_flag(flags, message):
+    with pytest.raises(ConfigError, match=message.replace('(', r'\(')):
+        resolve_config(parse_args(TINY + flags))
+
+
+def test_output_folders_and_prompt_files_are_checked(tmp_path):
+    used = tmp_path / 'used'
+    used.mkdir()
+    (used / 'x').write_text('')
+    with pytest.raises(ConfigError, match='--export_pipeline .*: is not empty; give a new folder'):
+        resolve_config(parse_args([*TINY, '--export_pipeline', str(used)]))
+    with pytest.raises(ConfigError, match='--sample_dir .*: is a file'):
+        resolve_config(parse_args([*TINY, '--sample_interval', '1ba', '--sample_dir', str(used / 'x')]))
+    with pytest.raises(ConfigError, match='--sample_prompts .*: holds no prompt'):
+        resolve_config(parse_args([*TINY, '--sample_prompts', str(used / 'x')]))
+    prompts = tmp_path / 'prompts.txt'
+    prompts.write_text('a red circle\n\n  a blue square \n')
+    config = resolve_config(parse_args([*TINY, '--sample_interval', '1ba', '--sample_prompts', str(prompts)]))
+    assert config.sample_prompts == ('a red circle', 'a blue square')
+
+
+def test_everything_new_is_off_by_default(split):
+    for flags in (['--model_name', 'sd2-base', '--use_synth_data'], ['--model_name', 'tiny']):
+        config = resolve_config(parse_args(flags))
+        assert (config.eval_interval, config.sample_interval, config.export_pipeline) == (None, None, None)
+        assert (config.grad_clip_norm, config.lr_warmup, config.caption_dropout) == (None, None, 0.0)
+    # A split given: validated at the start and at the end of the run.
+    assert resolve_config(parse_args([*SMALL, '--eval_local', split])).eval_interval == '40ba'
+
+
+# ------------------------------------------------------------------------------------ stability options
+
+
+def test_caption_dropout_rate_is_within_tolerance():
+    empty = CaptionTokenizer()('')
+    captions = torch.randint(1, 1000, (20_000, 77))
+    state = SimpleNamespace(batch={'input_ids': captions.clone()})
+    torch.manual_seed(0)
+    CaptionDropout(0.1, empty).apply(None, state, None)
+    dropped = (state.batch['input_ids'] == empty).all(dim=1)
+    assert dropped.float().mean().item() == pytest.approx(0.1, abs=0.01)  # 4.7 standard deviations
+    assert torch.equal(state.batch['input_ids'][~dropped], captions[~dropped])
+
+
+class RecordOptimizer(Callback):
+    def __init__(self):
+        self.learning_rates, self.grad_norms = [], []
+
+    def batch_start(self, state, logger):
+        self.learning_rates.append(state.optimizers[0].param_groups[0]['lr'])
+
+    def after_train_batch(self, state, logger):  # after GradientClipping, before the optimizer step
+        grads = [p.grad for p in state.model.unet.parameters() if p.grad is not None]
+        self.grad_norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+
+
+def test_warmup_rises_linearly_to_the_published_rate():
+    record = RecordOptimizer()
+    main(parse_args([*SMALL, '--max_duration', '6ba', '--lr_warmup', '4ba']), (record,))
+    # Composer steps its schedulers at the end of a batch, before counting it: batch k trains at (k - 1) / 4 of the
+    # rate (the first two at 0), the published 1e-4 from batch 5 on.
+    assert record.learning_rates == pytest.approx([0, 0, 2.5e-5, 5e-5, 7.5e-5, 1e-4])
+
+
+def test_gradient_clipping_bounds_the_gradient_norm():
+    plain, clipped = RecordOptimizer(), RecordOptimizer()
+    main(parse_args([*SMALL, '--max_duration', '3ba']), (plain,))
+    main(parse_args([*SMALL, '--max_duration', '3ba', '--grad_clip_norm', '0.01']), (clipped,))
+    assert min(plain.grad_norms) > 0.1
+    assert max(clipped.grad_norms) == pytest.approx(0.01, rel=1e-4)
+
+
+# ------------------------------------------------------------------------------------ export, generate
+
+
+@pytest.mark.parametrize('pad_id', [0, 49407])  # OpenCLIP's (SD 2), OpenAI CLIP's (SD 1.5)
+def test_the_exported_tokenizer_gives_the_training_ids(pad_id):
+    exported, trained = pipeline_tokenizer(pad_id=pad_id), CaptionTokenizer(pad_id=pad_id)
+    for prompt in ('A  Red Circle on a BLUE background', 'a cat, on the mat.', ' x' * 100):
+        ids = exported(prompt, padding='max_length', max_length=77, truncation=True).input_ids
+        assert ids == trained(prompt).tolist()
+    assert exported('a cat', padding='max_length', max_length=77).input_ids[-1] == pad_id
+
+
+@torch.no_grad()
+def test_validation_loss_of_the_other_models(split):
+    """Each twin's split carries what its model takes (SDXL: both caption columns and the size), and the same
+    weights give the same loss for any batching."""
+    for name in ('tiny-sd1.5', 'tiny-sd2-768-v', 'tiny-sdxl-base'):
+        torch.manual_seed(0)
+        model = build_model(name).eval()
+        dataset = ValidationSplit(split, (4, 4, 4), 32, inputs=caption_inputs(model.model_dir))
+        if name == 'tiny-sdxl-base':
+            assert dataset[0]['input_ids_2'][-1] == 0 and dataset[0]['time_ids'].tolist() == [64, 80, 0, 4, 32, 32]
+        whole = mean_loss(model, dataset, [range(7)])
+        assert mean_loss(model, dataset, [[i] for i in range(7)]) == pytest.approx(whole, rel=1e-6)
+    with pytest.raises(ConfigError, match="--export_pipeline: sample images and pipeline exports use Diffusers'"):
+        resolve_config(parse_args([*SMALL[:1], 'tiny-sdxl-base', *SMALL[2:], '--export_pipeline', '/tmp/x']))
+
+
+@pytest.mark.parametrize(
+    'flags, message',
+    [
+        (['--prompt', 'a'], 'the following arguments are required'),
+        (['--pipeline', '/no/pipe', '--out', 'o'], 'no prompt'),
+        (['--pipeline', '/no/pipe', '--prompt', 'a', '--out', 'o'], '--pipeline /no/pipe: no model_index.json'),
+        (['--checkpoint', '/no/ckpt.pt', '--prompt', 'a', '--out', 'o'], '--checkpoint /no/ckpt.pt: no such file'),
+    ],
+)
+def test_generate_bad_input_is_one_line(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit:
+        generate.cli(flags)
+    assert exit.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------ the learning curve
+
+
+def test_learning_curve_plots_runs_and_names_a_file_without_one(tmp_path, capsys):
+    def results(name, curve, ema=None):
+        path = tmp_path / f'{name}.json'
+        fields = {'schema': 'sd2-benchmark-results/1', 'val_loss_curve': curve, 'val_loss_ema_curve': ema}
+        path.write_text(json.dumps(fields))
+        return str(path)
+
+    plain = results('plain', [[0, 1.1], [800, 0.6], [1600, 0.5]], [[0, 1.1], [800, 0.8], [1600, 0.6]])
+    fast = results('fast', [[0, 1.1], [800, 0.62], [1600, 0.52]])
+    out = tmp_path / 'curve.png'
+    assert learning_curve.main([plain, fast, '--out', str(out)]) == 0
+    assert out.stat().st_size > 10_000
+    assert '| plain | 1600 | 1.1000 | 0.5000 | 0.6000 |' in capsys.readouterr().out
+    assert learning_curve.main([plain, results('none', None)]) == 2
+    assert 'none.json: no validation loss in it' in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ slow: whole runs
+
+
+def results_of(run, path) -> dict:
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    return json.loads(path.read_text())
+
+
+@pytest.mark.slow
+def test_training_lowers_the_validation_loss_well_below_its_start(tmp_path):
+    results = tmp_path / 'results.json'
+    flags = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '8', '--max_duration', '80ba']
+    run = run_cli(*flags, '--eval_interval', '80ba', '--results_json', str(results), launcher=('python',))
+    summary = results_of(run, results)
+    start, end = summary['val_loss_curve'][0][1], summary['val_loss']
+    assert [samples for samples, _ in summary['val_loss_curve']] == [0, 80 * 8]
+    assert end < 0.6 * start, (start, end)
+
+
+@pytest.mark.slow
+def test_validation_loss_is_the_same_on_one_and_two_ranks_and_two_batch_sizes(split, tmp_path):
+    """The loss of the same (initial) weights, from batches of 4 and 2 on one rank and 2 per rank on two."""
+    losses = []
+    for name, batch_size, launcher in (('a', 4, ('python',)), ('b', 2, ('python',)), ('c', 4, ('composer', '-n', '2'))):
+        results = tmp_path / f'{name}.json'
+        flags = [*TINY, '--image_size', '32', '--batch_size', str(batch_size), '--max_duration', '1ba']
+        run = run_cli(
+            *flags,
+            '--eval_local',
+            split,
+            '--results_json',
+            str(results),
+            launcher=launcher,
+            env={'OMP_NUM_THREADS': '1'},
+        )
+        summary = results_of(run, results)
+        assert summary['world_size'] == (2 if name == 'c' else 1)
+        losses.append(summary['val_loss_curve'][0][1])
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6) and losses[2] == pytest.approx(losses[0], rel=1e-6)
+
+
+def tiny_clip_folder(folder):
+    """A randomly initialized CLIP model with its processor, in the layout CLIPModel.from_pretrained reads."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizerFast
+
+    from tokenizer import clip_tokenizer_folder
+
+    small = {'hidden_size': 32, 'intermediate_size': 37, 'num_attention_heads': 4, 'num_hidden_layers': 2}
+    config = CLIPConfig(
+        text_config={**small, 'max_position_embeddings': 77},
+        vision_config={**small, 'image_size': 32, 'patch_size': 8},
+        projection_dim=16,
+    )
+    CLIPModel(config).save_pretrained(folder)
+    processor = CLIPProcessor(
+        image_processor=CLIPImageProcessor(size={'shortest_edge': 32}, crop_size={'height': 32, 'width': 32}),
+        tokenizer=CLIPTokenizerFast.from_pretrained(clip_tokenizer_folder()),
+    )
+    processor.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.slow
+def test_exported_pipeline_checkpoint_and_sample_grids(split, tmp_path, capfd):
+    import torchvision
+    from diffusers import StableDiffusionPipeline
+    from PIL import Image
+
+    from export import build_pipeline
+    from export import generate as draw
+
+    pipe, samples, checkpoints = tmp_path / 'pipe', tmp_path / 'samples', tmp_path / 'ckpt'
+    flags = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '8', '--max_duration', '30ba', '--use_ema']
+    flags += [
+        '--ema_half_life',
+        '10ba',
+        '--sample_interval',
+        '30ba',
+        '--sample_steps',
+        '4',
+        '--sample_dir',
+        str(samples),
+    ]
+    flags += ['--export_pipeline', str(pipe), '--save_folder', str(checkpoints), '--save_interval', '30ba']
+    main(parse_args(flags))
+    grids = sorted(path.name for path in samples.iterdir())
+    assert grids == [
+        'samples-ba000000.png',
+        'samples-ba000030.png',
+        'samples-ema-ba000000.png',
+        'samples-ema-ba000030.png',
+    ]
+    untrained, trained = (torch.tensor(list(Image.open(samples / grid).getdata())) for grid in grids[:2])
+    assert untrained.shape == trained.shape == ((4 * 34 + 2) * (2 * 34 + 2), 3)  # 4 prompts x 2 seeds, 32px + padding
+    assert (untrained - trained).abs().float().mean() > 5  # what it learned shows
+
+    pipeline = StableDiffusionPipeline.from_pretrained(pipe, local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+
+    def image(pipeline):
+        generator = torch.Generator().manual_seed(3)
+        return pipeline('a red circle', height=32, width=32, num_inference_steps=4, generator=generator).images[0]
+
+    first, second = image(pipeline), image(pipeline)
+    assert list(first.getdata()) == list(second.getdata())  # the same seed, the same image
+    torch.manual_seed(17)  # benchmark.py's seed: the untrained model of the run
+    untrained_pipeline = build_pipeline(build_model('tiny'))
+    untrained_pipeline.set_progress_bar_config(disable=True)
+    assert list(image(untrained_pipeline).getdata()) != list(first.getdata())
+
+    # generate.py from the folder and from the checkpoint's EMA weights: the same images.
+    prompts = ['a red circle on a blue background', 'a yellow square']
+    common = ['--prompt', prompts[0], '--prompt', prompts[1], '--steps', '4', '--batch_size', '1', '--image_size', '32']
+    from_folder = generate.main(generate.parse_args([*common, '--pipeline', str(pipe), '--out', str(tmp_path / 'g1')]))
+    checkpoint = ['--checkpoint', str(checkpoints / 'latest-rank0.pt'), '--model_name', 'tiny', '--ema']
+    torch.manual_seed(0)  # Inception v3 weights made here, at random: nothing is downloaded
+    weights = tmp_path / 'inception.pt'
+    torch.save(torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=True).state_dict(), weights)
+    scores = [
+        '--clip_model',
+        tiny_clip_folder(tmp_path / 'clip'),
+        '--fid_reference',
+        split,
+        '--fid_weights',
+        str(weights),
+    ]
+    args = generate.parse_args([*common, *checkpoint, *scores, '--out', str(tmp_path / 'g2')])
+    from_checkpoint = generate.main(args)
+    assert from_folder.shape == from_checkpoint.shape == (2, 3, 32, 32)
+    assert torch.allclose(from_folder, from_checkpoint, atol=1e-5)
+    assert sorted(path.name for path in (tmp_path / 'g2').iterdir()) == ['0000.png', '0001.png', 'prompts.txt']
+    out = capfd.readouterr().out
+    assert 'CLIP score: not computed; it needs --clip_model DIR' in out  # the run without weights says what it needs
+    assert 'CLIP score: ' in out.split('2 image(s)')[-1] and 'FID: ' in out.split('2 image(s)')[-1]
+    direct = draw(pipeline, prompts, [0, 1], 4, 7.5, 32, CaptionTokenizer(str(pipe / 'tokenizer')))
+    assert torch.allclose(direct, from_folder, atol=1e-6)
