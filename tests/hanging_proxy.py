@@ -1,6 +1,7 @@
 """A TCP proxy to an S3 server that hangs on SIGUSR1: from then on it accepts connections and holds them, and
 passes no byte either way on old or new ones, as a server that hangs mid-run does. Run as
-`python hanging_proxy.py UPSTREAM_PORT`; it prints the port it listens on, then serves until killed."""
+`python hanging_proxy.py UPSTREAM_PORT HUNG_AT_FILE`; it prints the port it listens on, then serves until killed,
+and writes the time (time.time()) it was told to hang into HUNG_AT_FILE."""
 
 import signal
 import socket
@@ -36,5 +37,11 @@ def serve(upstream_port: int) -> None:
 
 
 if __name__ == '__main__':
-    signal.signal(signal.SIGUSR1, lambda *_: hung.set())
+
+    def hang(*_):
+        hung.set()
+        with open(sys.argv[2], 'w') as file:
+            file.write(repr(time.time()))
+
+    signal.signal(signal.SIGUSR1, hang)
     serve(int(sys.argv[1]))

@@ -381,6 +381,10 @@ def _two_rank_worker(rank: int, port: int):
     tdist.all_gather_object(gathered, [t.sum().item() for t in weights.tensors])
     assert gathered[0] == gathered[1]
     tdist.destroy_process_group()
+    # Every check has passed. With torch 2.11 (not 2.7) a spawned process that ran DDP or FSDP on gloo sometimes
+    # aborts in its exit, after this function returns ('terminate called without an active exception'): leave
+    # without the interpreter's teardown.
+    os._exit(0)
 
 
 @pytest.mark.slow
