@@ -4,32 +4,37 @@ ConstantWithWarmupScheduler), and caption dropout, which trains on the empty cap
 that the model also learns the unconditional prediction classifier-free guidance needs.
 """
 
+from pathlib import Path
+
 import torch
 from composer.algorithms import GradientClipping
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 from composer.optim import ConstantScheduler, ConstantWithWarmupScheduler
 
+from config import caption_inputs
 from tokenizer import CaptionTokenizer
 
 
 class CaptionDropout(Algorithm):
-    """Replaces each caption of a batch by the empty one with probability `probability`, after the loader.
+    """Replaces each caption of a batch by the empty one with probability `probability`, after the loader: in every
+    caption column (SDXL has one per text encoder), each padded as its encoder was trained.
 
     The draws come from torch's global generator, whose state Composer's checkpoints save and restore, so a resumed
     run drops the same captions as an uninterrupted one."""
 
-    def __init__(self, probability: float, empty_caption: torch.Tensor):
+    def __init__(self, probability: float, empty_captions: dict[str, torch.Tensor]):
         self.probability = probability
-        self.empty_caption = empty_caption  # the 77 token ids of ''
+        self.empty_captions = empty_captions  # caption column -> the 77 token ids of ''
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_DATALOADER and self.probability > 0
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        input_ids = state.batch['input_ids']
-        dropped = torch.rand(input_ids.shape[0]) < self.probability
-        input_ids[dropped.to(input_ids.device)] = self.empty_caption.to(input_ids.device)
+        dropped = torch.rand(state.batch['input_ids'].shape[0]) < self.probability
+        for column, empty in self.empty_captions.items():  # the same captions dropped in every column
+            ids = state.batch[column]
+            ids[dropped.to(ids.device)] = empty.to(ids.device)
 
 
 def stability_algorithms(config) -> list[Algorithm]:
@@ -37,7 +42,12 @@ def stability_algorithms(config) -> list[Algorithm]:
     if config.grad_clip_norm:
         algorithms.append(GradientClipping(clipping_type='norm', clipping_threshold=config.grad_clip_norm))
     if config.caption_dropout:
-        algorithms.append(CaptionDropout(config.caption_dropout, CaptionTokenizer(config.tokenizer)('')))
+        inputs = caption_inputs(Path(config.model_dir))
+        empty = {
+            column: CaptionTokenizer(config.tokenizer, pad)('')
+            for column, pad in zip(inputs.id_columns, inputs.pad_ids)
+        }
+        algorithms.append(CaptionDropout(config.caption_dropout, empty))
     return algorithms
 
 

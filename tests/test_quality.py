@@ -162,13 +162,15 @@ def test_everything_new_is_off_by_default(split):
 
 def test_caption_dropout_rate_is_within_tolerance():
     empty = CaptionTokenizer()('')
+    empty_2 = CaptionTokenizer(pad_id=49407)('')  # SDXL: a second column, padded as its first encoder was trained
     captions = torch.randint(1, 1000, (20_000, 77))
-    state = SimpleNamespace(batch={'input_ids': captions.clone()})
+    state = SimpleNamespace(batch={'input_ids': captions.clone(), 'input_ids_2': captions.clone()})
     torch.manual_seed(0)
-    CaptionDropout(0.1, empty).apply(None, state, None)
+    CaptionDropout(0.1, {'input_ids': empty, 'input_ids_2': empty_2}).apply(None, state, None)
     dropped = (state.batch['input_ids'] == empty).all(dim=1)
     assert dropped.float().mean().item() == pytest.approx(0.1, abs=0.01)  # 4.7 standard deviations
     assert torch.equal(state.batch['input_ids'][~dropped], captions[~dropped])
+    assert torch.equal((state.batch['input_ids_2'] == empty_2).all(dim=1), dropped)  # the same captions in both
 
 
 class RecordOptimizer(Callback):
