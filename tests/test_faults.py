@@ -244,37 +244,6 @@ def test_a_hung_server_is_reported_within_about_a_minute(hung_server):
     assert 'Traceback' not in run.stderr and seconds < 90, seconds
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('workers', ['0', '2'])
-def test_a_server_that_dies_mid_run_ends_it_with_one_line(tmp_path, workers):
-    """400 samples in 200 shards on a real S3 server, killed when the first batch arrives: the run must end with
-    the remote named, exit status 1 and no results, not run out its epoch early and exit 0."""
-    folder = Path(write_dataset(tmp_path / 'mds', good_samples(400), size_limit=1 << 12))
-    server, endpoint = start_s3_server()
-    try:
-        client = s3_client(endpoint)
-        for path in folder.iterdir():
-            client.upload_file(str(path), 'bucket', f'mds/{path.name}')
-        env = {**os.environ, 'S3_ENDPOINT_URL': endpoint, **S3_CREDENTIALS, 'PROBE_DIR': str(tmp_path)}
-        env.update({'PROBE_KILL_PID': str(server.pid), 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'})
-        flags = [*REAL_DATA, '--batch_size', '8', '--remote', 's3://bucket/mds', '--num_workers', workers]
-        start = time.monotonic()
-        run = subprocess.run(
-            [sys.executable, str(REPO / 'tests' / 'two_rank_probe.py'), *flags, '--results_json', str(tmp_path / 'r')],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        seconds = time.monotonic() - start
-    finally:
-        server.kill()
-    assert run.returncode == 1, run.stderr[-3000:]
-    assert 'error: s3://bucket/mds: reading shards failed: EndpointConnectionError' in run.stderr, run.stderr[-3000:]
-    assert 'Traceback' not in run.stderr and seconds < 120
-    assert not (tmp_path / 'r').exists() and not (tmp_path / 'rank0.json').exists()
-
-
 def run_probe_against_s3(tmp_path, endpoint, workers, env):
     """two_rank_probe.py on 400 samples in 200 shards uploaded to the S3 server at `endpoint`: (run, seconds)."""
     folder = Path(write_dataset(tmp_path / 'mds', good_samples(400), size_limit=1 << 12))
@@ -293,6 +262,22 @@ def run_probe_against_s3(tmp_path, endpoint, workers, env):
         timeout=400,
     )
     return run, time.monotonic() - start
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('workers', ['0', '2'])
+def test_a_server_that_dies_mid_run_ends_it_with_one_line(tmp_path, workers):
+    """400 samples in 200 shards on a real S3 server, killed when the first batch arrives: the run must end with
+    the remote named, exit status 1 and no results, not run out its epoch early and exit 0."""
+    server, endpoint = start_s3_server()
+    try:
+        run, seconds = run_probe_against_s3(tmp_path, endpoint, workers, {'PROBE_KILL_PID': str(server.pid)})
+    finally:
+        server.kill()
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert 'error: s3://bucket/mds: reading shards failed: EndpointConnectionError' in run.stderr, run.stderr[-3000:]
+    assert 'Traceback' not in run.stderr and seconds < 120
+    assert not (tmp_path / 'r').exists() and not (tmp_path / 'rank0.json').exists()
 
 
 @pytest.mark.slow
