@@ -5,7 +5,7 @@ PYTHON ?= python3
 export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: install bench lint format test test-fast test-gpu test-current clean
+.PHONY: install bench lint format test test-fast test-gpu gpu-check test-current clean
 
 install: $(VENV)/.installed
 
@@ -40,6 +40,17 @@ test-fast: install
 
 test-gpu: install
 	$(VENV)/bin/python -m pytest -m gpu
+
+# A GPU machine's verdict in one command (docs/testing.md): the gpu tier, then SD2 base at 512px with the published
+# microbatch of 4, 4 microbatches per GPU for 12 batches, with the encoders online and from precomputed latents
+# (random tensors: the GPUs are measured, not the data); each run prints img/s, MFU and peak memory.
+GPU_CHECK_RUN = --model_name sd2-base --use_synth_data --image_size 512 --device_train_microbatch_size 4 --max_duration 12ba
+gpu-check: install
+	@$(VENV)/bin/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device')"
+	$(VENV)/bin/python -m pytest -m gpu
+	gpus=$$($(VENV)/bin/python -c 'import torch; print(torch.cuda.device_count())'); \
+	$(VENV)/bin/composer benchmark.py $(GPU_CHECK_RUN) --batch_size $$((16 * gpus)) --results_json results/gpu-check-online.json && \
+	$(VENV)/bin/composer benchmark.py $(GPU_CHECK_RUN) --batch_size $$((16 * gpus)) --precomputed_latents --results_json results/gpu-check-precomputed.json
 
 # The second CPU lane, on today's stack rather than the pins (docs/install.md): a separate venv with torch from
 # PyPI (a CUDA build, which loads its nvidia-* libraries even on a CPU, so pip installs them as usual), the

@@ -152,6 +152,7 @@ def summarize(trainer: Trainer, config: RunConfig) -> Results:
         mfu=mfu(flops_per_sec, config.world_size, peak),
         throughput_windows=len(logged.get('throughput/samples_per_sec', [])),
         peak_gpu_memory_gb=torch.cuda.max_memory_allocated() / 1e9 if has_gpu else None,
+        device_train_microbatch_size=trainer.state.device_train_microbatch_size,
         bad_samples=int(logged['data/bad_samples'][-1][1]) if logged.get('data/bad_samples') else 0,
         device_type='gpu' if has_gpu else 'cpu',
         device_name=device_name,
@@ -195,6 +196,11 @@ def print_summary(results: Results) -> None:
     if results.mfu:
         line += f', MFU {100 * results.mfu:.1f}%'
     print(line + f'; median of {results.throughput_windows} rolling windows', flush=True)
+    if results.peak_gpu_memory_gb is not None:
+        line = f'peak GPU memory: {results.peak_gpu_memory_gb:.1f} GB allocated (rank 0)'
+        if results.config.get('device_train_microbatch_size') == 'auto':
+            line += f'; --device_train_microbatch_size auto found {results.device_train_microbatch_size}'
+        print(line, flush=True)
     if results.val_loss_curve:
         line = f'validation loss: {results.val_loss_curve[0][1]:.5f} at the start, {results.val_loss:.5f} at the end'
         if results.val_loss_ema is not None:

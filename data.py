@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import urllib.parse
 from collections import Counter
 from dataclasses import dataclass
@@ -32,7 +33,9 @@ from streaming.base import util as streaming_util
 from streaming.base.compression import decompress
 from streaming.base.dataset import _ShardState
 from streaming.base.format import reader_from_json
-from streaming.base.storage.download import CloudDownloader
+from streaming.base.shared.prefix import _get_path
+from streaming.base.storage import download as streaming_download
+from streaming.base.storage.download import CloudDownloader, S3Downloader
 from torch.utils.data import Dataset, default_collate
 
 from images import MAX_IMAGE_PIXELS, BadSample, decode_image, size_conditions
@@ -43,6 +46,27 @@ log = logging.getLogger(__name__)
 # 2 retries after backoff (botocore's standard mode; Streaming's download_retry): a server that is down or
 # hung is reported in about a minute, not after minutes of silence.
 CONNECT_TIMEOUT, READ_TIMEOUT, RETRIES = 10, 20, 2
+
+
+class S3DownloaderOneTransferAttempt(S3Downloader):
+    """Streaming's S3 downloader, less the retries it inherits from boto3. s3transfer retries a GET whose body
+    stops arriving 5 times (TransferConfig's default, kept by Streaming), inside each of Streaming's tries, and
+    botocore retries each request (AWS_MAX_ATTEMPTS, see CheckedStreamingDataset): a server that hung in the
+    middle of a download was reported after up to 15 reads of 20 s (seen: 122 s, not the 55 s of a hang between
+    downloads). One attempt in each leaves Streaming's download_retry the only retries."""
+
+    def _create_s3_client(self, *args, **kwargs) -> None:
+        super()._create_s3_client(*args, **kwargs)
+        download_file = self._s3_client.download_file
+
+        def download_file_once(*args, Config, **kwargs):  # noqa: N803 (boto3's name)
+            Config.num_download_attempts = 1
+            return download_file(*args, Config=Config, **kwargs)
+
+        self._s3_client.download_file = download_file_once
+
+
+streaming_download.DOWNLOADER_MAPPINGS[S3Downloader._client_identifier()] = S3DownloaderOneTransferAttempt
 
 
 @dataclass(frozen=True)
@@ -152,6 +176,19 @@ class DataError(RuntimeError):
 # -------------------------------------------------------------------------------- streaming dataset
 
 
+class NodeStopEvent(threading.Event):
+    """Streaming's stop event for the threads of one loader worker, which also reads as set once a failure is
+    recorded at `failure_path` by any worker or rank on the node (see CheckedStreamingDataset._record_failure).
+    Streaming's threads and yield loop poll is_set, so they stop within a tick."""
+
+    def __init__(self, failure_path: str):
+        super().__init__()
+        self.failure_path = failure_path
+
+    def is_set(self) -> bool:
+        return super().is_set() or os.path.exists(self.failure_path)
+
+
 class CheckedStreamingDataset(StreamingDataset):
     """Streaming's dataset over a checked location (see resolve_location), whose shards must hold the columns
     the subclass reads; and a download that fails in its background threads (a remote that died, a shard
@@ -194,6 +231,10 @@ class CheckedStreamingDataset(StreamingDataset):
         for shard in self.shards:
             columns = getattr(shard, 'column_names', None)
             check_columns(self.location, shard.raw_data.basename, columns, self.precomputed)
+        self._failure_path = os.path.join(self._filelock_root, _get_path(self._shm_prefix_int, 'read_failure'))
+        if self._unique_rank_world.is_local_leader:  # one left by a run killed before it could remove it
+            Path(self._failure_path).unlink(missing_ok=True)
+            atexit.register(Path(self._failure_path).unlink, missing_ok=True)
 
     def _prepare_thread(self, it) -> None:
         self._keep_failure(super()._prepare_thread, it)
@@ -202,36 +243,52 @@ class CheckedStreamingDataset(StreamingDataset):
         self._keep_failure(super()._ready_thread, it)
 
     def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
+        if (failure := self._failure_elsewhere()) is not None:  # not one more download of a dead remote
+            raise failure
         try:
             super().prepare_shard(shard_id, blocking)
         except BaseException as error:
+            failure = None
+            if isinstance(error, Exception):  # not Ctrl-C
+                failure = self._reading_failed(error)
+                if self.streams[self.stream_per_shard[shard_id]].remote is None:  # nowhere to fetch it from
+                    name = self.shards[shard_id].raw_data.basename
+                    failure = DataError(
+                        f'{self.location}: shard {name} is gone or unreadable; it was whole at start (deleted, '
+                        'moved or cut short while the run read it?)'
+                    )
+                self._record_failure(failure)  # before the shard state changes, which wakes the waiting workers
             # Streaming leaves a shard whose download failed in its PREPARING state, and every thread or loader
             # worker that needs the shard waits for it forever (seen: runs hung at 0% CPU after a server died).
-            # Marked remote again, they try it themselves, and fail with the error.
+            # Marked remote again, they wake, find the failure recorded, and stop with it.
             if self._shard_states[shard_id] == _ShardState.PREPARING:
                 self._shard_states[shard_id] = _ShardState.REMOTE
-            if self.streams[self.stream_per_shard[shard_id]].remote is None:  # nowhere to fetch it from
-                name = self.shards[shard_id].raw_data.basename
-                raise DataError(
-                    f'{self.location}: shard {name} is gone or unreadable; it was whole at start (deleted, moved or '
-                    'cut short while the run read it?)'
-                ) from error
-            raise
+            if failure is None:
+                raise
+            raise failure from error
 
     def _keep_failure(self, thread, it) -> None:
         try:
             thread(it)
         except Exception as error:  # kept for __iter__, which names it; no thread traceback on the console
             self._background_error = error
+            self._record_failure(self._reading_failed(error))
             self._event.set()  # as Streaming does on a thread's failure: the other threads and the yield loop stop
             # A thread that raises never reports its exit, and the iterator's exit() waited for it forever when
             # the yield loop ended first (seen: loader workers hung at 0% CPU after a server died).
             it.on_exit()
 
     def __iter__(self):
+        if (failure := self._failure_elsewhere()) is not None:
+            raise failure
+        if not hasattr(self, '_event'):  # made here, in the loader worker, as Streaming makes its own
+            self._event = NodeStopEvent(self._failure_path)
         yield from super().__iter__()
+        # Streaming's yield loop ends quietly, as at the end of the epoch, when its event is set.
         if self._background_error is not None:
             raise self._reading_failed(self._background_error)
+        if (failure := self._failure_elsewhere()) is not None:
+            raise failure
 
     def get_item(self, sample_id: int, retry: int = 7):
         try:
@@ -240,8 +297,34 @@ class CheckedStreamingDataset(StreamingDataset):
             raise
         except Exception as error:  # a shard deleted or cut short since the checks at start, a failed download
             if self._background_error is not None:  # Streaming's get_item only says a thread failed
-                raise self._reading_failed(self._background_error) from error
-            raise self._reading_failed(error, sample_id) from error
+                failure = self._reading_failed(self._background_error)
+            else:
+                failure = self._failure_elsewhere() or self._reading_failed(error, sample_id)
+            self._record_failure(failure)
+            raise failure from error
+
+    # A read that fails in one loader worker or rank must stop the others on the node at once. The loader hands
+    # batches over in worker order, so the run waits on the next worker's batch, not on the one that failed; and
+    # that worker, woken by the shard marked remote again, fetched it itself: against a hung server, a second
+    # minute of timeouts before the run ended (seen: 123 s instead of 55 s). The first failure is kept in a file
+    # beside Streaming's locks, named with its shared-memory prefix, so one per dataset per node.
+
+    def _record_failure(self, failure: DataError) -> None:
+        """Keep the first failure on the node; written whole, then linked, so no reader sees half a line."""
+        partial = f'{self._failure_path}.{os.getpid()}.{threading.get_ident()}'
+        Path(partial).write_text(str(failure))
+        try:
+            os.link(partial, self._failure_path)
+        except FileExistsError:
+            pass
+        finally:
+            os.remove(partial)
+
+    def _failure_elsewhere(self) -> DataError | None:
+        try:
+            return DataError(Path(self._failure_path).read_text())
+        except FileNotFoundError:
+            return None
 
     def _reading_failed(self, error: BaseException, sample_id: int | None = None) -> DataError:
         if isinstance(error, DataError):

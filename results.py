@@ -40,7 +40,8 @@ class Results:
     flops_per_sec: float | None = None
     mfu: float | None = None  # flops_per_sec / (num_devices x peak), against PEAK_FLOPS
     throughput_windows: int | None = None
-    peak_gpu_memory_gb: float | None = None
+    peak_gpu_memory_gb: float | None = None  # torch.cuda.max_memory_allocated of rank 0, in 1e9 bytes
+    device_train_microbatch_size: int | None = None  # what the run trained with; with 'auto', what Composer found
     bad_samples: int | None = None
     val_loss: float | None = None  # the held-out validation loss at the end (evaluation.py)
     val_loss_ema: float | None = None  # the same, of the EMA weights

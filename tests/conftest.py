@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(config, items):
 
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason='needs a CUDA GPU: run make test-gpu on a machine with one')
+    skip = pytest.mark.skip(reason='no CUDA device')
     for item in items:
         if 'gpu' in item.keywords:
             item.add_marker(skip)
@@ -83,6 +83,26 @@ def final_weights(trainer) -> dict:
             with algorithm.ema_weights():
                 weights.update({f'ema.{name}': value.clone() for name, value in model.unet.state_dict().items()})
     return weights
+
+
+def fixed_batch(n=4, image_size=64, model_name='tiny'):
+    """n synthetic samples for `model_name` with the noise, latent noise and timesteps drawn: a deterministic step."""
+    import torch
+    from torch.utils.data import default_collate
+
+    from config import CONFIGS_DIR, caption_inputs
+    from data import SyntheticImageCaptionDataset
+
+    dataset = SyntheticImageCaptionDataset(image_size, inputs=caption_inputs(CONFIGS_DIR / model_name))
+    batch = default_collate([dataset[i] for i in range(n)])
+    generator = torch.Generator().manual_seed(1)
+    latent_shape = (n, 4, image_size // 8, image_size // 8)
+    return {
+        **batch,
+        'noise': torch.randn(latent_shape, generator=generator),
+        'latent_noise': torch.randn(latent_shape, generator=generator),
+        'timesteps': torch.randint(0, 1000, (n,), generator=generator),
+    }
 
 
 # ------------------------------------------------------------------------------------- processes

@@ -416,13 +416,24 @@ def test_local_folder_loads_weights_when_present(tmp_path):
 @pytest.mark.slow
 def test_composer_launcher_end_to_end(tmp_path):
     results = tmp_path / 'results.json'
-    run = run_cli(*TINY, '--batch_size', '8', '--max_duration', '6ba', '--results_json', str(results))
+    run = run_cli(
+        *TINY,
+        '--batch_size',
+        '8',
+        '--device_train_microbatch_size',
+        '4',
+        '--max_duration',
+        '6ba',
+        '--results_json',
+        str(results),
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert 'throughput:' in run.stdout
     summary = json.loads(results.read_text())
     assert summary['img_per_sec'] > 0 and summary['img_per_sec_per_device'] > 0
     assert summary['flops_per_sec'] > 0 and summary['flops_per_image'] > 0
-    assert summary['mfu'] is None  # no known peak FLOP/s on a CPU
+    assert summary['mfu'] is None and summary['peak_gpu_memory_gb'] is None  # no known peak FLOP/s on a CPU
+    assert summary['device_train_microbatch_size'] == 4
     assert summary['world_size'] == 1 and summary['device_type'] == 'cpu'
     assert summary['config']['batch_size'] == 8 and summary['versions']['mosaicml'] == '0.32.1'
 

@@ -5,6 +5,7 @@ bad input to every script, refused before any work."""
 import dataclasses
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -29,12 +30,14 @@ from conftest import (
     start_s3_server,
     write_dataset,
 )
+from streaming.base.storage.download import CloudDownloader
 
 import convert
 import precompute
 import report
 from benchmark import IncompleteRun, main
 from config import ConfigError, parse_args, resolve_config
+from data import DataError, S3DownloaderOneTransferAttempt, StreamingLAIONDataset
 
 # The tiny model on real images: 24 samples in shards of a few samples each, batches of 4.
 REAL_DATA = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '4', '--max_duration', '1ep']
@@ -278,6 +281,28 @@ def test_a_server_that_dies_mid_run_ends_it_with_one_line(tmp_path, workers):
     assert 'error: s3://bucket/mds: reading shards failed: EndpointConnectionError' in run.stderr, run.stderr[-3000:]
     assert 'Traceback' not in run.stderr and seconds < 120
     assert not (tmp_path / 'r').exists() and not (tmp_path / 'rank0.json').exists()
+
+
+def test_a_read_failure_in_one_loader_worker_stops_the_others_with_the_same_line(tmp_path):
+    """Loader workers and ranks on a node share the first failure: the run waits on the next worker's batch,
+    not on the one that failed, and that worker must stop at its next read rather than fetch on its own."""
+    folder = write_dataset(tmp_path / 'mds', good_samples(40), size_limit=1 << 12)
+    worker = StreamingLAIONDataset(local=folder, image_size=32, batch_size=4)
+    other_worker = pickle.loads(pickle.dumps(worker))  # as the loader hands the dataset to a spawned worker
+    samples = iter(worker)
+    next(samples)
+    line = f'{folder}: reading shards failed: ReadTimeoutError: Read timeout on endpoint URL: "shard.00003.mds"'
+    other_worker._record_failure(DataError(line))
+    read = []
+    with pytest.raises(DataError) as stopped:
+        read.extend(samples)
+    assert str(stopped.value) == line and len(read) <= 1  # at its next sample, not at the end of the epoch (39)
+    with pytest.raises(DataError, match='reading shards failed'):  # nor does a new epoch start
+        next(iter(worker))
+    with pytest.raises(DataError, match='reading shards failed'):  # nor one more download
+        worker.prepare_shard(5)
+    # One attempt per download in s3transfer: Streaming's retries are the only ones.
+    assert type(CloudDownloader.get('s3://bucket/mds')) is S3DownloaderOneTransferAttempt
 
 
 @pytest.mark.slow

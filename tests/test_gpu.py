@@ -1,16 +1,29 @@
-"""The gpu tier (make test-gpu): every path that runs only on CUDA, on the tiny model for a few batches, and one
-step of SD2 base. Skipped where no GPU is visible; CUDA is hidden from every other tier (conftest.py)."""
+"""The gpu tier (make test-gpu): every path that runs only on CUDA, each asserted against a reference. Runs of the
+tiny model on random tensors (seconds each), and SD2 base at full size where size matters (memory, kernels,
+microbatch search). Skipped with the reason 'no CUDA device' where none is visible; CUDA is hidden from every
+other tier (conftest.py).
+
+A speed flag must keep the step: the same first loss and first gradient as the plain run, from the same init on
+the same batch with the same noise, and the same update after 4 steps of AdamW. Tolerances, as norms of the
+difference over the norm of the reference: in fp32 (TF32 convolutions, as cuDNN defaults) 1% for the gradient and
+5% for the update, which AdamW can flip where a gradient is near zero, as on CPU (test_precompute.py); against
+the plain bf16 run, 5% for the gradient of a flag that changes bf16 rounding."""
 
 import json
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
 from composer.core import Callback
-from conftest import TINY
+from conftest import TINY, final_weights
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import config
+import precompute
 from benchmark import main
 from config import parse_args, resolve_config
+from convert import ensure_sample_dataset
 from model import build_model
 from results import PEAK_FLOPS, gpu_key
 
@@ -18,35 +31,109 @@ pytestmark = pytest.mark.gpu
 
 # The tiny model on random tensors for 4 batches of 8, two loader workers: seconds on any GPU.
 RUN = [*TINY, '--image_size', '64', '--batch_size', '8', '--max_duration', '4ba', '--num_workers', '2']
+FP32 = [*RUN, '--precision', 'fp32']
+BF16 = [*RUN, '--precision', 'amp_bf16']
+# The published run's microbatch per A100-40GB; the card's 40 GiB less the CUDA context, in results' 10^9 bytes.
+PUBLISHED_MICROBATCH, A100_40GB_USABLE_GB = 4, 40.0
 
 
-class KeepLosses(Callback):
+class KeepSteps(Callback):
+    """The UNet's weights at the start, and each batch's loss; the gradient of the first batch."""
+
     def __init__(self):
-        self.losses = []
+        self.losses, self.init, self.first_gradient = [], None, None
+
+    def fit_start(self, state, logger):
+        self.init = unet_tensors(state.model, lambda p: p)
+
+    def after_backward(self, state, logger):
+        if self.first_gradient is None:
+            self.first_gradient = unet_tensors(state.model, lambda p: p.grad)
 
     def after_train_batch(self, state, logger):
         self.losses.append(state.loss.item())
 
 
-def train(tmp_path, *flags) -> tuple[dict, list[float], torch.nn.Module]:
-    """benchmark.main with these flags; its results file, the losses of its batches, and its model."""
-    keep = KeepLosses()
-    trainer = main(parse_args([*flags, '--results_json', str(tmp_path / 'results.json')]), callbacks=(keep,))
-    model = trainer.state.model.module if hasattr(trainer.state.model, 'module') else trainer.state.model
-    return json.loads((tmp_path / 'results.json').read_text()), keep.losses, model
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    while hasattr(model, 'module') or hasattr(model, '_orig_mod'):  # DDP, FSDP, torch.compile
+        model = model._orig_mod if hasattr(model, '_orig_mod') else model.module
+    return model
+
+
+def unet_tensors(model, pick) -> dict[str, torch.Tensor]:
+    """{parameter name: pick(parameter)} of the UNet, on the CPU in fp32, under names without FSDP's wrappers."""
+    return {
+        name.replace('_fsdp_wrapped_module.', ''): pick(p).detach().float().cpu().clone()
+        for name, p in unwrap(model).unet.named_parameters()
+        if pick(p) is not None
+    }
+
+
+@dataclass
+class Run:
+    results: dict
+    losses: list[float]
+    init: dict[str, torch.Tensor]
+    first_gradient: dict[str, torch.Tensor]
+    final: dict[str, torch.Tensor]
+    trainer: object
+
+
+def train(tmp_path, *flags) -> Run:
+    """benchmark.main with these flags: its results file, losses, first gradient and UNet weights."""
+    keep = KeepSteps()
+    results_json = tmp_path / f'results-{len(list(tmp_path.glob("results-*")))}.json'
+    trainer = main(parse_args([*flags, '--results_json', str(results_json)]), callbacks=(keep,))
+    final = unet_tensors(trainer.state.model, lambda p: p)
+    return Run(json.loads(results_json.read_text()), keep.losses, keep.init, keep.first_gradient, final, trainer)
+
+
+def relative_difference(tensors: dict, reference: dict) -> float:
+    assert tensors.keys() == reference.keys()
+    difference = torch.cat([(tensors[name] - reference[name]).flatten() for name in reference])
+    return (difference.norm() / torch.cat([tensor.flatten() for tensor in reference.values()]).norm()).item()
+
+
+def update(run: Run) -> dict[str, torch.Tensor]:
+    return {name: run.final[name] - run.init[name] for name in run.init}
+
+
+def assert_same_step(run: Run, plain: Run, gradient_tolerance: float, update_tolerance: float | None) -> None:
+    assert len(run.losses) == 4 and all(math.isfinite(loss) for loss in run.losses)
+    assert relative_difference(run.init, plain.init) == 0  # the same seed, the same init
+    assert run.losses[0] == pytest.approx(plain.losses[0], rel=gradient_tolerance)
+    assert relative_difference(run.first_gradient, plain.first_gradient) < gradient_tolerance
+    assert any(tensor.abs().max() > 0 for tensor in update(plain).values())  # the plain run stepped
+    if update_tolerance is not None:
+        assert relative_difference(update(run), update(plain)) < update_tolerance
+
+
+@pytest.fixture(scope='module')
+def plain_fp32(tmp_path_factory):
+    return train(tmp_path_factory.mktemp('fp32'), *FP32)
+
+
+@pytest.fixture(scope='module')
+def plain_bf16(tmp_path_factory):
+    return train(tmp_path_factory.mktemp('bf16'), *BF16)
+
+
+# ------------------------------------------------------------------------------------------ defaults
 
 
 def test_gpu_defaults_are_the_published_run():
-    config = resolve_config(parse_args(['--use_synth_data']))
-    assert config.model_name == 'sd2-base' and any('a GPU is present' in note for note in config.notes)
-    assert (config.image_size, config.batch_size, config.device_train_microbatch_size) == (512, 2048, 4)
-    assert (config.precision, config.pin_memory, config.num_workers) == ('amp_bf16', True, 8)
+    run_config = resolve_config(parse_args(['--use_synth_data']))
+    assert run_config.model_name == 'sd2-base' and any('a GPU is present' in note for note in run_config.notes)
+    assert (run_config.image_size, run_config.batch_size, run_config.device_train_microbatch_size) == (512, 2048, 4)
+    assert (run_config.precision, run_config.pin_memory, run_config.num_workers) == ('amp_bf16', True, 8)
 
 
-def test_tiny_model_trains_on_the_gpu_in_bf16(tmp_path):
-    results, losses, model = train(tmp_path, *RUN)
+def test_tiny_model_trains_on_the_gpu_in_bf16(plain_bf16):
+    run = plain_bf16
+    model = unwrap(run.trainer.state.model)
     assert {p.device.type for p in model.parameters()} == {'cuda'}
-    assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses)
+    assert len(run.losses) == 4 and all(math.isfinite(loss) for loss in run.losses)
+    results = run.results
     assert results['device_type'] == 'gpu' and results['device_name'] == torch.cuda.get_device_name()
     assert results['img_per_sec'] > 0 and results['peak_gpu_memory_gb'] > 0
     assert results['config']['precision'] == 'amp_bf16' and results['config']['pin_memory'] is True
@@ -55,61 +142,86 @@ def test_tiny_model_trains_on_the_gpu_in_bf16(tmp_path):
         assert results['mfu'] == pytest.approx(results['flops_per_sec'] / (results['num_devices'] * peak))
 
 
-@pytest.mark.parametrize(
-    'flags',
-    [
-        ['--precision', 'amp_fp16'],
-        ['--channels_last'],
-        ['--fused_adamw'],
-        ['--low_precision_norm'],
-        ['--encoders_bf16'],
-        ['--no-pin_memory'],
-        ['--device_train_microbatch_size', 'auto'],
-        ['--device_train_microbatch_size', '2'],
-        ['--fsdp', 'shard_grad_op'],
-        ['--fsdp', 'full_shard', '--use_ema'],
-        ['--use_ema', '--ema_offload'],
-        ['--compile'],
-        ['--precomputed_latents', '--fused_adamw'],
-    ],
-    ids=lambda flags: ' '.join(flags),
-)
-def test_speed_paths_train_on_the_gpu(tmp_path, flags):
-    results, losses, _ = train(tmp_path, *RUN, *flags)
-    assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses)
-    assert results['img_per_sec'] > 0
+# ------------------------------------------------------------------------------------------ SD2 base
 
 
-def test_xformers_attention_trains_on_the_gpu(tmp_path):
-    pytest.importorskip('xformers')
-    _, losses, _ = train(tmp_path, *RUN, '--attention', 'xformers')
-    assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses)
-
-
-def test_sd2_base_initializes_on_the_gpu():
-    model = build_model('sd2-base', init_device='cuda')
+def test_sd2_base_trains_the_published_microbatch_at_512px_within_an_a100_40gb(tmp_path):
+    """SD2 base initialized on the GPU, a 512px microbatch of 4 in bf16 with the VAE and text encoder online:
+    what the published run fitted in an A100-40GB."""
+    flags = ['--model_name', 'sd2-base', '--use_synth_data', '--image_size', '512', '--batch_size', '4']
+    run = train(tmp_path, *flags, '--device_train_microbatch_size', '4', '--max_duration', '3ba')
+    model = unwrap(run.trainer.state.model)
     assert {p.device.type for p in model.parameters()} == {'cuda'}
     assert sum(p.numel() for p in model.unet.parameters()) == 865_910_724
+    assert len(run.losses) == 3 and all(math.isfinite(loss) for loss in run.losses)
+    results = run.results
+    assert results['config']['precision'] == 'amp_bf16' and results['device_train_microbatch_size'] == 4
+    assert 0 < results['peak_gpu_memory_gb'] < A100_40GB_USABLE_GB
+    if gpu_key(results['device_name']) in PEAK_FLOPS:
+        assert 0 < results['mfu'] < 1
+    # 3 x UNet forward + VAE encoder + text encoder at 512px: 3 x 0.80 + 1.12 + 0.045 TFLOP.
+    assert results['flops_per_image'] == pytest.approx(3.58e12, rel=0.02)
 
 
-def test_sd2_base_trains_two_batches_at_256px(tmp_path):
-    results, losses, _ = train(
-        tmp_path,
-        '--model_name',
-        'sd2-base',
-        '--use_synth_data',
-        '--image_size',
-        '256',
-        '--batch_size',
-        '4',
-        '--device_train_microbatch_size',
-        '2',
-        '--max_duration',
-        '2ba',
-    )
-    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
-    # At 256px: 3 x UNet forward 0.18 + VAE encoder 0.27 + text encoder 0.045 TFLOP.
-    assert results['flops_per_image'] == pytest.approx(0.855e12, rel=0.02)
+def test_half_precision_losses_match_fp32_on_the_same_batch():
+    """The UNet's loss on one batch under autocast: bf16 within 2% of fp32, fp16 within 0.5%."""
+    torch.manual_seed(0)
+    model = build_model('sd2-base', precomputed=True, init_device='cuda')
+    generator = torch.Generator('cuda').manual_seed(1)
+    latents, noise = (torch.randn(2, 4, 32, 32, device='cuda', generator=generator) for _ in range(2))
+    conditioning = {'encoder_hidden_states': torch.randn(2, 77, 1024, device='cuda', generator=generator)}
+    timesteps = torch.tensor([100, 700], device='cuda')
+
+    def loss(dtype):
+        with torch.no_grad(), torch.autocast('cuda', dtype=dtype, enabled=dtype != torch.float32):
+            return model.loss(model.predict(latents, conditioning, noise, timesteps), None).item()
+
+    fp32 = loss(torch.float32)
+    assert math.isfinite(fp32)
+    assert loss(torch.bfloat16) == pytest.approx(fp32, rel=2e-2)
+    assert loss(torch.float16) == pytest.approx(fp32, rel=5e-3)
+
+
+def sd2_unet_and_inputs():
+    torch.manual_seed(0)
+    unet = build_model('sd2-base', precomputed=True, init_device='cuda').unet
+    generator = torch.Generator('cuda').manual_seed(1)
+    sample = torch.randn(2, 4, 32, 32, device='cuda', generator=generator)
+    text = torch.randn(2, 77, 1024, device='cuda', generator=generator)
+    return unet, (sample, torch.tensor([100, 700], device='cuda'), text)
+
+
+def test_unet_attention_runs_the_flash_kernel():
+    unet, inputs = sd2_unet_and_inputs()
+    with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # raises 'No available kernel' where flash cannot run
+            forced = unet(*inputs).sample
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            default = unet(*inputs).sample
+    names = {event.name for event in profile.events()}
+    assert any('flash' in name.lower() for name in names), sorted(names)[:40]
+    torch.testing.assert_close(default, forced)  # SDPA's own choice is the flash kernel
+
+
+def test_xformers_attention_matches_sdpa(tmp_path):
+    pytest.importorskip('xformers', reason='xFormers is not installed (no build for this torch)')
+    unet, inputs = sd2_unet_and_inputs()
+    with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+        sdpa = unet(*inputs).sample
+        unet.enable_xformers_memory_efficient_attention()
+        xformers = unet(*inputs).sample
+    torch.testing.assert_close(xformers, sdpa, rtol=2e-2, atol=2e-2)
+    run = train(tmp_path, *RUN, '--attention', 'xformers')
+    assert len(run.losses) == 4 and all(math.isfinite(loss) for loss in run.losses)
+
+
+def test_auto_microbatching_finds_a_size_for_sd2_base_at_512px(tmp_path):
+    flags = ['--model_name', 'sd2-base', '--use_synth_data', '--image_size', '512', '--batch_size', '16']
+    run = train(tmp_path, *flags, '--device_train_microbatch_size', 'auto', '--max_duration', '2ba')
+    found = run.results['device_train_microbatch_size']
+    assert run.results['config']['device_train_microbatch_size'] == 'auto'
+    assert found in (1, 2, 4, 8, 16), found
+    assert len(run.losses) == 2 and all(math.isfinite(loss) for loss in run.losses)
 
 
 @pytest.mark.parametrize('name', ['sd1.5', 'sd2-768-v', 'sdxl-base'])
@@ -117,10 +229,95 @@ def test_other_models_train_two_batches_at_256px(tmp_path, name):
     """Each built-in model, at full size, on the GPU in bf16: SDXL's two encoders, pooled embedding and size
     conditioning, v-prediction, OpenAI CLIP's quick_gelu."""
     flags = ['--model_name', name, '--use_synth_data', '--image_size', '256', '--batch_size', '2']
-    results, losses, model = train(tmp_path, *flags, '--device_train_microbatch_size', '1', '--max_duration', '2ba')
-    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+    run = train(tmp_path, *flags, '--device_train_microbatch_size', '1', '--max_duration', '2ba')
+    model = unwrap(run.trainer.state.model)
+    assert len(run.losses) == 2 and all(math.isfinite(loss) for loss in run.losses)
     assert {p.device.type for p in model.parameters()} == {'cuda'}
-    assert results['model_name'] == name and results['trained_parameters'] == sum(
-        p.numel() for p in model.unet.parameters()
+    assert run.results['model_name'] == name
+    assert run.results['trained_parameters'] == sum(p.numel() for p in model.unet.parameters())
+    assert run.results['peak_gpu_memory_gb'] > 0
+
+
+# ------------------------------------------------------------------------------------------ speed flags
+
+
+@pytest.mark.parametrize(
+    'flags', [['--channels_last'], ['--fused_adamw'], ['--compile'], ['--no-pin_memory']], ids=' '.join
+)
+def test_speed_flags_keep_the_fp32_step(tmp_path, plain_fp32, flags):
+    run = train(tmp_path, *FP32, *flags)
+    assert_same_step(run, plain_fp32, gradient_tolerance=1e-2, update_tolerance=5e-2)
+    if flags == ['--channels_last']:
+        conv = unwrap(run.trainer.state.model).unet.conv_in.weight
+        assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+
+
+@pytest.mark.parametrize('flags', [['--low_precision_norm'], ['--encoders_bf16']], ids=' '.join)
+def test_bf16_flags_keep_the_bf16_step(tmp_path, plain_bf16, flags):
+    run = train(tmp_path, *BF16, *flags)
+    assert_same_step(run, plain_bf16, gradient_tolerance=5e-2, update_tolerance=None)
+    if flags == ['--encoders_bf16']:
+        assert {p.dtype for p in unwrap(run.trainer.state.model).vae.parameters()} == {torch.bfloat16}
+
+
+def test_fsdp_shard_grad_op_on_one_gpu_matches_the_unsharded_run(tmp_path, plain_fp32):
+    """On one GPU the unsharded run is what DDP runs on each rank; FSDP's gradients live in its flat buffers, so
+    the comparison is of the first loss and the update."""
+    run = train(tmp_path, *FP32, '--fsdp', 'shard_grad_op')
+    assert run.results['config']['fsdp'] == 'shard_grad_op'
+    assert run.losses[0] == pytest.approx(plain_fp32.losses[0], rel=1e-2)
+    assert relative_difference(update(run), update(plain_fp32)) < 5e-2
+
+
+def test_ema_offload_matches_the_average_on_the_gpu(tmp_path):
+    flags = [*FP32, '--use_ema', '--ema_half_life', '2ba']
+    on_gpu, offloaded = train(tmp_path, *flags), train(tmp_path, *flags, '--ema_offload')
+    assert offloaded.trainer.state.algorithms[0].weights.flat.device.type == 'cpu'
+    assert on_gpu.trainer.state.algorithms[0].weights.flat.device.type == 'cuda'
+    averages = [
+        {k: v.float() for k, v in final_weights(run.trainer).items() if k.startswith('ema.')}
+        for run in (on_gpu, offloaded)
+    ]
+    init = {f'ema.{name}': tensor for name, tensor in on_gpu.init.items()}
+    moved = [{name: average[name] - init[name] for name in init} for average in averages]
+    assert relative_difference(moved[1], moved[0]) < 5e-2
+    trained = {f'ema.{name}': tensor - on_gpu.init[name] for name, tensor in on_gpu.final.items()}
+    assert relative_difference(moved[0], trained) > 0.1  # an average, not the trained weights
+
+
+@pytest.mark.parametrize(
+    'flags',
+    [['--device_train_microbatch_size', '2'], ['--fsdp', 'full_shard', '--use_ema'], ['--precomputed_latents']],
+    ids=' '.join,
+)
+def test_other_paths_train_on_the_gpu(tmp_path, flags):
+    run = train(tmp_path, *RUN, *flags)
+    assert len(run.losses) == 4 and all(math.isfinite(loss) for loss in run.losses)
+    assert run.results['img_per_sec'] > 0
+
+
+# ------------------------------------------------------------------------------------------ real data
+
+
+def test_pinned_memory_and_8_workers_stream_the_sample_dataset(tmp_path, monkeypatch):
+    monkeypatch.setattr(config, 'SAMPLE_DATASET', tmp_path / 'sample-mds')
+    run = train(tmp_path, '--model_name', 'tiny', '--image_size', '64', '--batch_size', '8', '--max_duration', '4ba')
+    assert (tmp_path / 'sample-mds' / 'index.json').is_file()
+    loader = run.trainer.state.train_dataloader
+    assert loader.pin_memory and loader.num_workers == 8
+    assert run.results['config']['pin_memory'] is True and run.results['config']['num_workers'] == 8
+    assert len(run.losses) == 4 and all(math.isfinite(loss) for loss in run.losses)
+
+
+def test_precompute_on_the_gpu_then_training_from_its_output(tmp_path):
+    source = ensure_sample_dataset(tmp_path / 'source', num_samples=40)  # samples 13 and 26 are broken
+    torch.cuda.reset_peak_memory_stats()
+    counts = precompute.main(
+        ['--local', str(source), '--out', str(tmp_path / 'latents'), '--model_name', 'tiny', '--image_size', '64']
     )
-    assert results['peak_gpu_memory_gb'] > 0
+    assert counts['encoded'] == 38 and counts['bad'] == 2
+    assert torch.cuda.max_memory_allocated() > 0  # the encoders ran on the GPU
+    flags = ['--model_name', 'tiny', '--precomputed_latents', '--local', str(tmp_path / 'latents')]
+    run = train(tmp_path, *flags, '--batch_size', '8', '--max_duration', '4ba')
+    assert len(run.losses) == 4 and all(math.isfinite(loss) for loss in run.losses)
+    assert unwrap(run.trainer.state.model).vae is None

@@ -1,8 +1,14 @@
-"""The repo's layout holds: every top-level module is installed, and only the entry point's users import it."""
+"""The repo's layout holds: every top-level module is installed, only the entry point's users import it, and the
+Makefile's GPU check refuses a machine without a GPU."""
 
 import ast
+import os
+import subprocess
+import sys
 import tomllib
+from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 
@@ -24,3 +30,14 @@ def test_only_tests_import_the_command_line_script():
             if 'benchmark' in names:
                 importers.append(path.name)
     assert importers == []
+
+
+@pytest.mark.skipif(not (Path(sys.prefix) / '.installed').is_file(), reason="needs the Makefile's own venv")
+def test_gpu_check_refuses_a_machine_without_a_gpu():
+    # Else the gpu tier would skip every test and the check would pass having checked nothing.
+    env = {**os.environ, 'CUDA_VISIBLE_DEVICES': ''}
+    run = subprocess.run(
+        ['make', '-s', 'gpu-check', f'VENV={sys.prefix}'], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert run.returncode != 0 and 'gpu-check: no CUDA device' in run.stderr
+    assert 'pytest' not in run.stdout + run.stderr

@@ -9,15 +9,15 @@ import subprocess
 import pytest
 import torch
 from composer.utils import reproducibility
-from conftest import LAUNCHER, REPO
+from conftest import LAUNCHER, REPO, fixed_batch
 from streaming import StreamingDataset
 from torch.utils.data import default_collate
 
 import precompute
 from benchmark import main
-from config import CONFIGS_DIR, ConfigError, caption_inputs, parse_args, resolve_config
+from config import CONFIGS_DIR, ConfigError, parse_args, resolve_config
 from convert import ensure_sample_dataset
-from data import PrecomputedLatentsDataset, StreamingLAIONDataset, SyntheticImageCaptionDataset
+from data import PrecomputedLatentsDataset, StreamingLAIONDataset
 from images import unit_range
 from model import StableDiffusion, build_encoders, build_model, count_forward_flops, encode_text
 from tokenizer import CaptionTokenizer
@@ -36,19 +36,6 @@ def online_and_precomputed_models(model_name='tiny'):
         copy.deepcopy(online.unet), None, None, online.noise_scheduler, online.latent_scale
     )
     return online, without_encoders
-
-
-def fixed_batch(n=4, image_size=64, model_name='tiny'):
-    dataset = SyntheticImageCaptionDataset(image_size, inputs=caption_inputs(CONFIGS_DIR / model_name))
-    batch = default_collate([dataset[i] for i in range(n)])
-    generator = torch.Generator().manual_seed(1)
-    latent_shape = (n, 4, image_size // 8, image_size // 8)
-    return {
-        **batch,
-        'noise': torch.randn(latent_shape, generator=generator),
-        'latent_noise': torch.randn(latent_shape, generator=generator),
-        'timesteps': torch.randint(0, 1000, (n,), generator=generator),
-    }
 
 
 def precomputed_from(online, batch, dtype=torch.float16):
