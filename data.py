@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from boto3.s3.transfer import TransferConfig
 from composer.core import Callback
 from composer.utils import dist
 from streaming import StreamingDataset
@@ -59,7 +60,8 @@ class S3DownloaderOneTransferAttempt(S3Downloader):
         super()._create_s3_client(*args, **kwargs)
         download_file = self._s3_client.download_file
 
-        def download_file_once(*args, Config, **kwargs):  # noqa: N803 (boto3's name)
+        def download_file_once(*args, Config=None, **kwargs):  # noqa: N803 (boto3's name)
+            Config = Config or TransferConfig()  # noqa: N806
             Config.num_download_attempts = 1
             return download_file(*args, Config=Config, **kwargs)
 

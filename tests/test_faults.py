@@ -14,10 +14,12 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
 import torch
+from boto3.s3.transfer import TransferConfig
 from conftest import (
     REPO,
     S3_CREDENTIALS,
@@ -30,7 +32,7 @@ from conftest import (
     start_s3_server,
     write_dataset,
 )
-from streaming.base.storage.download import CloudDownloader
+from streaming.base.storage.download import CloudDownloader, S3Downloader
 
 import convert
 import precompute
@@ -301,8 +303,22 @@ def test_a_read_failure_in_one_loader_worker_stops_the_others_with_the_same_line
         next(iter(worker))
     with pytest.raises(DataError, match='reading shards failed'):  # nor one more download
         worker.prepare_shard(5)
-    # One attempt per download in s3transfer: Streaming's retries are the only ones.
-    assert type(CloudDownloader.get('s3://bucket/mds')) is S3DownloaderOneTransferAttempt
+
+
+def test_s3_downloads_make_one_attempt_inside_each_of_streamings_tries(monkeypatch):
+    """s3transfer would retry a download whose body stops arriving 5 times in each of Streaming's 3 tries."""
+    calls = []
+    client = types.SimpleNamespace(download_file=lambda *args, **kwargs: calls.append((args, kwargs)))
+    monkeypatch.setattr(S3Downloader, '_create_s3_client', lambda self, *a, **k: setattr(self, '_s3_client', client))
+    downloader = CloudDownloader.get('s3://bucket/mds')
+    assert type(downloader) is S3DownloaderOneTransferAttempt
+    downloader._create_s3_client(timeout=20)
+    downloader._s3_client.download_file(
+        'bucket', 'mds/shard.00000.mds', 'local', Config=TransferConfig(use_threads=False)
+    )
+    ((args, kwargs),) = calls
+    assert args == ('bucket', 'mds/shard.00000.mds', 'local')
+    assert kwargs['Config'].num_download_attempts == 1 and kwargs['Config'].use_threads is False
 
 
 @pytest.mark.slow
