@@ -279,7 +279,7 @@ def test_ema_offload_matches_the_average_on_the_gpu(tmp_path):
         ema = next(algorithm for algorithm in run.trainer.state.algorithms if isinstance(algorithm, EMA))
         assert ema.weights.flat.device.type == device
     averages = [
-        {k: v.float() for k, v in final_weights(run.trainer).items() if k.startswith('ema.')}
+        {k: v.float().cpu() for k, v in final_weights(run.trainer).items() if k.startswith('ema.')}
         for run in (on_gpu, offloaded)
     ]
     init = {f'ema.{name}': tensor for name, tensor in on_gpu.initial.items()}
