@@ -252,13 +252,14 @@ class CheckedStreamingDataset(StreamingDataset):
         except BaseException as error:
             failure = None
             if isinstance(error, Exception):  # not Ctrl-C
-                failure = self._reading_failed(error)
                 if self.streams[self.stream_per_shard[shard_id]].remote is None:  # nowhere to fetch it from
                     name = self.shards[shard_id].raw_data.basename
                     failure = DataError(
                         f'{self.location}: shard {name} is gone or unreadable; it was whole at start (deleted, '
                         'moved or cut short while the run read it?)'
                     )
+                else:
+                    failure = self._reading_failed(error)
                 self._record_failure(failure)  # before the shard state changes, which wakes the waiting workers
             # Streaming leaves a shard whose download failed in its PREPARING state, and every thread or loader
             # worker that needs the shard waits for it forever (seen: runs hung at 0% CPU after a server died).
@@ -323,9 +324,12 @@ class CheckedStreamingDataset(StreamingDataset):
             os.remove(partial)
 
     def _failure_elsewhere(self) -> DataError | None:
+        # Checked for every sample (prepare_shard): a stat while there is no failure, not an open that raises.
+        if not os.path.exists(self._failure_path):
+            return None
         try:
             return DataError(Path(self._failure_path).read_text())
-        except FileNotFoundError:
+        except FileNotFoundError:  # removed at exit in between
             return None
 
     def _reading_failed(self, error: BaseException, sample_id: int | None = None) -> DataError:
