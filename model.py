@@ -40,6 +40,14 @@ MODEL_PARTS = {
 }
 
 
+def standard_normal_like(tensor: torch.Tensor) -> torch.Tensor:
+    """A Gaussian draw of tensor's shape, dtype and device, in the contiguous layout whatever tensor's. Not
+    torch.randn_like: it keeps a channels-last layout and fills memory in that order, so under --channels_last
+    (where convolutions return channels-last latents on a GPU) the same seed gave other noise than the plain
+    run, and the two steps could not be compared."""
+    return torch.randn(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+
+
 class StableDiffusion(ComposerModel):
     """Trains the UNet to predict the noise added to VAE latents, conditioned on CLIP text embeddings.
 
@@ -90,7 +98,7 @@ class StableDiffusion(ComposerModel):
         latents, conditioning = self.encode(batch)
         noise = batch.get('noise')
         if noise is None:
-            noise = torch.randn_like(latents)
+            noise = standard_normal_like(latents)
         timesteps = batch.get('timesteps')
         if timesteps is None:  # uniform over all training steps
             timesteps = torch.randint(
@@ -133,7 +141,7 @@ class StableDiffusion(ComposerModel):
             }
         latent_noise = batch.get('latent_noise')
         if latent_noise is None:
-            latent_noise = torch.randn_like(mean)
+            latent_noise = standard_normal_like(mean)
         conditioning = {'encoder_hidden_states': text['text_embedding']}
         if self.micro_conditioning:
             conditioning['added_cond_kwargs'] = {

@@ -359,6 +359,30 @@ def test_channels_last_keeps_the_result():
     assert_same_update(plain, channels_last)
 
 
+def test_the_random_draws_of_a_step_do_not_depend_on_the_memory_layout():
+    """The same seed draws the same latent noise and noise, so the same target, from channels-last latents as
+    from contiguous ones: on a GPU, --channels_last makes the VAE return channels-last latents, and the step must
+    stay comparable with the plain run's."""
+    generator = torch.Generator().manual_seed(5)
+    batch = {
+        'latent_mean': torch.randn(2, 4, 8, 8, generator=generator),
+        'latent_logvar': torch.randn(2, 4, 8, 8, generator=generator) - 4,
+        'text_embedding': torch.randn(2, 77, 32, generator=generator),
+        'timesteps': torch.tensor([100, 700]),
+    }
+    model = build_model('tiny', precomputed=True)
+    targets = []
+    for layout in (torch.contiguous_format, torch.channels_last):
+        latents = {name: batch[name].contiguous(memory_format=layout) for name in ('latent_mean', 'latent_logvar')}
+        reproducibility.seed_all(3)
+        with torch.no_grad():
+            _, target = model({**batch, **latents})
+        targets.append(target)
+    assert latents['latent_mean'].is_contiguous(memory_format=torch.channels_last)
+    assert not latents['latent_mean'].is_contiguous()
+    torch.testing.assert_close(targets[1], targets[0], rtol=0, atol=0)
+
+
 def test_encoders_bf16_keeps_encoders_in_bf16_and_trains():
     model = train('--encoders_bf16', batches=2)
     assert (
