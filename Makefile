@@ -5,7 +5,7 @@ PYTHON ?= python3
 export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: install bench lint format test test-fast test-gpu gpu-check test-current clean
+.PHONY: install bench lint format test test-fast test-gpu gpu-check test-current test-gpu-image wheelhouse test-wheelhouse clean
 
 install: $(VENV)/.installed
 
@@ -52,18 +52,19 @@ gpu-check: install
 	$(VENV)/bin/composer benchmark.py $(GPU_CHECK_RUN) --batch_size $$((16 * gpus)) --results_json results/gpu-check-online.json && \
 	$(VENV)/bin/composer benchmark.py $(GPU_CHECK_RUN) --batch_size $$((16 * gpus)) --precomputed_latents --results_json results/gpu-check-precomputed.json
 
-# The second CPU lane, on today's stack rather than the pins (docs/install.md): a separate venv with torch from
-# PyPI (a CUDA build, which loads its nvidia-* libraries even on a CPU, so pip installs them as usual), the
-# newest numpy, then requirements-current.txt with --no-deps, as on a machine with its own PyTorch. Runs the
-# fast tier and the benchmark of `make bench`.
+# The second CPU lane, on today's stack rather than the pins (docs/install.md): a separate venv with the newest torch
+# from PyPI (a CUDA build, which loads its nvidia-* libraries even on a CPU, so pip installs them as usual) and
+# numpy, then requirements-current.txt with --no-deps, as on a machine with its own PyTorch, and the newest wandb.
+# Runs the fast tier and the benchmark of `make bench`.
 CURRENT_VENV ?= .venv-current
-CURRENT_TORCH ?= torch==2.11.0 torchvision==0.26.0 numpy==2.4.6
+CURRENT_TORCH ?= torch==2.15.0 torchvision==0.29.2 numpy==2.4.6
+CURRENT_WANDB ?= wandb==0.31.0
 
 $(CURRENT_VENV)/.installed: requirements-current.txt requirements-test.txt pyproject.toml
 	$(PYTHON) -m venv $(CURRENT_VENV)
 	$(CURRENT_VENV)/bin/pip install --disable-pip-version-check -q $(CURRENT_TORCH)
 	$(CURRENT_VENV)/bin/pip install --disable-pip-version-check -q --no-deps -r requirements-current.txt
-	$(CURRENT_VENV)/bin/pip install --disable-pip-version-check -q -r requirements-test.txt
+	$(CURRENT_VENV)/bin/pip install --disable-pip-version-check -q -r requirements-test.txt $(CURRENT_WANDB)
 	$(CURRENT_VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e .
 	touch $@
 
@@ -71,5 +72,49 @@ test-current: $(CURRENT_VENV)/.installed
 	$(CURRENT_VENV)/bin/python -m pytest -m 'not slow and not gpu'
 	$(CURRENT_VENV)/bin/composer benchmark.py --results_json results/current.json
 
+# The third CPU lane: a GPU machine's own packages (the image of docs/install.md: torch 2.11, transformers 5.17,
+# huggingface_hub 1.33, tokenizers 0.23.2, with what pip resolves for them), then only what that image lacks,
+# requirements-gpu-image.txt, with --no-deps. numpy is 2.4.6 here: the image's 2.5.2 needs Python 3.12.
+IMAGE_VENV ?= .venv-image
+IMAGE_PACKAGES ?= torch==2.11.0 torchvision==0.26.0 numpy==2.4.6 transformers==5.17.0 huggingface-hub==1.33.0 \
+	tokenizers==0.23.2 safetensors==0.8.0 hf-xet==1.8.0 torchmetrics==1.9.0 lightning-utilities pyyaml pillow \
+	matplotlib requests tqdm psutil py-cpuinfo regex xxhash python-dateutil rich typer
+
+$(IMAGE_VENV)/.installed: requirements-gpu-image.txt requirements-test.txt pyproject.toml
+	$(PYTHON) -m venv $(IMAGE_VENV)
+	$(IMAGE_VENV)/bin/pip install --disable-pip-version-check -q $(IMAGE_PACKAGES)
+	$(IMAGE_VENV)/bin/pip install --disable-pip-version-check -q --no-deps -r requirements-gpu-image.txt
+	$(IMAGE_VENV)/bin/pip install --disable-pip-version-check -q -r requirements-test.txt
+	$(IMAGE_VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e .
+	touch $@
+
+test-gpu-image: $(IMAGE_VENV)/.installed
+	$(IMAGE_VENV)/bin/python -m pytest -m 'not slow and not gpu'
+	$(IMAGE_VENV)/bin/composer benchmark.py --results_json results/gpu-image.json
+
+# An offline install (docs/install.md): the wheels of requirements-current.txt for one Python version and Linux
+# x86_64, downloaded into one folder to copy to a machine without internet and install there with --no-index.
+WHEELHOUSE ?= wheelhouse
+WHEEL_PYTHON ?= 3.12
+WHEEL_PLATFORMS ?= manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64
+
+wheelhouse:
+	$(PYTHON) -m pip download --disable-pip-version-check -q --no-deps --only-binary=:all: \
+		--python-version $(WHEEL_PYTHON) --implementation cp $(addprefix --platform ,$(WHEEL_PLATFORMS) any) \
+		-d $(WHEELHOUSE) -r requirements-current.txt
+	@echo "$(WHEELHOUSE): $$(ls $(WHEELHOUSE) | wc -l) wheels, $$(du -sh $(WHEELHOUSE) | cut -f1), for Python $(WHEEL_PYTHON)"
+
+# The wheelhouse for this machine's Python, installed into a fresh venv with --no-index: every wheel installs from
+# the folder alone, and packages that need nothing of torch's import (the rest need torch and its own imports).
+test-wheelhouse:
+	rm -rf results/wheelhouse results/wheelhouse-venv
+	$(MAKE) wheelhouse WHEELHOUSE=results/wheelhouse \
+		WHEEL_PYTHON=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+	$(PYTHON) -m venv results/wheelhouse-venv
+	results/wheelhouse-venv/bin/pip install --disable-pip-version-check -q --no-index --no-deps results/wheelhouse/*.whl
+	results/wheelhouse-venv/bin/python -c "import boto3, ftfy, regex, tokenizers, yaml, PIL, zstd, brotli, snappy"
+	test $$(ls results/wheelhouse | wc -l) -eq $$(grep -c '^[a-z]' requirements-current.txt)
+	@echo "test-wheelhouse: $$(ls results/wheelhouse | wc -l) wheels installed with --no-index"
+
 clean:
-	rm -rf $(VENV) $(CURRENT_VENV) results
+	rm -rf $(VENV) $(CURRENT_VENV) $(IMAGE_VENV) results

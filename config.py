@@ -8,6 +8,7 @@ precomputed data, ...), so that the builders (model.py, training.py) only read t
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import time
@@ -534,6 +535,8 @@ def check_outputs(draft: argparse.Namespace) -> None:
         refuse_used_output_folder('--profile', draft.profile, 'traces are never overwritten')
     if draft.export_ema_unet:
         refuse_used_output_folder('--export_ema_unet', draft.export_ema_unet, 'an export never overwrites weights')
+    if draft.wandb_project and importlib.util.find_spec('wandb') is None:
+        raise ConfigError('--wandb_project needs the wandb package: pip install wandb (it leaves torch as it is)')
     if draft.autoresume and not (draft.save_folder and draft.run_name):
         raise ConfigError('--autoresume needs --save_folder and --run_name (Composer finds the checkpoint by both)')
     local_save_folder = draft.save_folder and '://' not in draft.save_folder

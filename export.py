@@ -15,11 +15,19 @@ import torch
 from composer.utils import dist
 from diffusers import DDIMScheduler, EulerDiscreteScheduler, StableDiffusionPipeline
 from tokenizers import Regex, normalizers
-from transformers import AutoTokenizer, CLIPTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from ema import EMA, full_unet
 from model import StableDiffusion
-from tokenizer import CAPTION_LENGTH, CLIP_PAD_ID, CaptionTokenizer, caption_pad_ids, clip_tokenizer_folder
+from tokenizer import (
+    CAPTION_LENGTH,
+    CLIP_END,
+    CLIP_PAD_ID,
+    CLIP_START,
+    CaptionTokenizer,
+    build_clip_tokenizer,
+    caption_pad_ids,
+)
 
 # Samplers by flag name, built from the training noise schedule (betas, prediction type).
 SCHEDULERS = {'ddim': DDIMScheduler, 'euler': EulerDiscreteScheduler}
@@ -31,12 +39,20 @@ def pipeline_tokenizer(folder: str | None = None, pad_id: int = CLIP_PAD_ID):
     if folder is not None:
         tokenizer = AutoTokenizer.from_pretrained(folder)
     else:
-        tokenizer = CLIPTokenizerFast.from_pretrained(clip_tokenizer_folder())
-        tokenizer.backend_tokenizer.normalizer = normalizers.Sequence(
+        backend = build_clip_tokenizer()
+        backend.normalizer = normalizers.Sequence(
             [normalizers.Replace(Regex(r'\s+'), ' '), normalizers.Strip(), normalizers.Lowercase()]
         )
-        # id 0 ('!'), OpenCLIP's padding (SD2's own tokenizer folder sets the same), or OpenAI CLIP's end of text.
-        tokenizer.pad_token = '!' if pad_id == CLIP_PAD_ID else '<|endoftext|>'
+        # The generic class around the `tokenizers` object, saved and loaded as it is: Transformers' CLIP class
+        # rebuilds the tokenizer on load in 5.x (with a normalizer that changes ids). The padding is id 0 ('!'),
+        # OpenCLIP's (SD2's own tokenizer folder sets the same), or OpenAI CLIP's end of text.
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=backend,
+            bos_token=CLIP_START,
+            eos_token=CLIP_END,
+            unk_token=CLIP_END,
+            pad_token='!' if pad_id == CLIP_PAD_ID else CLIP_END,
+        )
     tokenizer.model_max_length = CAPTION_LENGTH
     return tokenizer
 

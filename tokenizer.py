@@ -1,7 +1,8 @@
 """Captions -> CLIP token ids, as SD2's text encoder (OpenCLIP's ViT-H/14 text tower) was trained on them.
 
-The built-in tokenizer is Transformers' fast CLIP tokenizer built from the BPE merges clip-anytorch ships (no
-download), checked against CLIP's own ids when it loads; `--tokenizer` loads a local folder instead.
+The built-in tokenizer is a `tokenizers` BPE built from the merges clip-anytorch ships (no download) with CLIP's
+own split pattern and byte symbols, checked against CLIP's ids when it loads; `--tokenizer` loads a local
+folder with Transformers' AutoTokenizer instead.
 """
 
 import gzip
@@ -10,14 +11,14 @@ import importlib.util
 import json
 import shutil
 import tempfile
+from functools import cache
 from pathlib import Path
 
 import ftfy
 import regex
+import tokenizers
 import torch
-import transformers
-from transformers import AutoTokenizer, CLIPTokenizerFast
-from transformers.convert_slow_tokenizer import bytes_to_unicode
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 # CLIP's text encoder has 77 positions (SD2 tokenizes every caption to exactly this length).
 CAPTION_LENGTH = 77
@@ -26,10 +27,13 @@ CLIP_VOCAB_SIZE = 49408
 # OpenCLIP (SD2's text tower) pads with id 0 ("!") after the end-of-text token, not with end-of-text.
 CLIP_PAD_ID = 0
 CLIP_START_ID, CLIP_END_ID = 49406, 49407  # <|startoftext|>, <|endoftext|>
-TOKENIZER_CACHE = Path(__file__).resolve().parent / 'data' / 'clip-tokenizer-v1'  # bump when the build changes
+CLIP_START, CLIP_END = '<|startoftext|>', '<|endoftext|>'
+# CLIP's SimpleTokenizer splits cleaned text into words with this pattern (its special tokens aside).
+CLIP_WORDS = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
+TOKENIZER_CACHE = Path(__file__).resolve().parent / 'data' / 'clip-tokenizer-v2'  # bump when the build changes
 # CLIP's own ids (clip-anytorch's SimpleTokenizer) for captions with merges, punctuation and a combining mark.
-# The built-in tokenizer is checked against them when it loads: another transformers release can build it
-# differently (5.x ignores the vocabulary files and normalizes to NFC) and would train on wrong captions silently.
+# The built-in tokenizer is checked against them when it loads: a cached file from another build (v1 came from
+# Transformers, whose 5.x releases ignore the vocabulary files and normalize to NFC) must not train on wrong ids.
 TOKENIZER_CHECKS = {
     'a photo of a cat, on the mat!': [320, 1125, 539, 320, 2368, 267, 525, 518, 9063, 256],
     'T\u0308 \u00e9': [339, 136, 486, 4166],
@@ -46,14 +50,18 @@ def clean_caption(text: str) -> str:
     return regex.sub(r'\s+', ' ', text).strip().lower()
 
 
-def clip_tokenizer_folder(folder: Path = TOKENIZER_CACHE) -> Path:
-    """Transformers' fast CLIP tokenizer, built once from the BPE merges that clip-anytorch ships.
+@cache
+def byte_symbols() -> list[str]:
+    """CLIP's 256 byte symbols in its vocabulary's order (the same table as GPT-2's, which the `tokenizers`
+    ByteLevel pre-tokenizer applies): first the printable bytes, each standing for itself, then the others in
+    byte order, each shifted to the next character from 256 on."""
+    printable = [*range(ord('!'), ord('~') + 1), *range(ord('¡'), ord('¬') + 1), *range(ord('®'), ord('ÿ') + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return [chr(b) for b in printable] + [chr(256 + i) for i in range(len(others))]
 
-    The vocabulary is the 256 byte symbols, the same with the end-of-word mark, one token per merge,
-    then <|startoftext|> (49406) and <|endoftext|> (49407): 256 + 256 + 48,894 + 2 = 49,408.
-    """
-    if (folder / 'tokenizer.json').is_file():
-        return folder
+
+def clip_merges() -> list[str]:
+    """The 48,894 BPE merges of CLIP's vocabulary file, shipped in the clip-anytorch package."""
     spec = importlib.util.find_spec('clip')  # finds the package without importing it (and torchvision)
     if spec is None or not spec.submodule_search_locations:
         raise TokenizerError(
@@ -61,21 +69,48 @@ def clip_tokenizer_folder(folder: Path = TOKENIZER_CACHE) -> Path:
             'or pass --tokenizer with a local tokenizer folder'
         )
     bpe_file = Path(spec.submodule_search_locations[0]) / 'bpe_simple_vocab_16e6.txt.gz'
-    merges = gzip.open(bpe_file).read().decode('utf-8').split('\n')[1 : 49152 - 256 - 2 + 1]
-    symbols = list(bytes_to_unicode().values())
-    vocab = symbols + [s + '</w>' for s in symbols] + [m.replace(' ', '') for m in merges]
-    vocab += ['<|startoftext|>', '<|endoftext|>']
+    return gzip.open(bpe_file).read().decode('utf-8').split('\n')[1 : 49152 - 256 - 2 + 1]
+
+
+def build_clip_tokenizer() -> Tokenizer:
+    """CLIP's tokenizer in the `tokenizers` library alone, so that no Transformers release can change it.
+
+    The vocabulary is the 256 byte symbols, the same with the end-of-word mark, one token per merge, then
+    <|startoftext|> (49406) and <|endoftext|> (49407): 256 + 256 + 48,894 + 2 = 49,408. No normalizer: captions
+    arrive cleaned by clean_caption(), and a Unicode normalization after lowercasing would recompose characters
+    ('T' + combining diaeresis -> one letter) and differ from CLIP's ids.
+    """
+    merges = clip_merges()
+    symbols = byte_symbols()
+    vocab = [*symbols, *(s + '</w>' for s in symbols), *(m.replace(' ', '') for m in merges), CLIP_START, CLIP_END]
+    bpe = models.BPE(
+        {token: i for i, token in enumerate(vocab)},
+        [tuple(merge.split(' ')) for merge in merges],
+        end_of_word_suffix='</w>',
+        unk_token=CLIP_END,
+    )
+    tokenizer = Tokenizer(bpe)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(CLIP_WORDS), behavior='removed', invert=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([CLIP_START, CLIP_END])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f'{CLIP_START} $A {CLIP_END}', special_tokens=[(CLIP_START, CLIP_START_ID), (CLIP_END, CLIP_END_ID)]
+    )
+    return tokenizer
+
+
+def clip_tokenizer_folder(folder: Path = TOKENIZER_CACHE) -> Path:
+    """A folder with the built-in tokenizer's tokenizer.json, built once (building reads 49k merges)."""
+    if (folder / 'tokenizer.json').is_file():
+        return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f'.{folder.name}-'))
-    (work / 'vocab.json').write_text(json.dumps({token: i for i, token in enumerate(vocab)}))
-    (work / 'merges.txt').write_text('#version: 0.2\n' + '\n'.join(merges) + '\n')
-    tokenizer = CLIPTokenizerFast(
-        vocab_file=str(work / 'vocab.json'), merges_file=str(work / 'merges.txt'), model_max_length=CAPTION_LENGTH
-    )
-    # Captions arrive cleaned by clean_caption(); the default normalizer's NFC would recompose characters
-    # after lowercasing ('T' + combining diaeresis -> one letter) and differ from CLIP's own ids.
-    tokenizer.backend_tokenizer.normalizer = None
-    tokenizer.save_pretrained(work)
+    build_clip_tokenizer().save(str(work / 'tokenizer.json'))
     try:
         work.rename(folder)  # atomic: concurrent ranks or workers never read a half-written folder
     except OSError:  # another process got there first
@@ -116,25 +151,29 @@ class CaptionTokenizer:
         return {**self.__dict__, '_encode': None}  # workers started by spawn load their own
 
     def load(self) -> None:
-        tokenizer = AutoTokenizer.from_pretrained(self.folder)
-        pad = tokenizer.pad_token_id
-        self.pad_id = self.builtin_pad_id if self.builtin or pad is None else pad
-        if tokenizer.is_fast:  # the Rust tokenizer itself: half the time of the Python wrapper around it
-            backend = tokenizer.backend_tokenizer
-            backend.no_padding()
-            backend.enable_truncation(CAPTION_LENGTH)  # keeps room for the special tokens, so <|endoftext|> stays
-            self._encode = lambda text: backend.encode(text).ids
+        if self.builtin:
+            backend = Tokenizer.from_file(str(Path(self.folder) / 'tokenizer.json'))
+            self.pad_id = self.builtin_pad_id
         else:
-            self._encode = lambda text: tokenizer(text, truncation=True, max_length=CAPTION_LENGTH).input_ids
+            from transformers import AutoTokenizer  # only for a folder: the built-in tokenizer never needs it
+
+            tokenizer = AutoTokenizer.from_pretrained(self.folder)
+            self.pad_id = self.builtin_pad_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+            if not tokenizer.is_fast:
+                self._encode = lambda text: tokenizer(text, truncation=True, max_length=CAPTION_LENGTH).input_ids
+                return
+            backend = tokenizer.backend_tokenizer  # the Rust tokenizer: half the time of the Python wrapper
+        backend.no_padding()
+        backend.enable_truncation(CAPTION_LENGTH)  # keeps room for the special tokens, so <|endoftext|> stays
+        self._encode = lambda text: backend.encode(text).ids
         if self.builtin:
             for text, expected in TOKENIZER_CHECKS.items():
                 got = self._encode(clean_caption(text))
                 if got != [CLIP_START_ID, *expected, CLIP_END_ID]:
                     raise TokenizerError(
                         f'the built-in CLIP tokenizer ({self.folder}) gives ids {got} for {text!r}, where '
-                        f'CLIP gives {expected} between start and end. Transformers releases other than '
-                        f'the pinned one build it differently (this is {transformers.__version__}): '
-                        'install requirements.txt, delete that folder and run again, or pass --tokenizer'
+                        f'CLIP gives {expected} between start and end (tokenizers {tokenizers.__version__}): '
+                        'delete that folder and run again, or pass --tokenizer'
                     )
 
     def __call__(self, caption: str) -> torch.Tensor:

@@ -149,7 +149,7 @@ def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoa
     speed_window = max(1, min(100, config.num_batches // 2))
     loggers = [InMemoryLogger()]
     if config.wandb_project:
-        loggers.append(WandBLogger(project=config.wandb_project, name=config.wandb_name))
+        loggers.append(wandb_logger(config))
     trainer = Trainer(
         model=model,
         train_dataloader=dataloader,
@@ -216,6 +216,16 @@ def restore_random_state_mid_epoch(trainer: Trainer) -> None:
     if trainer._rng_state is not None and resumes_itself and int(trainer.state.timestamp.batch_in_epoch) > 0:
         trainer.state.callbacks.append(RestoreRandomState(trainer._rng_state))
         trainer._rng_state = None
+
+
+def wandb_logger(config: RunConfig) -> WandBLogger:
+    """Composer's W&B logger. Composer 0.32 reads the run's address with Run.get_url(), which wandb 0.29 removed
+    for the `url` property: without the alias below, --wandb_project stopped the run on a current wandb."""
+    from wandb.sdk.wandb_run import Run
+
+    if not hasattr(Run, 'get_url'):
+        Run.get_url = lambda run: run.url
+    return WandBLogger(project=config.wandb_project, name=config.wandb_name)
 
 
 def build_profiler(config: RunConfig) -> Profiler:

@@ -1,6 +1,7 @@
 """CPU tests of the real data path: CLIP tokenization, image decoding, bad samples, and training from MDS
 shards through benchmark.py (local folder, the default sample dataset, mid-epoch resumption, two ranks)."""
 
+import importlib.util
 import io
 import json
 import logging
@@ -10,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -78,13 +80,25 @@ def fuzz_captions(n, seed=0):
     return [''.join(rng.choice(rng.choice(pools)) for _ in range(rng.randint(0, 100))) for _ in range(n)]
 
 
-def test_tokenizer_ids_equal_the_reference_clip_tokenizer():
-    import clip  # clip-anytorch: OpenAI's SimpleTokenizer, the reference implementation
+def reference_clip_tokenizer():
+    """OpenAI's SimpleTokenizer, the reference implementation, from clip-anytorch's file: `import clip` would import
+    pkg_resources, which setuptools 82 and later no longer ship."""
+    spec = importlib.util.find_spec('clip')
+    path = Path(spec.submodule_search_locations[0]) / 'simple_tokenizer.py'
+    module_spec = importlib.util.spec_from_file_location('clip_simple_tokenizer', path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.SimpleTokenizer()
 
+
+def test_tokenizer_ids_equal_the_reference_clip_tokenizer():
+    reference = reference_clip_tokenizer()
+    start, end = reference.encoder['<|startoftext|>'], reference.encoder['<|endoftext|>']
     tokenize = CaptionTokenizer()
     for caption in CAPTIONS + fuzz_captions(300):
-        # truncate=True keeps <|endoftext|> last, as OpenCLIP does for SD2; both pad with 0.
-        expected = clip.tokenize(caption, context_length=CAPTION_LENGTH, truncate=True)[0]
+        # As clip.tokenize(truncate=True) and OpenCLIP for SD2: <|endoftext|> kept last, then padding with 0.
+        ids = [start, *reference.encode(caption)][: CAPTION_LENGTH - 1] + [end]
+        expected = torch.tensor(ids + [0] * (CAPTION_LENGTH - len(ids)))
         assert torch.equal(tokenize(caption), expected), repr(caption)
     ids = tokenize('a photo of a cat')
     assert ids.shape == (77,) and ids.dtype == torch.long

@@ -400,4 +400,4 @@ def test_exported_pipeline_checkpoint_and_sample_grids(split, tmp_path, capfd):
     assert 'CLIP score: not computed; it needs --clip_model DIR' in out  # the run without weights says what it needs
     assert 'CLIP score: ' in out.split('2 image(s)')[-1] and 'FID: ' in out.split('2 image(s)')[-1]
     direct = draw(pipeline, prompts, [0, 1], 4, 7.5, 32, CaptionTokenizer(str(pipe / 'tokenizer')))
-    assert torch.allclose(direct, from_folder, atol=1e-6)
+    assert torch.allclose(direct, from_folder, atol=1e-5)  # as above: float rounding of two loads of one model

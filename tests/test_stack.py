@@ -50,10 +50,18 @@ def test_untested_versions_are_named_as_such():
     assert stack.stack_note(versions(transformers='4.56.2')).endswith('; not tested on this transformers')
 
 
-@pytest.mark.parametrize('version', ['5.0.0', '5.24.0'])
-def test_transformers_5_stops_with_what_to_install(version):
-    with pytest.raises(stack.StackError, match=rf'^transformers {version}: .* pip install --no-deps transformers==4'):
-        stack.stack_note(versions(transformers=version))
+@pytest.mark.parametrize('version', ['4.57.6', '5.17.0', '5.24.0'])
+def test_both_transformers_ranges_are_tested(version):
+    note = stack.stack_note(versions(torch='2.11.0', transformers=version))
+    assert 'not tested' not in note and 'transformers 4.57.6 or >=5.17,<5.25' in note
+    assert stack.stack_note(versions(transformers='5.3.0')).endswith('; not tested on this transformers')
+
+
+def test_a_version_known_not_to_work_stops_with_what_to_install(monkeypatch):
+    monkeypatch.setitem(stack.BROKEN, 'transformers', ('>=6', 'it breaks X; install Y'))
+    with pytest.raises(stack.StackError, match=r'^transformers 6.0.0: this code does not work with it: it breaks X'):
+        stack.stack_note(versions(transformers='6.0.0'))
+    assert stack.stack_note(versions(transformers='5.24.0')) is not None  # named, not stopped
 
 
 def test_check_stack_prints_the_note_on_rank_zero_only(monkeypatch, capsys):
@@ -77,6 +85,7 @@ def test_installed_versions_are_read_from_the_environment():
 def test_benchmark_and_precompute_stop_before_any_work(monkeypatch, capsys, tmp_path):
     import benchmark
 
+    monkeypatch.setitem(stack.BROKEN, 'transformers', ('>=5.24', 'it breaks X; install Y'))
     monkeypatch.setattr(stack, 'installed_versions', lambda: versions(transformers='5.24.0'))
     with pytest.raises(SystemExit) as stopped:
         benchmark.cli(TINY)
@@ -102,9 +111,20 @@ def test_the_pins_agree_with_the_requirement_files():
     assert not [package for package in current if package.startswith('nvidia')]
     shared = set(pinned) & set(current)
     assert {'mosaicml', 'mosaicml-streaming', 'diffusers', 'transformers', 'huggingface-hub', 'boto3'} <= shared
-    assert [package for package in shared if current[package][2:] not in SpecifierSet(pinned[package])] == []
-    assert SpecifierSet(current['transformers']) == SpecifierSet(stack.TESTED['transformers'])
-    # the fix that stack.py names for transformers 5 installs this file's versions
-    fix = stack.BROKEN['transformers'][1]
-    for package in ('transformers', 'huggingface-hub', 'tokenizers'):
-        assert f'{package}{current[package]}' in fix
+    # Both files pin the same versions, except the Hugging Face libraries: requirements-current.txt has their newest
+    # releases (Transformers 5 and huggingface_hub 2), which Composer's torch <2.7.1 keeps out of the pinned stack.
+    newest = {'diffusers', 'transformers', 'huggingface-hub', 'tokenizers'}
+    assert [p for p in shared - newest if current[p][2:] not in SpecifierSet(pinned[p])] == []
+    for transformers in (pinned['transformers'], current['transformers']):
+        assert any(transformers[2:] in SpecifierSet(tested) for tested in stack.TESTED['transformers'])
+    assert int(current['transformers'][2:].split('.')[0]) == 5 and int(current['huggingface-hub'][2:][0]) >= 1
+
+
+def test_the_gpu_image_file_adds_only_what_the_image_lacks():
+    current, image = requirements('requirements-current.txt'), requirements('requirements-gpu-image.txt')
+    assert set(image) < set(current) and all(image[package] == current[package] for package in image)
+    assert {'mosaicml', 'mosaicml-streaming', 'diffusers', 'clip-anytorch', 'ftfy', 'zstd'} <= set(image)
+    # the image's own: never replaced
+    assert not {'torch', 'numpy', 'transformers', 'huggingface-hub', 'tokenizers', 'safetensors', 'torchmetrics'} & set(
+        image
+    )
