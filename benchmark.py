@@ -14,6 +14,7 @@ training.py the Trainer. This file runs them and reports the throughput: printed
 import argparse
 import datetime
 import json
+import os
 import re
 import statistics
 import sys
@@ -30,7 +31,7 @@ from data import DataError, clean_stale_shared_memory
 from ema import export_ema_unet
 from evaluation import ValidationReport
 from export import export_pipeline
-from model import StableDiffusion, build_model
+from model import StableDiffusion, build_model, describe_weights
 from results import Results, cpu_name, mfu, package_versions, peak_flops
 from stack import check_stack
 from tokenizer import TokenizerError
@@ -83,8 +84,7 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
         results = summarize(trainer, config)
         print_summary(results)
         if config.results_json:
-            Path(config.results_json).parent.mkdir(parents=True, exist_ok=True)
-            Path(config.results_json).write_text(results.to_json())
+            write_whole(Path(config.results_json), results.to_json())
             print(f'results written to {config.results_json}')
     if config.profile:
         traces = sorted(str(path) for path in Path(config.profile).glob('*.json'))
@@ -113,6 +113,19 @@ def check_finished(trainer: Trainer, config: RunConfig) -> None:
         )
 
 
+def write_whole(path: Path, text: str) -> None:
+    """Written whole or not at all: a full disk leaves the earlier file, or none, never a cut-off one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f'.{path.name}.partial')
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, str(path)) from error  # the file asked for, not the partial one
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def describe_model(config: RunConfig, model: StableDiffusion) -> str:
     where = f'model {config.model_name!r} from {config.model_dir}'
     if config.precomputed_latents:
@@ -120,7 +133,8 @@ def describe_model(config: RunConfig, model: StableDiffusion) -> str:
             f'{where}: UNet only ({"weights loaded" if model.weights_loaded else "random init"}); no VAE or '
             'text encoder: the data holds their outputs'
         )
-    return f'{where}: weights loaded for {", ".join(model.weights_loaded) or "nothing"}, random init for the rest'
+    parts = ['unet', *(name for name in ('vae', 'text_encoder', 'text_encoder_2') if getattr(model, name) is not None)]
+    return f'{where}: {describe_weights(parts, model.weights_loaded)}'
 
 
 def announce(message: str) -> None:
@@ -232,6 +246,10 @@ def cli(argv: list[str] | None = None, callbacks: tuple = ()) -> Trainer:
         sys.exit(2)
     except IncompleteRun as error:
         print(f'error: {error}', file=sys.stderr)
+        sys.exit(1)
+    except OSError as error:  # a write of the run failed (results, export, samples): a full disk, a removed folder
+        where = f'{error.filename}: ' if error.filename else ''
+        print(f'error: {where}{error.strerror or error}', file=sys.stderr)
         sys.exit(1)
     except (DataError, TokenizerError) as error:  # found while training, e.g. a dataset of mostly bad samples
         # Raised in a dataloader worker, the message carries the worker's traceback: its last line is the reason.

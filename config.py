@@ -11,6 +11,8 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ import torch
 from composer.core import Time, TimeUnit
 from composer.utils import dist
 
+import arguments
 from convert import (
     SAMPLE_DATASET,
     SAMPLE_SIZE,
@@ -164,7 +167,7 @@ class RunConfig:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = arguments.ArgumentParser(
         description='Measure Stable Diffusion 2 training throughput (img/s, FLOP/s, MFU) with Composer. '
         'Flags left unset take the preset of the model: the published run for sd2-base, a CPU smoke run for tiny.'
     )
@@ -533,8 +536,10 @@ def check_outputs(draft: argparse.Namespace) -> None:
     """Output folders are checked now, not after hours of training, and never overwritten."""
     if draft.profile:
         refuse_used_output_folder('--profile', draft.profile, 'traces are never overwritten')
+        check_writable_folder('--profile', draft.profile)
     if draft.export_ema_unet:
         refuse_used_output_folder('--export_ema_unet', draft.export_ema_unet, 'an export never overwrites weights')
+        check_writable_folder('--export_ema_unet', draft.export_ema_unet)
     if draft.wandb_project and importlib.util.find_spec('wandb') is None:
         raise ConfigError('--wandb_project needs the wandb package: pip install wandb (it leaves torch as it is)')
     if draft.autoresume and not (draft.save_folder and draft.run_name):
@@ -549,6 +554,8 @@ def check_outputs(draft: argparse.Namespace) -> None:
             draft.save_folder,
             "checkpoints are never overwritten; or pass --autoresume with the earlier run's --run_name to continue it",
         )
+    if local_save_folder:  # else trained until the first checkpoint, then stopped by an OSError traceback
+        check_writable_folder('--save_folder', draft.save_folder)
     if draft.results_json:
         check_writable_file('--results_json', draft.results_json)
 
@@ -565,6 +572,21 @@ def check_writable_file(flag: str, file: str) -> None:
         raise ConfigError(f'{flag} {file}: {parent} is a file, so no folder can be made there')
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f'{flag} {file}: {parent} is not writable')
+    check_writable_folder(flag, str(path.parent), given=file)
+
+
+def check_writable_folder(flag: str, folder: str, given: str | None = None) -> None:
+    """The run can write in `folder`, or make it: a scratch folder is made and removed in it, or in its nearest
+    existing parent. Tried rather than read from the permission bits, which say nothing to root, and a read-only
+    filesystem or a full quota shows only on writing. Nothing is left behind. `given`: the flag's value, if not
+    the folder itself (a file in it)."""
+    parent = Path(folder)
+    while not parent.exists():
+        parent = parent.parent
+    try:
+        shutil.rmtree(tempfile.mkdtemp(dir=parent, prefix='.write-check-'))
+    except OSError as error:
+        raise ConfigError(f'{flag} {given or folder}: cannot write in {parent} ({error.strerror or error})') from None
 
 
 def refuse_used_output_folder(flag: str, folder: str, why: str) -> None:
@@ -726,8 +748,11 @@ def check_quality(draft: argparse.Namespace) -> None:
         draft.sample_dir = str(Path('results', 'samples', draft.run_name or time.strftime('%Y%m%d-%H%M%S')))
     if draft.sample_dir and Path(draft.sample_dir).is_file():
         raise ConfigError(f'--sample_dir {draft.sample_dir}: is a file; give a folder')
+    if draft.sample_dir:
+        check_writable_folder('--sample_dir', draft.sample_dir)
     if draft.export_pipeline:
         refuse_used_output_folder('--export_pipeline', draft.export_pipeline, 'an export never overwrites weights')
+        check_writable_folder('--export_pipeline', draft.export_pipeline)
     if draft.grad_clip_norm is not None and not 0 < draft.grad_clip_norm < float('inf'):
         raise ConfigError(f'--grad_clip_norm {draft.grad_clip_norm}: must be a positive number')
     if draft.lr_warmup is not None:

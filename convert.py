@@ -10,7 +10,6 @@ skipped and counted by reason. A non-empty output is refused unless --overwrite 
 Also builds the small generated dataset that benchmark.py trains on by default (`ensure_sample_dataset`).
 """
 
-import argparse
 import io
 import json
 import os
@@ -27,6 +26,7 @@ from PIL import Image, ImageDraw, ImageOps
 from streaming import MDSWriter
 from tqdm import tqdm
 
+import arguments
 from data import s3_client
 from images import BadSample, decode_image
 
@@ -295,7 +295,7 @@ def ensure_sample_dataset(
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(
+    parser = arguments.ArgumentParser(
         description='Convert images with captions to Streaming MDS shards '
         '(columns jpg: image bytes as they are, caption: text).'
     )

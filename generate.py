@@ -22,6 +22,7 @@ from diffusers import StableDiffusionPipeline  # noqa: E402
 from PIL import Image  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+import arguments  # noqa: E402
 from config import LATENT_DOWNSAMPLE, ConfigError, resolve_model_dir  # noqa: E402
 from export import SCHEDULERS, build_pipeline, generate  # noqa: E402
 from model import build_model  # noqa: E402
@@ -39,7 +40,7 @@ class GenerateError(ValueError):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description='Generate images from a trained model, offline and seeded.')
+    parser = arguments.ArgumentParser(description='Generate images from a trained model, offline and seeded.')
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument('--checkpoint', help="a Composer checkpoint file of benchmark.py (e.g. 'latest-rank0.pt')")
     source.add_argument('--pipeline', help='a Diffusers StableDiffusionPipeline folder (--export_pipeline)')

@@ -15,6 +15,8 @@ from pathlib import Path
 from mcli import RunConfig
 from mcli.models.run_config import FinalRunConfig
 
+import arguments
+
 REPO = Path(__file__).resolve().parent
 # Top-level fields mosaicml-cli 0.7.5 still reads but has deprecated in favour of `compute`.
 DEPRECATED_FIELDS = {
@@ -81,7 +83,7 @@ def sweep_configs(path: Path, gpu_counts: list[int], gpu_type: str | None) -> li
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest='command', required=True)
     check_parser = commands.add_parser('check', help='validate a run YAML offline')
     check_parser.add_argument('yaml', nargs='?', default=str(REPO / 'mcloud.yaml'))

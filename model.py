@@ -294,6 +294,14 @@ def build_encoders(
     return (*parts, loaded)
 
 
+def describe_weights(parts: list[str], loaded: list[str]) -> str:
+    """'weights loaded: unet; random init: vae, text_encoder', either half left out when it names nothing."""
+    random_init = [part for part in parts if part not in loaded]
+    halves = [f'weights loaded: {", ".join(loaded)}' if loaded else '']
+    halves.append(f'random init: {", ".join(random_init)}' if random_init else '')
+    return '; '.join(half for half in halves if half)
+
+
 def build_model(
     model_name: str,
     prediction_type: str | None = None,

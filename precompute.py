@@ -32,6 +32,7 @@ from streaming.base.util import merge_index
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
+import arguments
 from config import PRESETS, SD2_BASE, ConfigError, caption_inputs, resolve_model_dir
 from convert import SAMPLE_DATASET, ensure_sample_dataset
 from data import (
@@ -45,7 +46,7 @@ from data import (
     s3_client,
 )
 from images import unit_range
-from model import build_encoders, encode_text
+from model import build_encoders, describe_weights, encode_text
 from stack import check_stack
 from tokenizer import TokenizerError
 
@@ -53,7 +54,7 @@ SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun n
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = arguments.ArgumentParser(
         description='Precompute VAE latents and text embeddings of an MDS dataset '
         '(images and captions, as convert.py writes) for --precomputed_latents.'
     )
@@ -326,11 +327,12 @@ def main(argv=None) -> dict:
     num_parts = -(-num_samples // args.part_size)
     mine = [part for part in range(rank, num_parts, world_size)]
     todo = [part for part in mine if args.overwrite or read_text(part_out(args.out, part), 'index.json') is None]
+    encoder_names = ['vae', 'text_encoder'] + ['text_encoder_2'] * (text_encoders[1] is not None)
     if rank == 0:
         print(
             f'precompute: {num_samples} samples of {args.remote or args.local} in {num_parts} part(s) of '
             f'{args.part_size} over {world_size} rank(s); {args.model_name} at {args.image_size}px, {args.precision} '
-            f'(weights loaded for {", ".join(loaded) or "nothing"}, random init for the rest); '
+            f'({describe_weights(encoder_names, loaded)}); '
             f"{len(mine) - len(todo)} of this rank's {len(mine)} part(s) already done",
             flush=True,
         )

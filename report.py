@@ -20,7 +20,6 @@ communication over the cluster's NVLink and network, fixed per-step work) predic
 prints each step's breakdown and the range its plausible inputs give.
 """
 
-import argparse
 import csv
 import math
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+import arguments
 import scaling
 from results import PEAK_FLOPS, ResultsError, gpu_key
 from results import load_results as read_results
@@ -56,7 +56,7 @@ class ReportError(ValueError):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = arguments.ArgumentParser(
         description='Days, GPU-hours and cost to train SD2 from measured throughputs, with a scaling '
         'fit extrapolated to larger clusters. Prints a Markdown table; writes CSV and PNG.',
         epilog='The published A100 table: report.py --gpu_type A100 --throughput 8=128.2 16=254.0 '

@@ -351,6 +351,19 @@ def test_published_flags_keep_their_names_and_defaults():
     assert (published.attention, published.use_ema, published.fsdp) == ('sdpa', False, 'none')
 
 
+def test_the_model_line_names_the_parts_randomly_initialized(capfd):
+    from model import describe_weights
+
+    main(parse_args([*TINY, '--max_duration', '1ba']))
+    assert (
+        f"model 'tiny' from {config.CONFIGS_DIR / 'tiny'}: random init: unet, vae, text_encoder\n"
+        in capfd.readouterr().out
+    )
+    assert describe_weights(['unet', 'vae', 'text_encoder'], []) == 'random init: unet, vae, text_encoder'
+    assert describe_weights(['unet', 'vae'], ['vae']) == 'weights loaded: vae; random init: unet'
+    assert describe_weights(['vae'], ['vae']) == 'weights loaded: vae'
+
+
 def test_cpu_defaults_to_the_tiny_preset_and_says_so():
     args = resolve_config(parse_args(['--use_synth_data']))
     assert (args.model_name, args.image_size, args.precision) == ('tiny', 64, 'fp32')

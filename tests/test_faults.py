@@ -34,7 +34,10 @@ from conftest import (
 )
 from streaming.base.storage.download import CloudDownloader, S3Downloader
 
+import config
 import convert
+import generate
+import mcloud
 import precompute
 import report
 from benchmark import IncompleteRun, main
@@ -456,3 +459,101 @@ def test_shards_deleted_or_cut_short_mid_run_end_it_with_one_line(tmp_path, work
     assert re.search(rf'error: {folder}: ({gone if damage == "DELETE" else cut_short})', run.stderr), run.stderr[-2000:]
     assert 'Traceback' not in run.stderr and time.monotonic() - start < 120
     assert not (tmp_path / 'r').exists()
+
+
+@pytest.mark.parametrize(
+    'parse, flags',
+    [
+        (config.parse_args, ['--batch_size', 'abc']),
+        (config.parse_args, ['--no_such_flag']),
+        (config.parse_args, ['--attention', 'flash']),
+        (precompute.parse_args, ['--part_size', 'x']),
+        (report.parse_args, ['--price', 'x']),
+        (generate.parse_args, ['--steps', 'x']),
+        (convert.main, ['--bogus']),
+        (mcloud.main, ['--bogus']),
+    ],
+    ids=lambda value: ' '.join(value) if isinstance(value, list) else value.__module__,
+)
+def test_flags_argparse_rejects_are_one_line(parse, flags, capsys):
+    """argparse's own errors (a wrong type, an unknown flag, a bad choice) are one line pointing to --help, not
+    the whole usage above it."""
+    with pytest.raises(SystemExit) as stopped:
+        parse(flags)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith('error: ') and err.count('\n') == 1 and err.rstrip().endswith('--help)'), err
+    assert any(named in err for named in (flags[0], 'unrecognized arguments', 'arguments are required'))
+
+
+def read_only(monkeypatch, root: Path) -> None:
+    """Writing anywhere under `root` fails as on a read-only filesystem (permission bits cannot show it: the tests
+    may run as root)."""
+    real_mkdtemp = config.tempfile.mkdtemp
+
+    def mkdtemp(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir).is_relative_to(root):
+            raise OSError(30, 'Read-only file system')
+        return real_mkdtemp(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(config.tempfile, 'mkdtemp', mkdtemp)
+
+
+@pytest.mark.parametrize(
+    'flag, extra',
+    [
+        ('--save_folder', []),
+        ('--results_json', []),
+        ('--profile', ['--max_duration', '2ba']),
+        ('--export_ema_unet', ['--use_ema']),
+        ('--sample_dir', ['--sample_interval', '1ba']),
+        ('--export_pipeline', []),
+    ],
+)
+def test_an_unwritable_output_is_refused_before_training(tmp_path, monkeypatch, flag, extra):
+    read_only(monkeypatch, tmp_path / 'ro')
+    (tmp_path / 'ro').mkdir()
+    target = str(tmp_path / 'ro' / ('out.json' if flag == '--results_json' else 'out'))
+    with pytest.raises(ConfigError) as refused:
+        resolve_config(parse_args([*TINY, *extra, flag, target]))
+    assert str(refused.value) == f'{flag} {target}: cannot write in {tmp_path / "ro"} (Read-only file system)'
+    assert list((tmp_path / 'ro').iterdir()) == []
+    resolve_config(parse_args([*TINY, *extra, flag, str(tmp_path / 'rw' / 'out')]))  # writable: accepted
+    assert not (tmp_path / 'rw').exists()  # and nothing was made there
+
+
+def test_a_save_folder_on_a_filesystem_that_refuses_writes_stops_the_run_at_start():
+    try:
+        os.mkdir('/sys/sd2-write-check')
+    except OSError:
+        pass
+    else:
+        os.rmdir('/sys/sd2-write-check')
+        pytest.skip('/sys takes new folders here')
+    run = run_cli(*TINY, '--save_folder', '/sys/sd2-checkpoints', launcher=('python',))
+    assert run.returncode == 2
+    assert run.stderr.startswith('error: --save_folder /sys/sd2-checkpoints: cannot write in /sys (')
+    assert run.stderr.count('\n') == 1 and 'train ' not in run.stdout
+
+
+def test_a_full_disk_at_the_results_file_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch, capfd):
+    import benchmark
+
+    results = tmp_path / 'results.json'
+    results.write_text('{"from": "an earlier run"}')
+    real_write_text = Path.write_text
+
+    def write_half_then_fail(path, text, *args, **kwargs):
+        if path.name.endswith('.partial'):
+            real_write_text(path, text[: len(text) // 2])
+            raise OSError(28, 'No space left on device')
+        return real_write_text(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, 'write_text', write_half_then_fail)
+    with pytest.raises(SystemExit) as stopped:
+        benchmark.cli([*TINY, '--max_duration', '2ba', '--results_json', str(results)])
+    assert stopped.value.code == 1
+    err = capfd.readouterr().err.strip()  # after the progress bar, on its line
+    assert err.endswith(f'error: {results}: No space left on device') and err.count('error:') == 1
+    assert results.read_text() == '{"from": "an earlier run"}'  # the earlier file kept whole
+    assert sorted(path.name for path in tmp_path.iterdir()) == ['results.json']

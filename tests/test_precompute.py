@@ -127,7 +127,7 @@ def test_precompute_writes_aligned_samples_resumes_and_trains(source, tmp_path, 
     # Sample k of the output is the k-th good source sample, encoded by the tiny model's encoders.
     reproducibility.seed_all(17)  # precompute.py's --seed default
     vae, text_encoder, _, loaded = build_encoders(CONFIGS_DIR / 'tiny')
-    assert loaded == [] and 'weights loaded for nothing, random init for the rest' in capfd.readouterr().out
+    assert loaded == [] and '(random init: vae, text_encoder)' in capfd.readouterr().out
     images = StreamingLAIONDataset(local=str(source), image_size=32, shuffle=False, keep_caption=True)
     good = [images[i] for i in range(SOURCE_SAMPLES) if not images[i]['bad_samples']]
     assert len(good) == 38
