@@ -25,7 +25,7 @@ from composer import Trainer
 from composer.loggers import InMemoryLogger
 from composer.utils import dist, get_device, reproducibility
 
-from checkpoints import set_aside_incomplete
+from checkpoints import CheckpointWriteError, check_resumable, set_aside_incomplete
 from config import ConfigError, RunConfig, parse_args, resolve_config
 from data import DataError, clean_stale_shared_memory
 from ema import export_ema_unet
@@ -75,7 +75,15 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
             for change in set_aside_incomplete(Path(config.save_folder)):
                 announce(f'warning: {change}')
         dist.barrier()  # every rank resumes from the folder as rank 0 left it
+        check_resumable(Path(config.save_folder), config, model.unet, dist.get_global_rank())
     trainer = build_trainer(config, model, build_dataloader(config, model), callbacks)
+    if trained_to_the_end(trainer):  # resumed from the last checkpoint of a finished run: Composer would raise
+        announce(
+            f'run {config.run_name!r} is complete: its checkpoints in {config.save_folder} hold all '
+            f'{trainer.state.timestamp.batch.value} batches of --max_duration {config.max_duration}; nothing to '
+            'train and no results written (a longer --max_duration trains on from there)'
+        )
+        return trainer
     if trainer.state.evaluators:
         trainer.eval()  # the start of the learning curve, and the untrained model's samples
     trainer.fit()
@@ -111,6 +119,11 @@ def check_finished(trainer: Trainer, config: RunConfig) -> None:
             f'training stopped after {trained} of the {config.num_batches} batches of --max_duration '
             f'{config.max_duration}: the data ran out early (a shard or remote that failed?); no results written'
         )
+
+
+def trained_to_the_end(trainer: Trainer) -> bool:
+    duration = trainer.state.max_duration
+    return trainer.state.timestamp.get(duration.unit).value >= duration.value
 
 
 def write_whole(path: Path, text: str) -> None:
@@ -246,6 +259,16 @@ def cli(argv: list[str] | None = None, callbacks: tuple = ()) -> Trainer:
         sys.exit(2)
     except IncompleteRun as error:
         print(f'error: {error}', file=sys.stderr)
+        sys.exit(1)
+    except CheckpointWriteError as error:
+        # The partial file is set aside now, so that --autoresume continues from the newest complete checkpoint.
+        if dist.get_global_rank() == 0 and error.file.parent.is_dir():
+            set_aside_incomplete(error.file.parent)
+        print(
+            f'error: --save_folder {error.file.parent}: {error}; set aside, and --autoresume continues from the '
+            'newest complete checkpoint',
+            file=sys.stderr,
+        )
         sys.exit(1)
     except OSError as error:  # a write of the run failed (results, export, samples): a full disk, a removed folder
         where = f'{error.filename}: ' if error.filename else ''

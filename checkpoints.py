@@ -1,15 +1,28 @@
-"""Checkpoint folders that a killed run cannot poison.
+"""Checkpoint folders that a killed run cannot poison, and that only the run that wrote them resumes from.
 
 Composer writes a checkpoint straight to its final name and then points `latest-rank0.pt` at it; autoresume
 loads what that link names. A run killed while writing leaves a partial file: a resumed run then stops when it
 reaches the same batch (Composer will not write over an existing file), and a partial file the link names
 cannot be loaded at all. Before autoresume reads a local save folder, `set_aside_incomplete` renames every
 incomplete checkpoint file and points the link at the newest complete one.
+
+A run resumed over another run's checkpoints (another model, image size or data mode) would stop in Composer's
+loading with a page of size mismatches, or, worse, train on at another setting. Each checkpoint carries the
+settings of its run (`RunDescription`), and `check_resumable` compares them, and the UNet's shapes, first.
+
+A checkpoint that does not fit on its disk fails deep in torch.save's zip writer, with a traceback that names
+neither the folder nor the cause; `report_failed_writes` makes it a CheckpointWriteError that names both.
 """
 
 import re
+import shutil
 import zipfile
 from pathlib import Path
+
+import torch
+from composer.core import Callback
+
+from config import ConfigError, RunConfig
 
 # Composer's default names for the file rank 0 writes (all of a DDP or full-state FSDP checkpoint) and its link.
 CHECKPOINT_FILE = re.compile(r'^ep(\d+)-ba(\d+)-rank0\.pt$')
@@ -44,3 +57,86 @@ def set_aside_incomplete(folder: Path) -> list[str]:
         latest.symlink_to(complete[-1].name)
         changes.append(f'{latest}: now links the newest complete checkpoint {complete[-1].name} (it linked {was})')
     return changes
+
+
+class CheckpointWriteError(Exception):
+    """Writing a checkpoint file failed (a full disk, a folder removed): the file, its folder and the reason."""
+
+    def __init__(self, file: Path, reason: str):
+        self.file = file
+        free = shutil.disk_usage(file.parent).free / 1e9 if file.parent.is_dir() else 0.0
+        super().__init__(f'checkpoint {file.name} did not fit ({reason}; {free:.1f} GB free there)')
+
+
+def report_failed_writes() -> None:
+    """Wraps Composer's checkpoint writer so that a failed write raises CheckpointWriteError. Composer has no hook
+    for it: torch.save raises a RuntimeError ('PytorchStreamWriter failed writing file ...') or an OSError."""
+    from composer.utils import checkpoint
+
+    write = checkpoint._write_checkpoint_file
+    if getattr(write, 'reports_failures', False):
+        return
+
+    def write_or_report(state_dict, filename):
+        try:
+            write(state_dict, filename)
+        except (OSError, RuntimeError) as error:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[-1]
+            raise CheckpointWriteError(Path(filename), reason.strip()) from error
+
+    write_or_report.reports_failures = True
+    checkpoint._write_checkpoint_file = write_or_report
+
+
+def run_description(config: RunConfig) -> dict:
+    """The settings a checkpoint must share with the run that resumes from it."""
+    return {
+        'model_name': config.model_name,
+        'image_size': config.image_size,
+        'precomputed_latents': config.precomputed_latents,
+    }
+
+
+class RunDescription(Callback):
+    """Saves run_description() in every checkpoint (Composer keeps each callback's state_dict there)."""
+
+    def __init__(self, config: RunConfig):
+        self.description = run_description(config)
+
+    def state_dict(self) -> dict:
+        return dict(self.description)
+
+    def load_state_dict(self, state: dict) -> None:
+        pass  # compared before loading, by check_resumable
+
+
+def check_resumable(folder: Path, config: RunConfig, unet: torch.nn.Module, rank: int = 0) -> None:
+    """Raises ConfigError naming what differs between this run and the checkpoint autoresume would load: a
+    setting of run_description(), or the UNet's parameter shapes. Reads the checkpoint memory-mapped, so that
+    only its small parts are read from disk."""
+    latest = folder / f'latest-rank{rank}.pt'
+    if not latest.is_file():
+        return
+    state = torch.load(latest, map_location='cpu', weights_only=False, mmap=True)['state']
+    where = f'--autoresume: the checkpoint {latest.resolve()} is of another run'
+    saved = state.get('callbacks', {}).get(RunDescription.__name__)
+    if saved is not None:  # written by this version or later
+        here = run_description(config)
+        differ = [f'{key} {saved[key]!r} there, {here[key]!r} here' for key in here if saved.get(key) != here[key]]
+        if differ:
+            raise ConfigError(f'{where}: {"; ".join(differ)}; pass its flags, or a new --save_folder')
+    shapes = {name: tuple(p.shape) for name, p in unet.state_dict().items()}
+    saved_shapes = {
+        name.removeprefix('unet.'): tuple(tensor.shape)
+        for name, tensor in state['model'].items()
+        if name.startswith('unet.')
+    }
+    differ = [name for name in shapes if saved_shapes.get(name) != shapes[name]]
+    differ += [name for name in saved_shapes if name not in shapes]
+    if differ:
+        name = differ[0]
+        there, here = (list(side[name]) if name in side else 'absent' for side in (saved_shapes, shapes))
+        raise ConfigError(
+            f'{where}: {len(differ)} UNet parameter(s) differ, e.g. {name} is {there} there, {here} here '
+            '(another model?); pass its flags, or a new --save_folder'
+        )

@@ -12,6 +12,7 @@ replaced), which the model ignores and `BadSampleCounter` logs.
 """
 
 import atexit
+import fcntl
 import hashlib
 import itertools
 import json
@@ -30,11 +31,12 @@ from boto3.s3.transfer import TransferConfig
 from composer.core import Callback
 from composer.utils import dist
 from streaming import StreamingDataset
+from streaming.base import dataset as streaming_dataset
 from streaming.base import util as streaming_util
 from streaming.base.compression import decompress
 from streaming.base.dataset import _ShardState
 from streaming.base.format import reader_from_json
-from streaming.base.shared.prefix import _get_path
+from streaming.base.shared.prefix import _get_path, get_shm_prefix
 from streaming.base.storage import download as streaming_download
 from streaming.base.storage.download import CloudDownloader, S3Downloader
 from torch.utils.data import Dataset, default_collate
@@ -189,6 +191,23 @@ class NodeStopEvent(threading.Event):
 
     def is_set(self) -> bool:
         return super().is_set() or os.path.exists(self.failure_path)
+
+
+def get_shm_prefix_one_job_at_a_time(streams_local, streams_remote, world, *args, **kwargs):
+    """Streaming's get_shm_prefix, with a machine-wide lock held by each job's local leader. Streaming picks the
+    first shared-memory prefix no other dataset uses, then creates its `_locals` entry: two jobs starting at the
+    same moment could pick the same one, and the second then stopped with `FileExistsError: '/000105_locals'`.
+    Under the lock the second job sees the first's entry and picks the next prefix. The other ranks of a job only
+    look up their leader's entry, so they take no lock (and cannot block a barrier their leader waits at)."""
+    if not world.is_local_leader:
+        return get_shm_prefix(streams_local, streams_remote, world, *args, **kwargs)
+    lock_file = Path(tempfile.gettempdir()) / 'sd2-streaming-prefix.lock'
+    with open(lock_file, 'a') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return get_shm_prefix(streams_local, streams_remote, world, *args, **kwargs)
+
+
+streaming_dataset.get_shm_prefix = get_shm_prefix_one_job_at_a_time  # where StreamingDataset looks it up
 
 
 class CheckedStreamingDataset(StreamingDataset):

@@ -16,6 +16,7 @@ from composer.profiler import Profiler, cyclic_schedule
 from composer.utils import dist, reproducibility
 from torch.utils.data import DataLoader
 
+from checkpoints import RunDescription, report_failed_writes
 from config import (
     LATENT_DOWNSAMPLE,
     SYNTHETIC_SAMPLES,
@@ -147,6 +148,8 @@ def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoa
     # Throughput is a rolling mean over this many batches (100 as published, fewer on short runs),
     # so the first batch, which holds one-off setup costs, is never inside a window.
     speed_window = max(1, min(100, config.num_batches // 2))
+    if config.save_folder:
+        report_failed_writes()
     loggers = [InMemoryLogger()]
     if config.wandb_project:
         loggers.append(wandb_logger(config))
@@ -161,6 +164,7 @@ def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoa
         callbacks=[
             SpeedMonitor(window_size=speed_window),
             BadSampleCounter(),
+            RunDescription(config),
             *evaluation_callbacks(config),
             *callbacks,
         ],

@@ -557,3 +557,144 @@ def test_a_full_disk_at_the_results_file_is_one_line_and_leaves_no_partial_file(
     assert err.endswith(f'error: {results}: No space left on device') and err.count('error:') == 1
     assert results.read_text() == '{"from": "an earlier run"}'  # the earlier file kept whole
     assert sorted(path.name for path in tmp_path.iterdir()) == ['results.json']
+
+
+def test_autoresume_of_a_finished_run_says_it_is_complete_and_exits_0(tmp_path, capfd):
+    import benchmark
+
+    flags = [*TINY, '--max_duration', '2ba', '--save_folder', str(tmp_path / 'ckpt'), '--run_name', 'r']
+    benchmark.cli(flags)
+    files = sorted((tmp_path / 'ckpt').iterdir())
+    capfd.readouterr()
+    results = tmp_path / 'again.json'
+    trainer = benchmark.cli([*flags, '--autoresume', '--results_json', str(results)])  # returns: exit status 0
+    out = capfd.readouterr().out
+    complete = f"run 'r' is complete: its checkpoints in {tmp_path / 'ckpt'} hold all 2 batches of --max_duration 2ba"
+    assert complete in out
+    assert int(trainer.state.timestamp.batch) == 2 and sorted((tmp_path / 'ckpt').iterdir()) == files
+    assert not results.exists()
+
+
+@pytest.mark.parametrize(
+    'changed, message',
+    [
+        (['--image_size', '32'], 'image_size 64 there, 32 here; pass its flags, or a new --save_folder'),
+        (['--model_name', 'tiny-sd1.5'], "model_name 'tiny' there, 'tiny-sd1.5' here"),
+    ],
+)
+def test_autoresume_over_another_runs_checkpoints_is_refused_in_one_line(tmp_path, changed, message):
+    folder = tmp_path / 'ckpt'
+    main(parse_args([*TINY, '--max_duration', '2ba', '--save_folder', str(folder), '--run_name', 'r']))
+    files = sorted(folder.iterdir())
+    with pytest.raises(ConfigError) as refused:
+        main(
+            parse_args(
+                [
+                    *TINY,
+                    *changed,
+                    '--max_duration',
+                    '4ba',
+                    '--save_folder',
+                    str(folder),
+                    '--run_name',
+                    'r',
+                    '--autoresume',
+                ]
+            )
+        )
+    assert str(refused.value).startswith(
+        f'--autoresume: the checkpoint {(folder / "ep0-ba2-rank0.pt")} is of another run: '
+    )
+    assert message in str(refused.value) and '\n' not in str(refused.value)
+    assert sorted(folder.iterdir()) == files
+
+
+def test_autoresume_over_checkpoints_without_a_description_compares_the_unet(tmp_path, monkeypatch):
+    """Checkpoints written before runs described themselves: the UNet's shapes still tell another model apart."""
+    import checkpoints
+
+    folder = tmp_path / 'ckpt'
+    monkeypatch.setattr(checkpoints.RunDescription, 'state_dict', lambda self: {})
+    monkeypatch.setattr(checkpoints, 'run_description', lambda config: {})
+    main(parse_args([*TINY, '--max_duration', '2ba', '--save_folder', str(folder), '--run_name', 'r']))
+    flags = ['--model_name', 'tiny-sdxl-base', '--use_synth_data', '--max_duration', '4ba']
+    with pytest.raises(ConfigError, match=r'UNet parameter\(s\) differ, e\.g\. .* there, .* here \(another model\?\)'):
+        main(parse_args([*flags, '--save_folder', str(folder), '--run_name', 'r', '--autoresume']))
+
+
+def test_a_checkpoint_that_does_not_fit_is_one_line_set_aside_and_resumed_from_the_one_before(
+    tmp_path, monkeypatch, capfd
+):
+    """The disk fills during the second checkpoint: torch.save's zip writer fails as on a full disk, halfway."""
+    import io
+
+    from composer.utils import checkpoint
+
+    import benchmark
+
+    calls = []
+
+    def write_half_then_fail(state_dict, filename):
+        calls.append(filename)
+        buffer = io.BytesIO()
+        torch.save(state_dict, buffer)
+        data = buffer.getvalue()
+        Path(filename).write_bytes(data if len(calls) == 1 else data[: len(data) // 2])
+        if len(calls) > 1:
+            raise RuntimeError(
+                '[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file data/12: '
+                'file write failed'
+            )
+
+    monkeypatch.setattr(checkpoint, '_write_checkpoint_file', write_half_then_fail)
+    folder = tmp_path / 'ckpt'
+    flags = [*TINY, '--max_duration', '4ba', '--save_folder', str(folder), '--run_name', 'r', '--save_interval', '2ba']
+    with pytest.raises(SystemExit) as stopped:
+        benchmark.cli(flags)
+    assert stopped.value.code == 1
+    err = capfd.readouterr().err.strip()
+    assert err.endswith(' newest complete checkpoint') and err.count('error:') == 1, err
+    assert f'error: --save_folder {folder}: checkpoint ep0-ba4-rank0.pt did not fit (' in err
+    assert 'file write failed; ' in err and ' GB free there); set aside' in err
+    assert sorted(path.name for path in folder.iterdir()) == [
+        'ep0-ba2-rank0.pt',
+        'ep0-ba4-rank0.pt.incomplete',
+        'latest-rank0.pt',
+    ]
+    assert (folder / 'latest-rank0.pt').readlink().name == 'ep0-ba2-rank0.pt'
+    monkeypatch.undo()  # the disk has room again
+    trainer = benchmark.cli([*flags, '--autoresume'])
+    assert int(trainer.state.timestamp.batch) == 4
+    assert (folder / 'latest-rank0.pt').readlink().name == 'ep0-ba4-rank0.pt'
+
+
+def test_two_jobs_starting_together_each_get_their_own_shared_memory(tmp_path, dataset, monkeypatch):
+    """Two datasets built at the same moment (two jobs of a sweep): Streaming's search for a free shared-memory
+    prefix is slowed so that both finish it before either registers, as when two processes start together."""
+    from streaming.base.shared import prefix
+
+    find = prefix._check_and_find_retrying
+
+    def find_slowly(*args, **kwargs):
+        found = find(*args, **kwargs)
+        time.sleep(0.5)
+        return found
+
+    monkeypatch.setattr(prefix, '_check_and_find_retrying', find_slowly)
+    copies = [shutil.copytree(dataset, tmp_path / f'job{i}') for i in range(2)]
+    built, errors = [None, None], []
+
+    def build(i):
+        try:
+            built[i] = StreamingLAIONDataset(local=str(copies[i]), image_size=32, batch_size=4)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=build, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert built[0]._shm_prefix_int != built[1]._shm_prefix_int
+    assert len(built[0]) == len(built[1]) == 24
