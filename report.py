@@ -688,7 +688,14 @@ def write_csv(path, tables, phases):
                 )
 
 
-def plot(path, tables, budget, names):
+def device_axis_label(devices: set[str]) -> str:
+    """'Number of GPUs' for GPUs of the peak table, else the devices named (a CPU run's report)."""
+    if all(device in PEAK_FLOPS for device in devices):
+        return 'Number of GPUs'
+    return f'Number of devices ({", ".join(sorted(devices))})'
+
+
+def plot(path, tables, budget, names, xlabel='Number of GPUs'):
     import matplotlib
 
     matplotlib.use('Agg')  # files only, no display needed
@@ -729,7 +736,7 @@ def plot(path, tables, budget, names):
     ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.xaxis.set_minor_locator(NullLocator())
     ax.yaxis.set_major_formatter(ScalarFormatter())
-    ax.set_xlabel('Number of GPUs')
+    ax.set_xlabel(xlabel)
     ax.set_ylabel('Days to train')
     ax.set_title(f'Days to train {", ".join(names)} on {sum(budget.values()) / 1e9:.2f}B samples')
     ax.grid(True, which='both', alpha=0.3)
@@ -853,7 +860,8 @@ def main(args):
         write_csv(args.csv, [(gpu, rows) for gpu, rows, _, _ in tables], phases)
         print(f'wrote {args.csv}', file=sys.stderr)
     if args.plot:
-        plot(args.plot, [(label, rows, curve) for label, rows, curve, _ in tables], args.budget, names)
+        devices = device_axis_label({pts[0].gpu for pts in groups.values()})
+        plot(args.plot, [(label, rows, curve) for label, rows, curve, _ in tables], args.budget, names, devices)
         print(f'wrote {args.plot}', file=sys.stderr)
     return tables
 

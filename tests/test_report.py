@@ -213,6 +213,17 @@ def test_load_results(tmp_path):
     assert report.gpu_key('AMD EPYC') == 'AMD EPYC'
 
 
+def test_the_plot_names_devices_that_are_not_gpus(tmp_path, monkeypatch):
+    assert report.device_axis_label({'H100', 'A100'}) == 'Number of GPUs'
+    assert report.device_axis_label({'AMD EPYC'}) == 'Number of devices (AMD EPYC)'
+    labels = []
+    monkeypatch.setattr(report, 'plot', lambda *args: labels.append(args[-1]))
+    cpu = results_file(tmp_path / 'cpu.json', device_type='cpu', device_name='AMD EPYC', mfu=None)
+    run_report(tmp_path, [cpu])
+    run_report(tmp_path, [results_file(tmp_path / 'h100.json')])
+    assert labels == ['Number of devices (AMD EPYC)', 'Number of GPUs']
+
+
 BENCHMARK = REPO / 'benchmark.py'
 
 
