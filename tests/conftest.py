@@ -8,9 +8,11 @@ gpu tests are skipped where no GPU is visible.
 
 import io
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +35,14 @@ def pytest_configure(config):
     # Before any test module imports torch, which reads CUDA_VISIBLE_DEVICES when CUDA first initializes.
     if config.option.markexpr.strip() != 'gpu':
         os.environ['CUDA_VISIBLE_DEVICES'] = ''
+    # Streaming leaves its lock files (000105_barrier_filelock, ...) in the temporary folder, hundreds over the
+    # suite: every test and the processes it starts use a folder of this session's, removed at its end.
+    config.session_tmp = tempfile.mkdtemp(prefix='sd2-tests-')
+    os.environ['TMPDIR'] = tempfile.tempdir = config.session_tmp
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(getattr(config, 'session_tmp', ''), ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

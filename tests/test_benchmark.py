@@ -303,7 +303,8 @@ def test_wandb_offline_run_holds_the_throughput_history(tmp_path, monkeypatch):
     pytest.importorskip('wandb', reason='wandb is not installed (requirements-current.txt leaves it out)')
     monkeypatch.setenv('WANDB_MODE', 'offline')
     monkeypatch.setenv('WANDB_DIR', str(tmp_path))
-    main(parse_args([*TINY, '--max_duration', '4ba', '--wandb_project', 'p', '--wandb_name', 'n']))
+    trainer = main(parse_args([*TINY, '--max_duration', '4ba', '--wandb_project', 'p', '--wandb_name', 'n']))
+    trainer.close()  # as at exit: Composer finishes the W&B run, which writes out what it buffered
     (run_file,) = tmp_path.glob('wandb/offline-run-*/run-*.wandb')
     keys = wandb_history_keys(run_file)
     assert {'throughput/samples_per_sec', 'throughput/flops_per_sec', 'loss/train/total'} <= keys, sorted(keys)
