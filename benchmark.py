@@ -181,6 +181,9 @@ def summarize(trainer: Trainer, config: RunConfig) -> Results:
         peak_gpu_memory_gb=torch.cuda.max_memory_allocated() / 1e9 if has_gpu else None,
         device_train_microbatch_size=trainer.state.device_train_microbatch_size,
         bad_samples=int(logged['data/bad_samples'][-1][1]) if logged.get('data/bad_samples') else 0,
+        bad_samples_distinct=int(logged['data/bad_samples_distinct'][-1][1])
+        if logged.get('data/bad_samples_distinct')
+        else 0,
         device_type='gpu' if has_gpu else 'cpu',
         device_name=device_name,
         num_devices=config.world_size,
@@ -243,8 +246,8 @@ def print_summary(results: Results) -> None:
         )
     if results.bad_samples:
         print(
-            f'data: {results.bad_samples} bad sample(s) read and replaced by the next good ones '
-            '(each warned about once)',
+            f'data: {results.bad_samples} bad read(s) of {results.bad_samples_distinct} bad sample(s), each read '
+            'replaced by the next good sample (a bad sample is read once an epoch, and warned about once)',
             flush=True,
         )
 

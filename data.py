@@ -517,26 +517,36 @@ def collate(samples: list[dict]) -> dict:
 
 
 class BadSampleCounter(Callback):
-    """Logs data/bad_samples: the number of samples replaced so far, summed over ranks."""
+    """Logs data/bad_samples, the reads replaced so far, and at the end data/bad_samples_distinct, how many
+    samples they were (a bad sample is read again every epoch), both summed over ranks. A replaced read's
+    'sample_id' is the bad sample's own position: the first sample tried is the one asked for."""
 
     def __init__(self):
         self.total = 0
+        self.distinct: set[int] = set()  # this rank's, gathered at the end
 
     def after_dataloader(self, state, logger) -> None:
         if not isinstance(state.batch, dict) or 'bad_samples' not in state.batch:
             return
-        count = state.batch['bad_samples'].sum()  # still on the CPU at this event
+        replaced = state.batch['bad_samples'].bool()  # still on the CPU at this event
+        self.distinct.update(state.batch['sample_id'][replaced].tolist())
+        count = replaced.sum()
         if dist.get_world_size() > 1:
             count = state.device.tensor_to_device(count)  # NCCL reduces GPU tensors only
             dist.all_reduce(count)
         self.total += int(count)
         logger.log_metrics({'data/bad_samples': self.total})
 
+    def fit_end(self, state, logger) -> None:
+        distinct = set().union(*dist.all_gather_object(self.distinct))
+        logger.log_metrics({'data/bad_samples_distinct': len(distinct)})
+
     def state_dict(self) -> dict:
-        return {'total': self.total}
+        return {'total': self.total, 'distinct': sorted(self.distinct)}
 
     def load_state_dict(self, state: dict) -> None:
         self.total = state['total']
+        self.distinct = set(state.get('distinct', ()))  # checkpoints written before distinct was kept: none
 
 
 # ---------------------------------------------------------------------------------------- locations

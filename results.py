@@ -42,7 +42,8 @@ class Results:
     throughput_windows: int | None = None
     peak_gpu_memory_gb: float | None = None  # torch.cuda.max_memory_allocated of rank 0, in 1e9 bytes
     device_train_microbatch_size: int | None = None  # what the run trained with; with 'auto', what Composer found
-    bad_samples: int | None = None
+    bad_samples: int | None = None  # reads of bad samples, each replaced by the next good one
+    bad_samples_distinct: int | None = None  # how many samples those were (each bad one is read every epoch)
     val_loss: float | None = None  # the held-out validation loss at the end (evaluation.py)
     val_loss_ema: float | None = None  # the same, of the EMA weights
     val_loss_curve: list | None = None  # [[samples seen, validation loss], ...], from the start

@@ -396,7 +396,11 @@ def test_training_from_a_local_mds_dataset_logs_bad_samples(tmp_path, capfd):
     assert int(trainer.state.timestamp.batch) == 4
     summary = json.loads(results.read_text())
     assert summary['bad_samples'] == 2 and summary['img_per_sec'] > 0
-    assert 'data: 2 bad sample(s) read and replaced' in capfd.readouterr().out
+    assert 'data: 2 bad read(s) of 2 bad sample(s), each read replaced' in capfd.readouterr().out
+    assert summary['bad_samples_distinct'] == 2
+    # Two epochs read each bad sample twice: 4 reads of the same 2 samples.
+    main(parse_args(TINY + ['--local', location, '--batch_size', '8', '--max_duration', '2ep']))
+    assert 'data: 4 bad read(s) of 2 bad sample(s)' in capfd.readouterr().out
 
 
 def test_default_run_builds_and_trains_on_the_sample_dataset(tmp_path, monkeypatch, capfd):
