@@ -16,10 +16,15 @@ $(VENV)/.installed: requirements.txt requirements-test.txt pyproject.toml
 	$(VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e .
 	touch $@
 
+# benchmark.py with flags $(2) from venv $(1): Composer's launcher (one process per GPU) on a machine with several
+# GPUs, else one process, which needs no launcher (the launcher's own lines would bury a one-line error).
+RUN_BENCHMARK = if $(1)/bin/python -c 'import sys, torch; sys.exit(torch.cuda.device_count() < 2)'; \
+	then $(1)/bin/composer benchmark.py $(2); else $(1)/bin/python benchmark.py $(2); fi
+
 # Streams a generated sample MDS dataset of real JPEGs (built on first use): SD2 base with the published
 # settings on a GPU (all GPUs of this machine), the tiny model on a CPU. --use_synth_data: random tensors.
 bench: install
-	$(VENV)/bin/composer benchmark.py --results_json results/default.json
+	$(call RUN_BENCHMARK,$(VENV),--results_json results/default.json)
 
 # ruff: lint rules and formatting, configured in pyproject.toml. `make format` applies the formatting.
 lint: install
@@ -70,7 +75,7 @@ $(CURRENT_VENV)/.installed: requirements-current.txt requirements-test.txt pypro
 
 test-current: $(CURRENT_VENV)/.installed
 	$(CURRENT_VENV)/bin/python -m pytest -m 'not slow and not gpu'
-	$(CURRENT_VENV)/bin/composer benchmark.py --results_json results/current.json
+	$(call RUN_BENCHMARK,$(CURRENT_VENV),--results_json results/current.json)
 
 # The third CPU lane: a GPU machine's own packages (the image of docs/install.md: torch 2.11, transformers 5.17,
 # huggingface_hub 1.33, tokenizers 0.23.2, with what pip resolves for them), then only what that image lacks,
@@ -90,7 +95,7 @@ $(IMAGE_VENV)/.installed: requirements-gpu-image.txt requirements-test.txt pypro
 
 test-gpu-image: $(IMAGE_VENV)/.installed
 	$(IMAGE_VENV)/bin/python -m pytest -m 'not slow and not gpu'
-	$(IMAGE_VENV)/bin/composer benchmark.py --results_json results/gpu-image.json
+	$(call RUN_BENCHMARK,$(IMAGE_VENV),--results_json results/gpu-image.json)
 
 # An offline install (docs/install.md): the wheels of requirements-current.txt for one Python version and Linux
 # x86_64, downloaded into one folder to copy to a machine without internet and install there with --no-index.

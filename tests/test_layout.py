@@ -41,3 +41,19 @@ def test_gpu_check_refuses_a_machine_without_a_gpu():
     )
     assert run.returncode != 0 and 'gpu-check: no CUDA device' in run.stderr
     assert 'pytest' not in run.stdout + run.stderr
+
+
+def test_the_benchmark_runs_without_a_launcher_on_one_device():
+    """make bench (and the lanes' runs) start `python benchmark.py` where there are fewer than two GPUs: Composer's
+    launcher would add its own lines around a one-line error, and wait 30 s after a good run."""
+    probe = 'probe:; @$(call RUN_BENCHMARK,$(VENV),--help)'
+    env = {**os.environ, 'CUDA_VISIBLE_DEVICES': ''}
+    run = subprocess.run(
+        ['make', '-s', '--eval', probe, 'probe', f'VENV={sys.prefix}'],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith('usage: benchmark.py ')
