@@ -14,6 +14,7 @@ A checkpoint that does not fit on its disk fails deep in torch.save's zip writer
 neither the folder nor the cause; `report_failed_writes` makes it a CheckpointWriteError that names both.
 """
 
+import pickle
 import re
 import shutil
 import zipfile
@@ -117,7 +118,10 @@ def check_resumable(folder: Path, config: RunConfig, unet: torch.nn.Module, rank
     latest = folder / f'latest-rank{rank}.pt'
     if not latest.is_file():
         return
-    state = torch.load(latest, map_location='cpu', weights_only=False, mmap=True)['state']
+    try:
+        state = torch.load(latest, map_location='cpu', weights_only=False, mmap=True)['state']
+    except (OSError, RuntimeError, KeyError, pickle.UnpicklingError):
+        return  # not a checkpoint file this check can read (Composer's own loading reports what is wrong)
     where = f'--autoresume: the checkpoint {latest.resolve()} is of another run'
     saved = state.get('callbacks', {}).get(RunDescription.__name__)
     if saved is not None:  # written by this version or later
@@ -133,7 +137,7 @@ def check_resumable(folder: Path, config: RunConfig, unet: torch.nn.Module, rank
     }
     differ = [name for name in shapes if saved_shapes.get(name) != shapes[name]]
     differ += [name for name in saved_shapes if name not in shapes]
-    if differ:
+    if saved_shapes and differ:  # no 'unet.' names: a layout this check does not know, left to Composer
         name = differ[0]
         there, here = (list(side[name]) if name in side else 'absent' for side in (saved_shapes, shapes))
         raise ConfigError(

@@ -201,10 +201,13 @@ def get_shm_prefix_one_job_at_a_time(streams_local, streams_remote, world, *args
     look up their leader's entry, so they take no lock (and cannot block a barrier their leader waits at)."""
     if not world.is_local_leader:
         return get_shm_prefix(streams_local, streams_remote, world, *args, **kwargs)
-    lock_file = Path(tempfile.gettempdir()) / 'sd2-streaming-prefix.lock'
-    with open(lock_file, 'a') as lock:
+    # Opened read-only, which flock needs no more than: another user's jobs share the file (made 0o666 less umask).
+    lock = os.open(Path(tempfile.gettempdir()) / 'sd2-streaming-prefix.lock', os.O_RDONLY | os.O_CREAT, 0o666)
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         return get_shm_prefix(streams_local, streams_remote, world, *args, **kwargs)
+    finally:
+        os.close(lock)
 
 
 streaming_dataset.get_shm_prefix = get_shm_prefix_one_job_at_a_time  # where StreamingDataset looks it up

@@ -20,8 +20,9 @@ PINNED = {'torch': '==2.7.0', 'numpy': '>=1.26,<2.2', 'transformers': '==4.57.6'
 
 # Tested to work (docs/install.md): every CPU tier on the pins (make test); the fast tier and a benchmark run on
 # today's stack (make test-current: torch 2.15.0, numpy 2.4.6, transformers 5.24.0) and on a GPU image's own
-# packages (torch 2.11.0, numpy 2.5.2, transformers 5.17.0); an import and a benchmark run on torch 2.12.1, 2.13.0
-# and 2.14.1. Either range of transformers: 4.57 (with huggingface_hub <1) or 5.17 and later (hub 1.x or 2.x).
+# packages (make test-gpu-image: torch 2.11.0, transformers 5.17.0); an import and a benchmark run on torch 2.12.1,
+# 2.13.0 and 2.14.1; SD2 training and the gpu tier on an H100 with numpy 2.5.2 (and transformers 4.57.6). Either
+# range of transformers: 4.57 (with huggingface_hub <1) or 5.17 and later (hub 1.x or 2.x).
 TESTED = {'torch': ('>=2.7,<2.16',), 'numpy': ('>=1.26,<2.6',), 'transformers': ('==4.57.6', '>=5.17,<5.25')}
 
 # Known not to work: what goes wrong, and what to install instead (none at present among these packages).
