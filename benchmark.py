@@ -31,7 +31,7 @@ from data import DataError, clean_stale_shared_memory
 from ema import export_ema_unet
 from evaluation import ValidationReport
 from export import export_pipeline
-from model import StableDiffusion, build_model, describe_weights
+from model import MODEL_PARTS, StableDiffusion, build_model, describe_weights
 from results import Results, cpu_name, mfu, package_versions, peak_flops
 from stack import check_stack
 from tokenizer import TokenizerError
@@ -146,7 +146,7 @@ def describe_model(config: RunConfig, model: StableDiffusion) -> str:
             f'{where}: UNet only ({"weights loaded" if model.weights_loaded else "random init"}); no VAE or '
             'text encoder: the data holds their outputs'
         )
-    parts = ['unet', *(name for name in ('vae', 'text_encoder', 'text_encoder_2') if getattr(model, name) is not None)]
+    parts = [name for name in MODEL_PARTS if getattr(model, name) is not None]
     return f'{where}: {describe_weights(parts, model.weights_loaded)}'
 
 

@@ -570,9 +570,7 @@ def check_writable_file(flag: str, file: str) -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise ConfigError(f'{flag} {file}: {parent} is a file, so no folder can be made there')
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f'{flag} {file}: {parent} is not writable')
-    check_writable_folder(flag, str(path.parent), given=file)
+    check_writable_folder(flag, str(path.parent), given=file)  # permission bits, read-only filesystems, quotas
 
 
 def check_writable_folder(flag: str, folder: str, given: str | None = None) -> None:

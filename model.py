@@ -297,9 +297,12 @@ def build_encoders(
 def describe_weights(parts: list[str], loaded: list[str]) -> str:
     """'weights loaded: unet; random init: vae, text_encoder', either half left out when it names nothing."""
     random_init = [part for part in parts if part not in loaded]
-    halves = [f'weights loaded: {", ".join(loaded)}' if loaded else '']
-    halves.append(f'random init: {", ".join(random_init)}' if random_init else '')
-    return '; '.join(half for half in halves if half)
+    halves = []
+    if loaded:
+        halves.append(f'weights loaded: {", ".join(loaded)}')
+    if random_init:
+        halves.append(f'random init: {", ".join(random_init)}')
+    return '; '.join(halves)
 
 
 def build_model(
