@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 from composer.core import Callback
 
-from config import ConfigError, RunConfig
+from arguments import ConfigError
+from config import RunConfig
 
 # Composer's default names for the file rank 0 writes (all of a DDP or full-state FSDP checkpoint) and its link.
 CHECKPOINT_FILE = re.compile(r'^ep(\d+)-ba(\d+)-rank0\.pt$')

@@ -1,16 +1,15 @@
-"""What a run is: benchmark.py's flags (`parse_args`), the named presets, the model folders, and
-`resolve_config`, which turns parsed flags into one frozen `RunConfig`.
+"""What a run is: the named presets, the frozen `RunConfig`, and `resolve_config`, which turns benchmark.py's parsed
+flags (flags.py) into one.
 
-Every flag is checked here, before anything is built, and every value derived from the flags, the device
-and the dataset is settled here (device batch, microbatch, number of batches, the image size of
-precomputed data, ...), so that the builders (model.py, training.py) only read the configuration.
+Every flag is checked here, before anything is built, and every value derived from the flags, the device, the model
+folder and the dataset is settled here once (device batch, microbatch, number of batches, the image size of
+precomputed data, what the batches carry, ...), so that the builders (model.py, training.py, evaluation.py) only
+read the configuration.
 """
 
 import argparse
 import dataclasses
 import importlib.util
-import json
-import os
 import shutil
 import tempfile
 import time
@@ -22,7 +21,7 @@ import torch
 from composer.core import Time, TimeUnit
 from composer.utils import dist
 
-import arguments
+from arguments import ConfigError
 from convert import (
     SAMPLE_DATASET,
     SAMPLE_SIZE,
@@ -31,33 +30,14 @@ from convert import (
     SAMPLE_VALIDATION_SIZE,
     ensure_sample_dataset,
 )
-from data import CaptionInputs, DataError, DatasetDescription, describe_dataset
-from ema import EMA
+from data import CaptionInputs, caption_inputs
+from dataset_checks import DataError, DatasetDescription, describe_dataset
+from ema import parse_half_life
 from evaluation import SAMPLE_PROMPTS
-from tokenizer import CaptionTokenizer, caption_pad_ids
+from model_folder import LATENT_DOWNSAMPLE, pooled_text_width, resolve_model_dir, unet_config
+from tokenizer import CaptionTokenizer
 
-CONFIGS_DIR = Path(__file__).resolve().parent / 'configs'
-BUILTIN_MODELS = sorted(path.name for path in CONFIGS_DIR.iterdir() if path.is_dir())
-# Files a model folder must hold: the layout of Diffusers' pipelines (stabilityai/stable-diffusion-2-base), and
-# the second text encoder's that SDXL's adds (stabilityai/stable-diffusion-xl-base-1.0).
-CONFIG_FILES = ('unet/config.json', 'vae/config.json', 'text_encoder/config.json', 'scheduler/scheduler_config.json')
-SECOND_ENCODER_CONFIG = 'text_encoder_2/config.json'
-# Weight files of each part, as Diffusers and Transformers save them; a part without them is randomly initialized.
-WEIGHT_FILES = {
-    'unet': ('diffusion_pytorch_model.safetensors', 'diffusion_pytorch_model.bin'),
-    'vae': ('diffusion_pytorch_model.safetensors', 'diffusion_pytorch_model.bin'),
-    'text_encoder': ('model.safetensors', 'pytorch_model.bin'),
-    'text_encoder_2': ('model.safetensors', 'pytorch_model.bin'),
-}
-LATENT_DOWNSAMPLE = 8  # SD's VAE: image pixels per latent pixel along each side
-# The values SDXL's UNet embeds beside the pooled text ('time_ids'): original height and width, crop top and
-# left, target height and width.
-MICRO_CONDITIONS = 6
 SYNTHETIC_SAMPLES = 100_000  # one synthetic "epoch"; runs are normally bounded in batches instead
-
-
-class ConfigError(ValueError):
-    """A bad flag or model folder: reported as one line naming the problem, exit status 2."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +76,8 @@ class RunConfig:
 
     # model
     model_name: str
-    model_dir: str  # the folder the model is built from (a built-in config, or the user's)
+    model_dir: Path  # the folder the model is built from (a built-in config, or the user's)
+    caption_inputs: CaptionInputs  # what its batches carry beside the image (caption columns, SDXL's time_ids)
     prediction_type: str | None
     attention: str
     # data
@@ -121,7 +102,7 @@ class RunConfig:
     fsdp_state_dict_type: str
     # EMA
     use_ema: bool
-    ema_half_life: str
+    ema_half_life: Time
     ema_offload: bool
     export_ema_unet: str | None
     seed: int
@@ -160,252 +141,39 @@ class RunConfig:
     notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
-        return {key: value for key, value in dataclasses.asdict(self).items() if key != 'notes'}
+        """The flags' values as JSON takes them (printed at start, in the results file); derived objects left out."""
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        del fields['notes'], fields['caption_inputs']
+        return {key: plain(value) for key, value in fields.items()}
 
 
-# -------------------------------------------------------------------------------------------- flags
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = arguments.ArgumentParser(
-        description='Measure Stable Diffusion 2 training throughput (img/s, FLOP/s, MFU) with Composer. '
-        'Flags left unset take the preset of the model: the published run for sd2-base, a CPU smoke run for tiny.'
-    )
-    model = parser.add_argument_group('model')
-    model.add_argument(
-        '--model_name',
-        default=None,
-        help=f'built-in config ({", ".join(BUILTIN_MODELS)}), a local folder in the Diffusers '
-        'layout (weights load when present, random init otherwise), or a hub id (needs network). '
-        'Default: sd2-base on a GPU, tiny without one',
-    )
-    model.add_argument(
-        '--prediction_type',
-        choices=['epsilon', 'v_prediction'],
-        default=None,
-        help="training target; default: the model's scheduler config (epsilon for SD2 base)",
-    )
-    model.add_argument(
-        '--attention',
-        choices=['sdpa', 'xformers'],
-        default='sdpa',
-        help='UNet attention backend: PyTorch scaled_dot_product_attention or xFormers (default: %(default)s)',
-    )
-    data = parser.add_argument_group('data')
-    data.add_argument('--use_synth_data', action='store_true', help='train on random images and captions')
-    data.add_argument(
-        '--remote',
-        default=None,
-        help='streaming dataset location, e.g. s3://bucket/laion/mds '
-        '(S3-compatible servers: set S3_ENDPOINT_URL); write one with convert.py',
-    )
-    data.add_argument(
-        '--local',
-        default=None,
-        help='a local MDS dataset folder, or with --remote its cache folder '
-        '(default: a fresh temporary folder per run). Without --remote, --local and --use_synth_data: '
-        'a generated sample dataset in data/sample-mds',
-    )
-    data.add_argument(
-        '--precomputed_latents',
-        action='store_true',
-        help="train the UNet alone on precompute.py's output (--remote/--local), or with --use_synth_data "
-        'on random latents and text embeddings: no VAE or text encoder in memory or in the step',
-    )
-    data.add_argument(
-        '--tokenizer',
-        default=None,
-        help='local tokenizer folder (Transformers layout) for the captions '
-        "(default: SD2's CLIP BPE, ids as OpenCLIP's, padded with 0)",
-    )
-    data.add_argument(
-        '--image_size', type=int, default=None, help='training resolution in pixels (preset: 512; tiny: 64)'
-    )
-    data.add_argument(
-        '--num_workers', type=int, default=None, help='dataloader workers per device (default: 8 on a GPU, 0 on CPU)'
-    )
-    train = parser.add_argument_group('training')
-    train.add_argument(
-        '--batch_size',
-        type=int,
-        default=None,
-        help='global batch size over all devices (preset: 2048, the published run; tiny: 16)',
-    )
-    train.add_argument(
-        '--device_train_microbatch_size',
-        default=None,
-        help="samples per forward/backward on each device, or 'auto' (GPU only); the device "
-        'batch is accumulated over microbatches (preset: 4 for sd2-base, whole device batch for tiny)',
-    )
-    train.add_argument(
-        '--max_duration',
-        default=None,
-        help="run length as a Composer time string: '10ba' batches, '1ep', '20000sp' samples "
-        '(preset: 10ba; tiny: 40ba)',
-    )
-    train.add_argument(
-        '--precision',
-        choices=['fp32', 'amp_bf16', 'amp_fp16'],
-        default=None,
-        help='default: amp_bf16 on a GPU, fp32 on CPU',
-    )
-    train.add_argument(
-        '--fsdp',
-        choices=['none', 'shard_grad_op', 'full_shard'],
-        default='none',
-        help='shard the UNet with FSDP through Composer: shard_grad_op shards gradients and optimizer '
-        'state, full_shard the weights too; none replicates it with DDP (default: %(default)s)',
-    )
-    train.add_argument(
-        '--fsdp_state_dict_type',
-        choices=['full', 'sharded'],
-        default='full',
-        help='checkpoints under --fsdp: full is one file gathered to and written by rank 0; sharded '
-        'has each rank write its own shards into a folder (torch.distributed.checkpoint) '
-        '(default: %(default)s)',
-    )
-    train.add_argument('--use_ema', action='store_true', help='keep an exponential moving average of the UNet')
-    train.add_argument(
-        '--ema_half_life',
-        default='1000ba',
-        help="EMA half life as a Composer time string (Composer's default, as in the published run)",
-    )
-    train.add_argument(
-        '--ema_offload',
-        action='store_true',
-        help='keep the EMA in host memory, updated off the training thread: no GPU memory',
-    )
-    train.add_argument(
-        '--export_ema_unet',
-        default=None,
-        metavar='DIR',
-        help='after training, save the EMA UNet here (Diffusers save_pretrained layout)',
-    )
-    train.add_argument('--seed', type=int, default=17, help='seeds the random init and the data (default: %(default)s)')
-    speed = parser.add_argument_group(
-        'speed paths (off by default, pinned memory aside: none has been measured on a '
-        'GPU for this repo yet; benchmarks/speed_sweep.py measures them)'
-    )
-    speed.add_argument(
-        '--channels_last',
-        action='store_true',
-        help="convolutions in channels-last memory layout (Composer's ChannelsLast algorithm)",
-    )
-    speed.add_argument('--compile', action='store_true', help='torch.compile the model through Composer')
-    speed.add_argument('--fused_adamw', action='store_true', help="PyTorch's fused AdamW kernel (same update)")
-    speed.add_argument(
-        '--low_precision_norm',
-        action='store_true',
-        help="GroupNorm and LayerNorm in the autocast precision (Composer's LowPrecisionGroupNorm "
-        'and LowPrecisionLayerNorm); needs --precision amp_bf16 or amp_fp16',
-    )
-    speed.add_argument(
-        '--encoders_bf16',
-        action='store_true',
-        help='keep the frozen VAE and text encoder weights in bf16 (half the memory and weight reads)',
-    )
-    speed.add_argument(
-        '--pin_memory',
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help='page-locked host memory for batches, so their copy to the GPU can overlap compute '
-        '(default: on with a GPU; --no-pin_memory turns it off)',
-    )
-    ckpt = parser.add_argument_group('checkpoints')
-    ckpt.add_argument('--run_name', default=None, help='run name (needed with --autoresume)')
-    ckpt.add_argument('--save_folder', default=None, help='where Composer writes checkpoints (none by default)')
-    ckpt.add_argument(
-        '--save_interval', default='1ep', help='checkpoint every this Composer time string (default: %(default)s)'
-    )
-    ckpt.add_argument('--autoresume', action='store_true', help='resume from the latest checkpoint in --save_folder')
-    log = parser.add_argument_group('logging')
-    log.add_argument('--wandb_name', default=None, help='W&B run name')
-    log.add_argument('--wandb_project', default=None, help='log to this W&B project (WANDB_MODE=offline works)')
-    log.add_argument(
-        '--results_json',
-        default=None,
-        help='write the measured throughput, config, versions and device here at the end',
-    )
-    log.add_argument(
-        '--profile',
-        default=None,
-        metavar='DIR',
-        help="record a PyTorch profiler trace of the last batch (Composer's profiler) into DIR, one "
-        'Chrome trace per rank; benchmarks/profile_summary.py says where its time went. The profiled '
-        'batch runs slower: measure throughput without it',
-    )
-    add_quality_flags(parser)
-    return parser.parse_args(argv)
-
-
-def add_quality_flags(parser: argparse.ArgumentParser) -> None:
-    """Does it learn (docs/quality.md): validation, samples, export; and the options that keep long runs stable."""
-    quality = parser.add_argument_group(
-        'validation and samples (time outside the throughput windows: Composer stops its training clock)'
-    )
-    quality.add_argument(
-        '--eval_local', default=None, metavar='DIR', help='a held-out MDS split for the validation loss'
-    )
-    quality.add_argument(
-        '--eval_remote', default=None, metavar='URL', help='a held-out MDS split to copy from a remote (s3://...)'
-    )
-    quality.add_argument(
-        '--eval_interval',
-        default=None,
-        help="validation loss every this Composer time string ('100ba', '1ep'), at the start and at the end; "
-        '0: never. On the sample dataset it validates on its held-out split. Default: at the start and end '
-        'with --eval_local/--eval_remote, never otherwise (it costs time, though never measured throughput)',
-    )
-    quality.add_argument(
-        '--sample_interval',
-        default=None,
-        help='a grid of sample images every this time string, at the start and at the end (default: never)',
-    )
-    quality.add_argument(
-        '--sample_dir', default=None, metavar='DIR', help='where sample grids go (default: results/samples/RUN)'
-    )
-    quality.add_argument(
-        '--sample_prompts', default=None, metavar='FILE', help='prompts for the grid, one a line (default: 4 built in)'
-    )
-    quality.add_argument('--sample_scheduler', choices=['ddim', 'euler'], default='ddim', help='sampler (%(default)s)')
-    quality.add_argument('--sample_steps', type=int, default=25, help='sampling steps (default: %(default)s)')
-    quality.add_argument(
-        '--guidance_scale', type=float, default=7.5, help='classifier-free guidance scale (default: %(default)s)'
-    )
-    quality.add_argument(
-        '--export_pipeline',
-        default=None,
-        metavar='DIR',
-        help='after training, save a Diffusers StableDiffusionPipeline folder here (the EMA UNet with --use_ema)',
-    )
-    stability = parser.add_argument_group('stability (off by default: the published run has none)')
-    stability.add_argument('--grad_clip_norm', type=float, default=None, help='clip the gradient norm to this')
-    stability.add_argument(
-        '--lr_warmup', default=None, help="linear learning-rate warmup from 0 over this time string (e.g. '1000ba')"
-    )
-    stability.add_argument(
-        '--caption_dropout',
-        type=float,
-        default=0.0,
-        help='train on the empty caption with this probability, for classifier-free guidance (default: 0)',
-    )
+def plain(value):
+    """A RunConfig value as JSON takes it: time strings and folders as text, tuples as lists."""
+    if isinstance(value, Time):
+        return value.to_timestring()
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return value
 
 
 # ------------------------------------------------------------------------------------------ resolve
 
 
 def resolve_config(args: argparse.Namespace) -> RunConfig:
-    """The frozen configuration of parsed flags; raises ConfigError naming the first bad flag."""
+    """The frozen configuration of parsed flags; raises ConfigError naming the first bad flag. A check_ step only
+    checks; a settle_ step also derives values, and the data steps write the generated sample dataset on first use."""
     has_gpu = torch.cuda.is_available()
     draft = argparse.Namespace(**vars(args), notes=[])  # the caller's args stay as they were
     fill_defaults(draft, has_gpu)
-    check_batch(draft, has_gpu)
+    settle_batch(draft, has_gpu)
     check_device(draft, has_gpu)
-    check_ema(draft)
+    settle_ema(draft)
     check_outputs(draft)
-    check_duration(draft)
-    check_data(draft)
-    check_quality(draft)
+    settle_duration(draft)
+    settle_data(draft)
+    settle_quality(draft)
     draft.notes = tuple(draft.notes)
     return RunConfig(**vars(draft))
 
@@ -415,7 +183,8 @@ def fill_defaults(draft: argparse.Namespace, has_gpu: bool) -> None:
         draft.model_name = 'sd2-base' if has_gpu else 'tiny'
         why = 'a GPU is present' if has_gpu else 'no GPU found; pass --model_name sd2-base for the real model'
         draft.notes.append(f'--model_name not given: using {draft.model_name!r} ({why})')
-    draft.model_dir = str(resolve_model_dir(draft.model_name))
+    draft.model_dir = resolve_model_dir(draft.model_name)
+    draft.caption_inputs = caption_inputs(draft.model_dir)
     preset = PRESETS.get(draft.model_name, SD2_BASE)  # a model folder: the published run's values
     for flag, value in dataclasses.asdict(preset).items():
         if getattr(draft, flag) is None:
@@ -428,7 +197,7 @@ def fill_defaults(draft: argparse.Namespace, has_gpu: bool) -> None:
         draft.pin_memory = has_gpu
 
 
-def check_batch(draft: argparse.Namespace, has_gpu: bool) -> None:
+def settle_batch(draft: argparse.Namespace, has_gpu: bool) -> None:
     """Global batch = world size x device batch; device batch = microbatch x accumulation steps."""
     if draft.image_size <= 0 or draft.image_size % LATENT_DOWNSAMPLE:
         raise ConfigError(
@@ -522,14 +291,13 @@ def check_device(draft: argparse.Namespace, has_gpu: bool) -> None:
         )
 
 
-def check_ema(draft: argparse.Namespace) -> None:
+def settle_ema(draft: argparse.Namespace) -> None:
     if (draft.ema_offload or draft.export_ema_unet) and not draft.use_ema:
         raise ConfigError('--ema_offload and --export_ema_unet need --use_ema')
-    if draft.use_ema:
-        try:  # the algorithm parses its own half life
-            EMA(half_life=draft.ema_half_life)
-        except ValueError as error:
-            raise ConfigError(f'--ema_half_life: {error}')
+    try:  # by the EMA's own rules (units, whole numbers), once: the algorithm takes the parsed time
+        draft.ema_half_life = parse_half_life(draft.ema_half_life)
+    except ValueError as error:
+        raise ConfigError(f'--ema_half_life: {error}')
 
 
 def check_outputs(draft: argparse.Namespace) -> None:
@@ -594,8 +362,8 @@ def refuse_used_output_folder(flag: str, folder: str, why: str) -> None:
         raise ConfigError(f'{flag} {folder}: {problem}; give a new folder ({why})')
 
 
-def check_duration(draft: argparse.Namespace) -> None:
-    """The run's length in batches (epochs of real data are settled in check_data, which reads the dataset), and
+def settle_duration(draft: argparse.Namespace) -> None:
+    """The run's length in batches (epochs of real data are settled in settle_data, which reads the dataset), and
     the checkpoint interval."""
     duration = parse_time('--max_duration', draft.max_duration)
     if duration.unit == TimeUnit.BATCH:
@@ -625,9 +393,9 @@ def parse_time(flag: str, text: str) -> Time:
     return time
 
 
-def check_data(draft: argparse.Namespace) -> None:
-    """Which dataset, and what it implies: the sample dataset's epoch, the batches of an epoch of real data,
-    and the image size precomputed latents were made at."""
+def settle_data(draft: argparse.Namespace) -> None:
+    """Which dataset, and what it implies: the sample dataset's epoch (the dataset written on first use), the
+    batches of an epoch of real data, and the image size precomputed latents were made at."""
     if draft.use_synth_data and (draft.remote or draft.local):
         raise ConfigError(
             '--use_synth_data trains on random tensors: leave out --remote/--local, or drop --use_synth_data'
@@ -677,12 +445,12 @@ def check_data(draft: argparse.Namespace) -> None:
     if duration.unit == TimeUnit.EPOCH:
         draft.num_batches = duration.value * batches_per_epoch
     if draft.precomputed_latents:
-        check_precomputed_shapes(draft, dataset)
+        settle_precomputed_shapes(draft, dataset)
 
 
-def check_precomputed_shapes(draft: argparse.Namespace, dataset: DatasetDescription) -> None:
+def settle_precomputed_shapes(draft: argparse.Namespace, dataset: DatasetDescription) -> None:
     """The stored shapes must fit this UNet; the image size is the one the data was precomputed at."""
-    unet = json.loads((Path(draft.model_dir) / 'unet' / 'config.json').read_text())
+    unet = unet_config(draft.model_dir)
     channels, height, width = dataset.latent_shape
     if channels != unet['in_channels'] or dataset.embedding_width != unet['cross_attention_dim']:
         raise ConfigError(
@@ -712,12 +480,12 @@ def check_precomputed_shapes(draft: argparse.Namespace, dataset: DatasetDescript
         draft.image_size = height * LATENT_DOWNSAMPLE
 
 
-def check_quality(draft: argparse.Namespace) -> None:
+def settle_quality(draft: argparse.Namespace) -> None:
     """Validation, samples, export and the stability options (docs/quality.md)."""
-    check_validation_split(draft)
+    settle_validation_split(draft)
     draft.sample_interval = parse_interval('--sample_interval', draft.sample_interval)
     needs_encoders = [flag for flag in ('sample_interval', 'export_pipeline') if getattr(draft, flag)]
-    if needs_encoders and (Path(draft.model_dir) / 'text_encoder_2').is_dir():
+    if needs_encoders and (draft.model_dir / 'text_encoder_2').is_dir():
         raise ConfigError(
             f"--{needs_encoders[0]}: sample images and pipeline exports use Diffusers' StableDiffusionPipeline, "
             f'which takes one text encoder; {draft.model_name} (SDXL) has two. The validation loss '
@@ -759,9 +527,9 @@ def check_quality(draft: argparse.Namespace) -> None:
         raise ConfigError(f'--caption_dropout {draft.caption_dropout}: a probability, at least 0 and below 1')
 
 
-def check_validation_split(draft: argparse.Namespace) -> None:
-    """The held-out split: --eval_local/--eval_remote, or with the sample dataset its own held-out split; and
-    when the validation loss runs (see --eval_interval)."""
+def settle_validation_split(draft: argparse.Namespace) -> None:
+    """The held-out split: --eval_local/--eval_remote, or with the sample dataset its own held-out split (written on
+    first use); and when the validation loss runs (see --eval_interval)."""
     if draft.eval_local and draft.eval_remote:
         raise ConfigError('--eval_local and --eval_remote: give one (a folder, or a remote copied whole)')
     if draft.eval_remote and not urllib.parse.urlparse(draft.eval_remote).scheme:
@@ -804,83 +572,6 @@ def parse_interval(flag: str, text: str | None) -> str | None:
         return None
     parse_time(flag, text)
     return text
-
-
-def resolve_model_dir(model_name: str) -> Path:
-    """A built-in config, a local folder, or (only when asked for) a hub id downloaded to the HF cache."""
-    if model_name in BUILTIN_MODELS:
-        return CONFIGS_DIR / model_name
-    path = Path(model_name).expanduser()
-    if not path.is_dir():
-        looks_like_hub_id = model_name.count('/') == 1 and not model_name.startswith(('.', '/', '~'))
-        if not looks_like_hub_id:
-            raise ConfigError(
-                f'--model_name {model_name!r}: not a built-in model ({", ".join(BUILTIN_MODELS)}) and no such folder'
-            )
-        if os.environ.get('HF_HUB_OFFLINE', '0') not in ('0', '', 'false'):
-            raise ConfigError(
-                f'--model_name {model_name!r}: looks like a hub id, but HF_HUB_OFFLINE is set; '
-                f'use a built-in model ({", ".join(BUILTIN_MODELS)}) or a local folder'
-            )
-        from huggingface_hub import snapshot_download
-
-        path = Path(
-            snapshot_download(
-                model_name,
-                allow_patterns=[
-                    *CONFIG_FILES,
-                    SECOND_ENCODER_CONFIG,
-                    *(f'{part}/{name}' for part, names in WEIGHT_FILES.items() for name in names[:1]),
-                ],
-            )
-        )
-    missing = [name for name in CONFIG_FILES if not (path / name).is_file()]
-    if missing:
-        raise ConfigError(
-            f'--model_name {model_name!r}: missing config file(s) {", ".join(missing)} in {path} '
-            f'(expected the Diffusers layout: {", ".join(CONFIG_FILES)})'
-        )
-    configs = {}
-    for name in (*CONFIG_FILES, SECOND_ENCODER_CONFIG):
-        if not (path / name).is_file():
-            continue
-        try:
-            configs[name] = json.loads((path / name).read_text())
-        except (ValueError, UnicodeDecodeError) as error:
-            raise ConfigError(f'--model_name {model_name!r}: {path / name} is not valid JSON ({error})')
-    # SDXL's UNet embeds the second encoder's pooled output: one without the other cannot train.
-    micro_conditioning = has_micro_conditioning(configs['unet/config.json'])
-    if micro_conditioning != (SECOND_ENCODER_CONFIG in configs):
-        raise ConfigError(
-            f'--model_name {model_name!r}: '
-            + (
-                "the UNet's addition_embed_type 'text_time' (SDXL) needs a second text encoder: "
-                + SECOND_ENCODER_CONFIG
-                if micro_conditioning
-                else f"{SECOND_ENCODER_CONFIG} is there, but the UNet has no addition_embed_type 'text_time' to use it"
-            )
-        )
-    return path
-
-
-def has_micro_conditioning(unet_config) -> bool:
-    """SDXL's UNet: it embeds the pooled text and the size/crop values beside the timestep."""
-    return unet_config.get('addition_embed_type') == 'text_time'
-
-
-def pooled_text_width(unet_config) -> int | None:
-    """The width of the pooled text embedding an SDXL UNet takes (1280), None for other UNets."""
-    if not has_micro_conditioning(unet_config):
-        return None
-    return (
-        unet_config['projection_class_embeddings_input_dim'] - MICRO_CONDITIONS * unet_config['addition_time_embed_dim']
-    )
-
-
-def caption_inputs(model_dir: Path) -> CaptionInputs:
-    """What the batches of a model folder's model carry beside the image (see data.CaptionInputs)."""
-    unet = json.loads((model_dir / 'unet' / 'config.json').read_text())
-    return CaptionInputs(caption_pad_ids(model_dir), has_micro_conditioning(unet))
 
 
 def check_tokenizer(folder: str) -> None:

@@ -27,7 +27,7 @@ from streaming import MDSWriter
 from tqdm import tqdm
 
 import arguments
-from data import s3_client
+from dataset_checks import s3_client
 from images import BadSample, decode_image
 
 COLUMNS = {'jpg': 'bytes', 'caption': 'str'}  # the LAION convention of the published benchmark

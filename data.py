@@ -1,5 +1,7 @@
-"""Datasets for the benchmark: synthetic image-caption pairs, and LAION-style Streaming (MDS) shards, with
-the checks of a dataset's location and index made before a run builds anything (`describe_dataset`).
+"""The datasets a run trains on: synthetic image-caption pairs or latents, and LAION-style Streaming (MDS) shards of
+images and captions or of precomputed latents; how their samples are batched (`collate`), and the bad samples
+counted (`BadSampleCounter`). The checks made before a run (dataset_checks.py) and Streaming's fixes
+(streaming_fixes.py) live apart.
 
 Every dataset yields dicts {'image': tensor (3, H, W), 'input_ids': long tensor (77,)}: captions as CLIP
 token ids padded to the text encoder's 77 positions. For SDXL (see `CaptionInputs`) also 'input_ids_2' for its
@@ -11,66 +13,23 @@ adds 'sample_id' (the sample's position in the dataset) and 'bad_samples' (1 whe
 replaced), which the model ignores and `BadSampleCounter` logs.
 """
 
-import atexit
-import fcntl
-import hashlib
-import itertools
-import json
 import logging
-import os
-import shutil
-import tempfile
-import threading
-import urllib.parse
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from boto3.s3.transfer import TransferConfig
 from composer.core import Callback
 from composer.utils import dist
-from streaming import StreamingDataset
-from streaming.base import dataset as streaming_dataset
-from streaming.base import util as streaming_util
-from streaming.base.compression import decompress
-from streaming.base.dataset import _ShardState
-from streaming.base.format import reader_from_json
-from streaming.base.shared.prefix import _get_path, get_shm_prefix
-from streaming.base.storage import download as streaming_download
-from streaming.base.storage.download import CloudDownloader, S3Downloader
 from torch.utils.data import Dataset, default_collate
 
+from dataset_checks import READ_TIMEOUT, RETRIES, SDXL_PRECOMPUTED_COLUMNS, DataError
 from images import MAX_IMAGE_PIXELS, BadSample, decode_image, size_conditions
-from tokenizer import CAPTION_LENGTH, CLIP_PAD_ID, CLIP_VOCAB_SIZE, CaptionTokenizer
+from model_folder import has_micro_conditioning, unet_config
+from streaming_fixes import CheckedStreamingDataset
+from tokenizer import CAPTION_LENGTH, CLIP_PAD_ID, CLIP_VOCAB_SIZE, CaptionTokenizer, caption_pad_ids
 
 log = logging.getLogger(__name__)
-# Remote reads (index, shards): a connection must open within 10 s and each read return data within 20 s, with
-# 2 retries after backoff (botocore's standard mode; Streaming's download_retry): a server that is down or
-# hung is reported in about a minute, not after minutes of silence.
-CONNECT_TIMEOUT, READ_TIMEOUT, RETRIES = 10, 20, 2
-
-
-class S3DownloaderOneTransferAttempt(S3Downloader):
-    """Streaming's S3 downloader, less the retries it inherits from boto3. s3transfer retries a GET whose body
-    stops arriving 5 times (TransferConfig's default, kept by Streaming), inside each of Streaming's tries, and
-    botocore retries each request (AWS_MAX_ATTEMPTS, see CheckedStreamingDataset): a server that hung in the
-    middle of a download was reported after up to 15 reads of 20 s (seen: 122 s, not the 55 s of a hang between
-    downloads). One attempt in each leaves Streaming's download_retry the only retries."""
-
-    def _create_s3_client(self, *args, **kwargs) -> None:
-        super()._create_s3_client(*args, **kwargs)
-        download_file = self._s3_client.download_file
-
-        def download_file_once(*args, Config=None, **kwargs):  # noqa: N803 (boto3's name)
-            Config = Config or TransferConfig()  # noqa: N806
-            Config.num_download_attempts = 1
-            return download_file(*args, Config=Config, **kwargs)
-
-        self._s3_client.download_file = download_file_once
-
-
-streaming_download.DOWNLOADER_MAPPINGS[S3Downloader._client_identifier()] = S3DownloaderOneTransferAttempt
 
 
 @dataclass(frozen=True)
@@ -84,6 +43,12 @@ class CaptionInputs:
     @property
     def id_columns(self) -> list[str]:
         return ['input_ids'] + [f'input_ids_{n}' for n in range(2, len(self.pad_ids) + 1)]
+
+
+def caption_inputs(model_dir: Path) -> CaptionInputs:
+    """What the batches of a model folder's model carry: a caption column per text encoder, with its pad id
+    (tokenizer.caption_pad_ids), and SDXL's time_ids where the UNet takes them."""
+    return CaptionInputs(caption_pad_ids(model_dir), has_micro_conditioning(unet_config(model_dir)))
 
 
 def synthetic_size_conditions(size: int, generator: torch.Generator) -> torch.Tensor:
@@ -173,200 +138,39 @@ class SyntheticLatentsDataset(SyntheticDataset):
         return sample
 
 
-class DataError(RuntimeError):
-    """The data cannot be trained on: an unreachable or missing dataset, or one that is mostly bad samples."""
-
-
-# -------------------------------------------------------------------------------- streaming dataset
-
-
-class NodeStopEvent(threading.Event):
-    """Streaming's stop event for the threads of one loader worker, which also reads as set once a failure is
-    recorded at `failure_path` by any worker or rank on the node (see CheckedStreamingDataset._record_failure).
-    Streaming's threads and yield loop poll is_set, so they stop within a tick."""
-
-    def __init__(self, failure_path: str):
-        super().__init__()
-        self.failure_path = failure_path
-
-    def is_set(self) -> bool:
-        return super().is_set() or os.path.exists(self.failure_path)
-
-
-def get_shm_prefix_one_job_at_a_time(streams_local, streams_remote, world, *args, **kwargs):
-    """Streaming's get_shm_prefix, with a machine-wide lock held by each job's local leader. Streaming picks the
-    first shared-memory prefix no other dataset uses, then creates its `_locals` entry: two jobs starting at the
-    same moment could pick the same one, and the second then stopped with `FileExistsError: '/000105_locals'`.
-    Under the lock the second job sees the first's entry and picks the next prefix. The other ranks of a job only
-    look up their leader's entry, so they take no lock (and cannot block a barrier their leader waits at)."""
-    if not world.is_local_leader:
-        return get_shm_prefix(streams_local, streams_remote, world, *args, **kwargs)
-    # Opened read-only, which flock needs no more than: another user's jobs share the file (made 0o666 less umask).
-    lock = os.open(Path(tempfile.gettempdir()) / 'sd2-streaming-prefix.lock', os.O_RDONLY | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        return get_shm_prefix(streams_local, streams_remote, world, *args, **kwargs)
-    finally:
-        os.close(lock)
-
-
-streaming_dataset.get_shm_prefix = get_shm_prefix_one_job_at_a_time  # where StreamingDataset looks it up
-
-
-class CheckedStreamingDataset(StreamingDataset):
-    """Streaming's dataset over a checked location (see resolve_location), whose shards must hold the columns
-    the subclass reads; and a download that fails in its background threads (a remote that died, a shard
-    gone from the cache) ends the iteration with DataError. Streaming 0.13 only stops yielding samples then, as
-    at the end of an epoch, and Composer counts the epoch done: a run would end early, exit 0, and report a
-    throughput. A failed download also no longer leaves its shard waited for forever (see prepare_shard). The
-    thread methods and shard states used here are Streaming's own (private in the pinned version)."""
-
-    precomputed = False  # which columns the shards must hold (check_columns)
-    _background_error: BaseException | None = None
+class ImageCaptionSample:
+    """A raw sample of convert.py's columns (`jpg` image bytes, `caption` text) as the model takes it: the image
+    decoded and resized (images.decode_image), the caption as token ids in each caption column, and for SDXL the
+    image's size and crop. Raises BadSample for a sample that cannot be trained on. The training and validation
+    datasets both read samples through it."""
 
     def __init__(
         self,
-        *,
-        remote: str | None = None,
-        local: str | None = None,
-        batch_size: int | None = None,
-        shuffle: bool = True,
-        seed: int = 17,
-        download_retry: int = RETRIES,
-        download_timeout: float = READ_TIMEOUT,
-        **streaming_kwargs,
+        image_size: int,
+        tokenizer: str | None = None,
+        inputs: CaptionInputs = CaptionInputs(),
+        max_image_pixels: int = MAX_IMAGE_PIXELS,
     ):
-        remote, local = resolve_location(remote, local, download_retry, download_timeout)
-        self.location = remote or local
-        # Streaming's S3 client keeps botocore's own retries (3 tries of --download_timeout each) inside each of
-        # its download_retry + 1 tries: 9 reads of 20 s before a hung server is reported. One botocore try per
-        # Streaming try bounds it to 3 (AWS_MAX_ATTEMPTS, which botocore reads when its Config sets no count).
-        os.environ.setdefault('AWS_MAX_ATTEMPTS', '1')
-        super().__init__(
-            remote=remote,
-            local=local,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            shuffle_seed=seed,
-            download_retry=download_retry,
-            download_timeout=download_timeout,
-            **streaming_kwargs,
-        )
-        for shard in self.shards:
-            columns = getattr(shard, 'column_names', None)
-            check_columns(self.location, shard.raw_data.basename, columns, self.precomputed)
-        self._failure_path = os.path.join(self._filelock_root, _get_path(self._shm_prefix_int, 'read_failure'))
-        if self._unique_rank_world.is_local_leader:  # one left by a run killed before it could remove it
-            Path(self._failure_path).unlink(missing_ok=True)
-            atexit.register(Path(self._failure_path).unlink, missing_ok=True)
+        self.image_size, self.inputs, self.max_image_pixels = image_size, inputs, max_image_pixels
+        self.tokenizers = {
+            column: CaptionTokenizer(tokenizer, pad_id) for column, pad_id in zip(inputs.id_columns, inputs.pad_ids)
+        }
 
-    def _prepare_thread(self, it) -> None:
-        self._keep_failure(super()._prepare_thread, it)
+    def __call__(self, raw: dict) -> dict:
+        caption = raw.get('caption')
+        if not isinstance(caption, str):
+            raise BadSample('missing or non-string caption', f'got {type(caption).__name__}')
+        sample = {'image': decode_image(raw.get('jpg'), self.image_size, self.max_image_pixels)}
+        sample.update(self.caption_ids(caption))
+        if self.inputs.size_conditions:
+            sample['time_ids'] = size_conditions(raw['jpg'], self.image_size)
+        return sample
 
-    def _ready_thread(self, it) -> None:
-        self._keep_failure(super()._ready_thread, it)
+    def caption_ids(self, caption: str) -> dict[str, torch.Tensor]:
+        return {column: tokenize(caption) for column, tokenize in self.tokenizers.items()}
 
-    def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
-        if (failure := self._failure_elsewhere()) is not None:  # not one more download of a dead remote
-            raise failure
-        try:
-            super().prepare_shard(shard_id, blocking)
-        except BaseException as error:
-            failure = None
-            if isinstance(error, Exception):  # not Ctrl-C
-                if self.streams[self.stream_per_shard[shard_id]].remote is None:  # nowhere to fetch it from
-                    name = self.shards[shard_id].raw_data.basename
-                    failure = DataError(
-                        f'{self.location}: shard {name} is gone or unreadable; it was whole at start (deleted, '
-                        'moved or cut short while the run read it?)'
-                    )
-                else:
-                    failure = self._reading_failed(error)
-                self._record_failure(failure)  # before the shard state changes, which wakes the waiting workers
-            # Streaming leaves a shard whose download failed in its PREPARING state, and every thread or loader
-            # worker that needs the shard waits for it forever (seen: runs hung at 0% CPU after a server died).
-            # Marked remote again, they wake, find the failure recorded, and stop with it.
-            if self._shard_states[shard_id] == _ShardState.PREPARING:
-                self._shard_states[shard_id] = _ShardState.REMOTE
-            if failure is None:
-                raise
-            raise failure from error
 
-    def _keep_failure(self, thread, it) -> None:
-        try:
-            thread(it)
-        except Exception as error:  # kept for __iter__, which names it; no thread traceback on the console
-            self._background_error = error
-            self._record_failure(self._reading_failed(error))
-            self._event.set()  # as Streaming does on a thread's failure: the other threads and the yield loop stop
-            # A thread that raises never reports its exit, and the iterator's exit() waited for it forever when
-            # the yield loop ended first (seen: loader workers hung at 0% CPU after a server died).
-            it.on_exit()
-
-    def __iter__(self):
-        if (failure := self._failure_elsewhere()) is not None:
-            raise failure
-        if not hasattr(self, '_event'):  # made here, in the loader worker, as Streaming makes its own
-            self._event = NodeStopEvent(self._failure_path)
-        yield from super().__iter__()
-        # Streaming's yield loop ends quietly, as at the end of the epoch, when its event is set.
-        if self._background_error is not None:
-            raise self._reading_failed(self._background_error)
-        if (failure := self._failure_elsewhere()) is not None:
-            raise failure
-
-    def get_item(self, sample_id: int, retry: int = 7):
-        try:
-            return super().get_item(sample_id, retry)
-        except DataError:
-            raise
-        except Exception as error:  # a shard deleted or cut short since the checks at start, a failed download
-            if self._background_error is not None:  # Streaming's get_item only says a thread failed
-                failure = self._reading_failed(self._background_error)
-            else:
-                failure = self._failure_elsewhere() or self._reading_failed(error, sample_id)
-            self._record_failure(failure)
-            raise failure from error
-
-    # A read that fails in one loader worker or rank must stop the others on the node at once. The loader hands
-    # batches over in worker order, so the run waits on the next worker's batch, not on the one that failed; and
-    # that worker, woken by the shard marked remote again, fetched it itself: against a hung server, a second
-    # minute of timeouts before the run ended (seen: 123 s instead of 55 s). The first failure is kept in a file
-    # beside Streaming's locks, named with its shared-memory prefix, so one per dataset per node.
-
-    def _record_failure(self, failure: DataError) -> None:
-        """Keep the first failure on the node; written whole, then linked, so no reader sees half a line."""
-        partial = f'{self._failure_path}.{os.getpid()}.{threading.get_ident()}'
-        Path(partial).write_text(str(failure))
-        try:
-            os.link(partial, self._failure_path)
-        except FileExistsError:
-            pass
-        finally:
-            os.remove(partial)
-
-    def _failure_elsewhere(self) -> DataError | None:
-        # Checked for every sample (prepare_shard): a stat while there is no failure, not an open that raises.
-        if not os.path.exists(self._failure_path):
-            return None
-        try:
-            return DataError(Path(self._failure_path).read_text())
-        except FileNotFoundError:  # removed at exit in between
-            return None
-
-    def _reading_failed(self, error: BaseException, sample_id: int | None = None) -> DataError:
-        if isinstance(error, DataError):
-            return error
-        reason = str(error).strip().splitlines()[-1] if str(error).strip() else ''
-        if sample_id is None:
-            return DataError(f'{self.location}: reading shards failed: {type(error).__name__}: {reason}')
-        shard_id, row = self.spanner[sample_id]
-        shard = self.shards[shard_id].raw_data.basename
-        return DataError(f'{self.location}: reading shard {shard} (row {row}) failed: {type(error).__name__}: {reason}')
-
-    def where(self, sample_id: int) -> str:
-        shard_id, row = self.spanner[sample_id]
-        return f'{sample_id} (shard {self.shards[shard_id].raw_data.basename}, row {row}, of {self.location})'
+# -------------------------------------------------------------------------------- streaming datasets
 
 
 class StreamingLAIONDataset(CheckedStreamingDataset):
@@ -403,14 +207,9 @@ class StreamingLAIONDataset(CheckedStreamingDataset):
         keep_caption: bool = False,
         **streaming_kwargs,
     ):
-        self.image_size = image_size
         self.max_bad_fraction = max_bad_fraction
-        self.max_image_pixels = max_image_pixels
         self.keep_caption = keep_caption  # precompute.py stores the caption beside its embedding
-        self.inputs = inputs
-        self.tokenizers = {
-            column: CaptionTokenizer(tokenizer, pad_id) for column, pad_id in zip(inputs.id_columns, inputs.pad_ids)
-        }
+        self.to_sample = ImageCaptionSample(image_size, tokenizer, inputs, max_image_pixels)
         super().__init__(
             remote=remote,
             local=local,
@@ -456,28 +255,10 @@ class StreamingLAIONDataset(CheckedStreamingDataset):
         return sample
 
     def transform(self, raw: dict) -> dict:
-        caption = raw.get('caption')
-        if not isinstance(caption, str):
-            raise BadSample('missing or non-string caption', f'got {type(caption).__name__}')
-        sample = {'image': decode_image(raw.get('jpg'), self.image_size, self.max_image_pixels)}
-        for column, tokenize in self.tokenizers.items():
-            sample[column] = tokenize(caption)
-        if self.inputs.size_conditions:
-            sample['time_ids'] = size_conditions(raw['jpg'], self.image_size)
+        sample = self.to_sample(raw)
         if self.keep_caption:
-            sample['caption'] = caption
+            sample['caption'] = raw['caption']
         return sample
-
-
-# precompute.py's output: the VAE's latent distribution and the text encoder's output, fp16, and the caption;
-# for SDXL also the pooled text embedding and the size/crop conditioning.
-PRECOMPUTED_COLUMNS = {
-    'latent_mean': 'ndarray:float16',
-    'latent_logvar': 'ndarray:float16',
-    'text_embedding': 'ndarray:float16',
-    'caption': 'str',
-}
-SDXL_PRECOMPUTED_COLUMNS = {'pooled_text_embedding': 'ndarray:float16', 'time_ids': 'ndarray:float32'}
 
 
 class PrecomputedLatentsDataset(CheckedStreamingDataset):
@@ -491,23 +272,6 @@ class PrecomputedLatentsDataset(CheckedStreamingDataset):
     def get_item(self, sample_id: int, retry: int = 7) -> dict:
         raw = super().get_item(sample_id, retry)
         return {name: torch.tensor(raw[name]) for name in self.COLUMNS if name in raw}
-
-
-def check_columns(location: str, shard: str, columns: list[str] | None, precomputed: bool) -> None:
-    """A shard (MDS: it names its columns) holds what the dataset reads: images and captions as convert.py
-    writes them, or the latents and embeddings precompute.py writes."""
-    if columns is None:
-        return
-    if precomputed and not set(PRECOMPUTED_COLUMNS) - {'caption'} <= set(columns):
-        raise DataError(
-            f"{location}: shard {shard} has columns {columns}, not precompute.py's latent_mean, "
-            'latent_logvar and text_embedding: for images and captions leave out --precomputed_latents'
-        )
-    if not precomputed and not {'jpg', 'caption'} <= set(columns):
-        raise DataError(
-            f'{location}: shard {shard} has columns {columns}; expected jpg (image bytes) and caption '
-            '(text), as convert.py writes'
-        )
 
 
 def collate(samples: list[dict]) -> dict:
@@ -550,216 +314,3 @@ class BadSampleCounter(Callback):
     def load_state_dict(self, state: dict) -> None:
         self.total = state['total']
         self.distinct = set(state.get('distinct', ()))  # checkpoints written before distinct was kept: none
-
-
-# ---------------------------------------------------------------------------------------- locations
-
-_instances = itertools.count()
-
-
-def default_cache_dir(remote: str) -> str:
-    """A fresh cache folder for a remote, one per job and dataset instance, removed at exit.
-
-    Streaming's own default (tempdir/hash(remote)) refuses to start when that folder exists, as after a
-    killed run. The ranks of a node must agree on the folder: they share the launcher (composer,
-    torchrun) as parent, so its pid names the job. Folders of jobs no longer alive are removed here.
-    """
-    job = os.getppid() if int(os.environ.get('LOCAL_WORLD_SIZE', '1')) > 1 else os.getpid()
-    root = Path(tempfile.gettempdir()) / 'sd2-streaming'
-    folder = root / f'{job}-{next(_instances)}-{hashlib.blake2s(remote.encode(), digest_size=6).hexdigest()}'
-    if int(os.environ.get('LOCAL_RANK', '0')) == 0:
-        for old in root.glob('*-*-*'):
-            if old.name.split('-')[0].isdigit() and not pid_alive(int(old.name.split('-')[0])):
-                shutil.rmtree(old, ignore_errors=True)
-        atexit.register(shutil.rmtree, folder, True)
-    return str(folder)
-
-
-def clean_stale_shared_memory() -> None:
-    """Removes the shared memory of Streaming datasets whose processes died (a killed run's would block the next),
-    and nothing else. Streaming's own clean_stale_shared_memory removes every dataset's on the machine, a live
-    job's too: a second job starting beside a running one crashed (FileNotFoundError) or made it fail. On Linux
-    a segment is stale when no process of ours maps it; elsewhere Streaming's cleaner runs. Local rank 0 cleans
-    while the node's other ranks wait."""
-    shm = Path('/dev/shm')
-    if not (shm.is_dir() and Path('/proc/self/maps').is_file()):
-        streaming_util.clean_stale_shared_memory()
-        return
-    if dist.get_local_rank() == 0:
-        names = {path.name for path in shm.glob('[0-9]' * 6 + '_*') if path.stat().st_uid == os.getuid()}
-        mapped = set()  # /proc/PID/maps lines end with the mapped file: ... /dev/shm/000000_locals
-        for maps in Path('/proc').glob('[0-9]*/maps'):
-            try:
-                lines = [line for line in maps.read_text().splitlines() if '/dev/shm/' in line]
-            except OSError:  # a process that ended, or another user's
-                continue
-            mapped.update(line.rsplit('/dev/shm/', 1)[1].split()[0] for line in lines)
-        for name in names - mapped:
-            (shm / name).unlink(missing_ok=True)
-    dist.barrier()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def s3_client(timeout: float = READ_TIMEOUT, attempts: int = RETRIES + 1, unsigned: bool = False):
-    """boto3 S3 client at S3_ENDPOINT_URL (any S3-compatible server) or AWS, with bounded retries."""
-    import boto3
-    from botocore import UNSIGNED
-    from botocore.config import Config
-
-    config = Config(
-        connect_timeout=min(timeout, CONNECT_TIMEOUT),
-        read_timeout=timeout,
-        retries={'mode': 'standard', 'total_max_attempts': attempts},
-        signature_version=UNSIGNED if unsigned else None,
-    )
-    return boto3.session.Session().client('s3', endpoint_url=os.environ.get('S3_ENDPOINT_URL') or None, config=config)
-
-
-def resolve_location(remote: str | None, local: str | None, retries: int, timeout: float) -> tuple[str | None, str]:
-    """(remote, local) for Streaming, checked: a bare folder is read in place rather than copied to a cache,
-    and a remote without a local folder gets a fresh cache folder of its own."""
-    if remote is not None and not urllib.parse.urlparse(remote).scheme and local is None:
-        remote, local = None, remote
-    if remote is None and local is None:
-        raise DataError('no dataset: pass a remote (s3://bucket/path) and/or a local folder')
-    if remote is not None and local is None:
-        local = default_cache_dir(remote)
-    check_dataset(remote, local, retries=retries, timeout=timeout)
-    return remote, local
-
-
-def check_dataset(remote: str | None, local: str | None, retries: int = RETRIES, timeout: float = READ_TIMEOUT) -> None:
-    """Fail fast with a message naming the dataset when its index.json cannot be read: a missing folder,
-    bucket or prefix, or a server that is down (after `retries` retries), rather than deep inside Streaming."""
-    if remote is None:
-        if not (Path(local) / 'index.json').is_file():
-            raise DataError(
-                f'no Streaming dataset at {local}: {local}/index.json is missing (write one with convert.py)'
-            )
-        return
-    url = urllib.parse.urlparse(remote)
-    if url.scheme != 's3':
-        return  # other Streaming remotes (gs://, oci://, hf://, ...) are checked by Streaming itself
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
-
-    bucket, key = url.netloc, '/'.join(part for part in (url.path.strip('/'), 'index.json') if part)
-    endpoint = os.environ.get('S3_ENDPOINT_URL') or 'AWS'
-    for unsigned in (False, True):
-        client = s3_client(timeout, retries + 1, unsigned)
-        try:
-            client.head_object(Bucket=bucket, Key=key)
-            return
-        except NoCredentialsError:
-            continue  # a public bucket: Streaming also falls back to unsigned requests
-        except ClientError as error:
-            code = error.response.get('Error', {}).get('Code', '')
-            if code in ('404', 'NoSuchKey', 'NotFound'):
-                try:
-                    client.head_bucket(Bucket=bucket)
-                except ClientError:
-                    raise DataError(f'{remote}: bucket {bucket!r} does not exist on {endpoint}')
-                raise DataError(
-                    f'{remote}: no index.json under this prefix on {endpoint} (wrong prefix? '
-                    'write shards with convert.py)'
-                )
-            raise DataError(f'{remote}: {endpoint} refused access ({code}): check the credentials')
-        except BotoCoreError as error:
-            raise DataError(f'{remote}: cannot reach the S3 server {endpoint} after {retries + 1} attempts: {error}')
-
-
-def check_local_shards(location: str, folder: Path, shards: list[dict]) -> None:
-    """Each shard of a local dataset is there, whole, and holds the samples index.json counts (an MDS shard's
-    header says how many), so that a damaged dataset stops the run at start, naming the shard, instead of
-    failing deep in a loader worker or training on a part of it."""
-    for shard in shards:
-        name, size = shard['raw_data']['basename'], shard['raw_data'].get('bytes')
-        path = folder / name
-        if not path.is_file():
-            packed = (shard.get('zip_data') or {}).get('basename')
-            if packed and (folder / packed).is_file():
-                continue  # compressed: Streaming checks it against its hash as it decompresses
-            raise DataError(f'{location}: shard {name} is missing (index.json lists it)')
-        if size is not None and path.stat().st_size != size:
-            raise DataError(
-                f'{location}: shard {name} has {path.stat().st_size} bytes where index.json says {size} '
-                '(truncated or rewritten?)'
-            )
-        if shard.get('format') == 'mds':
-            with open(path, 'rb') as file:
-                held = int.from_bytes(file.read(4), 'little')  # an MDS shard starts with its sample count
-            if held != shard['samples']:
-                raise DataError(
-                    f'{location}: shard {name} holds {held} samples where index.json says {shard["samples"]}'
-                )
-
-
-@dataclass(frozen=True)
-class DatasetDescription:
-    """What a run must know of a dataset before it is built (see describe_dataset)."""
-
-    location: str
-    num_samples: int
-    latent_shape: tuple[int, int, int] | None = None  # precomputed latents: (C, H/8, W/8) of the first sample
-    embedding_width: int | None = None  # precomputed latents: the text embedding's width
-    pooled_width: int | None = None  # precomputed latents for SDXL: the pooled text embedding's width
-
-
-def describe_dataset(
-    remote: str | None,
-    local: str | None,
-    precomputed: bool = False,
-    retries: int = RETRIES,
-    timeout: float = READ_TIMEOUT,
-) -> DatasetDescription:
-    """The size of an MDS dataset, read from its index.json, its columns checked; for precomputed latents also
-    the shapes of the first sample (its shard is read into a temporary folder when the dataset is remote)."""
-    if remote is not None and not urllib.parse.urlparse(remote).scheme and local is None:
-        remote, local = None, remote  # a bare folder is read in place
-    check_dataset(remote, local, retries=retries, timeout=timeout)
-    location = remote or local
-    with tempfile.TemporaryDirectory(prefix='sd2-describe-') as work:
-        folder = local if remote is None else work
-
-        def fetch(basename: str) -> None:
-            if remote is not None:
-                CloudDownloader.direct_download(f'{remote.rstrip("/")}/{basename}', f'{work}/{basename}', timeout)
-
-        fetch('index.json')
-        try:
-            shards = json.loads((Path(folder) / 'index.json').read_text())['shards']
-            names = [shard['raw_data']['basename'] for shard in shards]
-            num_samples = sum(int(shard['samples']) for shard in shards)
-        except (ValueError, KeyError, TypeError) as error:
-            raise DataError(f'{location}: index.json is not a Streaming index ({type(error).__name__}: {error})')
-        for name, shard in zip(names, shards):
-            check_columns(location, name, shard.get('column_names'), precomputed)
-        if remote is None:  # a cache folder of a remote fills as it downloads: Streaming checks what it fetches
-            check_local_shards(location, Path(local), shards)
-        if not precomputed or num_samples == 0:
-            return DatasetDescription(location, num_samples)
-        shard = next(shard for shard in shards if shard['samples'])
-        raw, packed = shard['raw_data']['basename'], (shard.get('zip_data') or {}).get('basename')
-        if not (Path(folder) / raw).is_file():
-            fetch(packed if packed and remote is not None else raw)
-            if packed:  # Streaming keeps compressed shards in the remote, decompressing them into its cache
-                data = decompress(shard['compression'], (Path(folder) / packed).read_bytes())
-                folder = work
-                (Path(work) / raw).write_bytes(data)
-        sample = reader_from_json(folder, None, shard).get_item(0)
-    pooled = sample.get('pooled_text_embedding')
-    return DatasetDescription(
-        location,
-        num_samples,
-        tuple(sample['latent_mean'].shape),
-        sample['text_embedding'].shape[-1],
-        None if pooled is None else pooled.shape[-1],
-    )

@@ -48,17 +48,28 @@ _WRAPPER_PREFIXES = ('_fsdp_wrapped_module.', '_checkpoint_wrapped_module.', '_o
 STAGING_NUMEL = 16 * 2**20
 
 
-def _parse_time(name: str, value: str, units: tuple[TimeUnit, ...]) -> Time:
+def _parse_time(name: str, value: str | Time, units: tuple[TimeUnit, ...]) -> Time:
     examples = {TimeUnit.BATCH: "'1000ba'", TimeUnit.EPOCH: "'1ep'", TimeUnit.DURATION: "'0.5dur'"}
     allowed = ', '.join(examples[unit] for unit in units)
-    try:
-        time = Time.from_timestring(str(value))
-    except (TypeError, ValueError):
-        raise ValueError(f'EMA {name}={value!r}: not a Composer time string (use e.g. {allowed})') from None
+    if isinstance(value, Time):  # parsed already (config.py settles --ema_half_life): only its unit is checked
+        time = value
+    else:
+        try:
+            time = Time.from_timestring(str(value))
+        except (TypeError, ValueError):
+            raise ValueError(f'EMA {name}={value!r}: not a Composer time string (use e.g. {allowed})') from None
     if time.unit not in units:
         raise ValueError(f'EMA {name}={value!r}: unit {time.unit.value!r} is not supported here (use e.g. {allowed})')
     if time.unit != TimeUnit.DURATION and (time.value != int(time.value) or time.value < 0):
         raise ValueError(f'EMA {name}={value!r}: must be a whole number of {time.unit.value}')
+    return time
+
+
+def parse_half_life(half_life: str | Time) -> Time:
+    """A half life as the EMA takes it: a positive whole number of batches or epochs."""
+    time = _parse_time('half_life', half_life, (TimeUnit.BATCH, TimeUnit.EPOCH))
+    if time.value == 0:
+        raise ValueError(f'EMA half_life={half_life!r}: must be positive')
     return time
 
 
@@ -313,7 +324,7 @@ class EMA(Algorithm):
 
     def __init__(
         self,
-        half_life: Optional[str] = '1000ba',
+        half_life: Optional[str | Time] = '1000ba',
         smoothing: Optional[float] = None,
         ema_start: str = '0.0dur',
         update_interval: Optional[str] = None,
@@ -324,11 +335,7 @@ class EMA(Algorithm):
             raise ValueError(f'EMA: pass half_life ({half_life!r}) or smoothing ({smoothing!r}), not both')
         if half_life is None and smoothing is None:
             raise ValueError("EMA: pass half_life (e.g. '1000ba') or smoothing (e.g. 0.999)")
-        self.half_life = (
-            None if half_life is None else _parse_time('half_life', half_life, (TimeUnit.BATCH, TimeUnit.EPOCH))
-        )
-        if self.half_life is not None and self.half_life.value == 0:
-            raise ValueError(f'EMA half_life={half_life!r}: must be positive')
+        self.half_life = None if half_life is None else parse_half_life(half_life)
         self.ema_start = _parse_time('ema_start', ema_start, (TimeUnit.DURATION, TimeUnit.BATCH, TimeUnit.EPOCH))
         if update_interval is None:
             self.update_interval = Time(1, self.half_life.unit if self.half_life is not None else TimeUnit.BATCH)
@@ -354,7 +361,8 @@ class EMA(Algorithm):
         self.num_updates = 0
         self._ema_active = False
         self._state: Optional[State] = None
-        self._options = (half_life, smoothing, ema_start, update_interval, offload)
+        given_half_life = half_life.to_timestring() if isinstance(half_life, Time) else half_life
+        self._options = (given_half_life, smoothing, ema_start, update_interval, offload)
 
     def __repr__(self) -> str:
         names = ('half_life', 'smoothing', 'ema_start', 'update_interval', 'offload')

@@ -1,12 +1,13 @@
 """Does it learn? The validation loss and the sample images of a run, run by Composer's Evaluators.
 
-Validation loss: the noise-prediction loss of a held-out MDS split, averaged over VALIDATION_TIMESTEPS equidistant
-timesteps. Each sample's draws (the latent sample and one noise per timestep) come from a generator seeded by
-the sample's index in the split, and the metric sums losses and counts over ranks before dividing, so the same
-weights give the same value on any number of ranks and any batch size.
+Validation loss: the noise-prediction loss of a held-out MDS split, averaged over equidistant timesteps
+(model.StableDiffusion.validation_losses, beside the training loss). Each sample's draws (the latent sample and one
+noise per timestep) come from a generator seeded by the sample's index in the split, and the metric sums losses and
+counts over ranks before dividing, so the same weights give the same value on any number of ranks and any batch
+size.
 
 Sample images: a grid of fixed prompts and seeds generated through Diffusers' StableDiffusionPipeline
-(export.build_pipeline), saved as PNG and logged to W&B.
+(export.build_pipeline), saved as PNG and logged to W&B. Its prompts are defined here, where the grid is drawn.
 
 Both run as Composer Evaluators ('val', 'samples', and with --use_ema 'val_ema', 'samples_ema', on which the EMA
 algorithm swaps the averaged weights in). Composer runs evaluators between batches with the training clock
@@ -24,7 +25,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from composer.core import Callback, Evaluator, State
 from composer.core.precision import get_precision_context
 from composer.loggers import Logger
@@ -34,16 +34,16 @@ from streaming.base.compression import decompress
 from streaming.base.format import reader_from_json
 from streaming.base.storage.download import CloudDownloader
 from torch.utils.data import DataLoader, Dataset
-from torchmetrics import Metric
 from torchvision.utils import make_grid
 
-from data import CaptionInputs, PrecomputedLatentsDataset
-from images import BadSample, decode_image, size_conditions
-from tokenizer import CaptionTokenizer, caption_pad_ids
+from data import CaptionInputs, ImageCaptionSample, PrecomputedLatentsDataset
+from export import build_pipeline, generate
+from images import BadSample
+from model import VALIDATION_TIMESTEPS
+from tokenizer import CaptionTokenizer
 
 log = logging.getLogger(__name__)
 
-VALIDATION_TIMESTEPS = 8
 VALIDATION_SEED = 0  # fixed, not --seed: runs with different seeds are compared on the same draws
 # Prompts in the sample dataset's style (convert.py's generated captions), two seeds each.
 SAMPLE_PROMPTS = (
@@ -53,11 +53,6 @@ SAMPLE_PROMPTS = (
     'a blue circle and an orange square on a gray background',
 )
 SAMPLE_SEEDS = (0, 1)
-
-
-def validation_timesteps(num_train_timesteps: int, count: int = VALIDATION_TIMESTEPS) -> torch.Tensor:
-    """The midpoints of `count` equal bins of the schedule: 62, 187, ..., 937 of 1000 steps for count 8."""
-    return (torch.arange(count) * 2 + 1) * num_train_timesteps // (2 * count)
 
 
 def sample_draws(index: int, latent_shape: tuple[int, int, int], count: int = VALIDATION_TIMESTEPS) -> dict:
@@ -110,9 +105,7 @@ class ValidationSplit(Dataset):
         for shard in self.shards:
             self.starts.append(self.starts[-1] + int(shard['samples']))
         self.inputs = inputs = inputs or CaptionInputs()
-        self.tokenizers = {
-            column: CaptionTokenizer(tokenizer, pad_id) for column, pad_id in zip(inputs.id_columns, inputs.pad_ids)
-        }
+        self.to_sample = ImageCaptionSample(image_size, tokenizer, inputs)
         self._readers = {}
 
     def __len__(self) -> int:
@@ -141,69 +134,16 @@ class ValidationSplit(Dataset):
                     sample[name] = torch.tensor(raw[name])
             return sample
         try:
-            caption = raw.get('caption')
-            if not isinstance(caption, str):
-                raise BadSample('missing or non-string caption')
-            sample['image'] = decode_image(raw.get('jpg'), self.image_size)
-            if self.inputs.size_conditions:
-                sample['time_ids'] = size_conditions(raw['jpg'], self.image_size)
+            sample.update(self.to_sample(raw))
         except BadSample as error:
             log.warning(f'validation sample {index} of {self.folder} left out: {error}')
             sample['image'] = torch.zeros(3, self.image_size, self.image_size, dtype=torch.uint8)
             if self.inputs.size_conditions:
                 sample['time_ids'] = torch.tensor([self.image_size, self.image_size, 0, 0] + [self.image_size] * 2)
                 sample['time_ids'] = sample['time_ids'].float()
+            sample.update(self.to_sample.caption_ids(''))
             sample['valid'] = torch.tensor(0)
-            caption = ''
-        for column, tokenize in self.tokenizers.items():
-            sample[column] = tokenize(caption)
         return sample
-
-
-# -------------------------------------------------------------------------------------------- the loss
-
-
-class ValidationLoss(Metric):
-    """The mean per-sample validation loss: sums and counts in float64, summed over ranks, then divided."""
-
-    full_state_update = False
-
-    def __init__(self):
-        super().__init__()
-        self.add_state('total', default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx='sum')
-        self.add_state('count', default=torch.tensor(0, dtype=torch.long), dist_reduce_fx='sum')
-
-    def update(self, losses: torch.Tensor, valid: torch.Tensor) -> None:
-        valid = valid.bool()
-        self.total += losses[valid].double().sum()
-        self.count += int(valid.sum())
-
-    def compute(self) -> torch.Tensor:
-        return self.total / self.count
-
-
-def validation_losses(model, batch: dict) -> torch.Tensor:
-    """Each sample's noise-prediction loss, the mean over VALIDATION_TIMESTEPS fixed timesteps and its fixed draws."""
-    latents, conditioning = model.encode(batch)  # with the batch's 'latent_noise'
-    timesteps = validation_timesteps(model.noise_scheduler.config.num_train_timesteps).to(latents.device)
-    losses = []
-    for k, timestep in enumerate(timesteps):
-        prediction, target = model.predict(
-            latents, conditioning, batch['noise'][:, k], timestep.expand(latents.shape[0])
-        )
-        losses.append(F.mse_loss(prediction.float(), target.float(), reduction='none').mean(dim=(1, 2, 3)))
-    return torch.stack(losses, dim=1).mean(dim=1)
-
-
-def eval_forward(model, batch: dict):
-    """StableDiffusion.eval_forward: per-sample validation losses of a ValidationSplit batch. A sample-grid batch
-    only marks that a grid is due: SampleGrid draws it (at EVAL_START, with the weights the evaluator runs on).
-    Any other batch gets the model's forward, as Composer's default."""
-    if 'sample_grid' in batch:
-        return None
-    if 'valid' in batch:
-        return validation_losses(model, batch)
-    return model(batch)
 
 
 # --------------------------------------------------------------------------------------- the evaluators
@@ -217,11 +157,8 @@ def build_evaluators(config, latent_shape: tuple[int, int, int]) -> list[Evaluat
     weights = ('', '_ema') if config.use_ema else ('',)
     if config.eval_interval:
         folder = config.eval_local if config.eval_remote is None else fetch_split(config.eval_remote)
-        from config import caption_inputs  # here: config imports this module
-
-        inputs = caption_inputs(Path(config.model_dir))
         split = ValidationSplit(
-            folder, latent_shape, config.image_size, config.tokenizer, config.precomputed_latents, inputs
+            folder, latent_shape, config.image_size, config.tokenizer, config.precomputed_latents, config.caption_inputs
         )
         loader = DataLoader(
             split,
@@ -261,14 +198,12 @@ class SampleGrid(Callback):
 
     def __init__(self, config):
         self.config = config
-        self.tokenize = CaptionTokenizer(config.tokenizer, caption_pad_ids(Path(config.model_dir))[0])
+        self.tokenize = CaptionTokenizer(config.tokenizer, config.caption_inputs.pad_ids[0])
         self.saved: list[Path] = []
 
     def eval_start(self, state: State, logger: Logger) -> None:
         if not str(state.dataloader_label).startswith('samples'):
             return
-        from export import build_pipeline, generate  # here: export imports the model, which imports this module
-
         model = state.model.module if hasattr(state.model, 'module') else state.model
         config = self.config
         pipeline = build_pipeline(model, config.sample_scheduler, config.tokenizer)

@@ -23,9 +23,11 @@ from PIL import Image  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import arguments  # noqa: E402
-from config import LATENT_DOWNSAMPLE, ConfigError, resolve_model_dir  # noqa: E402
+from arguments import ConfigError  # noqa: E402
+from evaluation import ValidationSplit  # noqa: E402
 from export import SCHEDULERS, build_pipeline, generate  # noqa: E402
 from model import build_model  # noqa: E402
+from model_folder import LATENT_DOWNSAMPLE, resolve_model_dir  # noqa: E402
 from tokenizer import CaptionTokenizer, caption_pad_ids  # noqa: E402
 
 FID_WEIGHTS_NEEDED = (
@@ -79,6 +81,10 @@ def check_args(args: argparse.Namespace) -> list[str]:
             )
         if not args.model_name:
             raise GenerateError("--checkpoint needs --model_name: the run's model (e.g. tiny, sd2-base)")
+        try:
+            args.model_dir = resolve_model_dir(args.model_name)  # once, for the model and its tokenizer's padding
+        except ConfigError as error:
+            raise GenerateError(str(error))
     else:
         if not (Path(args.pipeline) / 'model_index.json').is_file():
             raise GenerateError(f'--pipeline {args.pipeline}: no model_index.json there (not a pipeline folder)')
@@ -113,16 +119,13 @@ def load_pipeline(args: argparse.Namespace) -> StableDiffusionPipeline:
         if args.scheduler:
             pipeline.scheduler = SCHEDULERS[args.scheduler].from_config(pipeline.scheduler.config)
         return pipeline
-    try:
-        model_dir = resolve_model_dir(args.model_name)
-    except ConfigError as error:
-        raise GenerateError(str(error))
+    model_dir = args.model_dir
     if (model_dir / 'text_encoder_2').is_dir():
         raise GenerateError(
             f"--model_name {args.model_name}: SDXL's two text encoders need Diffusers' StableDiffusionXLPipeline, "
             'which generate.py does not build'
         )
-    model = build_model(str(model_dir), args.prediction_type)
+    model = build_model(model_dir, args.prediction_type)
     state = torch.load(args.checkpoint, map_location='cpu', weights_only=False)['state']
     try:
         model.load_state_dict(state['model'])
@@ -146,7 +149,7 @@ def main(args: argparse.Namespace) -> torch.Tensor:
     pipeline.to(device)
     pipeline.set_progress_bar_config(disable=True)
     if args.checkpoint:  # the training tokenizer, padded as the model's text encoder was trained
-        tokenizer = CaptionTokenizer(args.tokenizer, caption_pad_ids(resolve_model_dir(args.model_name))[0])
+        tokenizer = CaptionTokenizer(args.tokenizer, caption_pad_ids(args.model_dir)[0])
     else:
         tokenizer = CaptionTokenizer(str(Path(args.pipeline) / 'tokenizer'))
     size = args.image_size or pipeline.unet.config.sample_size * pipeline.vae_scale_factor
@@ -184,8 +187,6 @@ def fid(images: torch.Tensor, reference: str, weights: str, size: int) -> str:
     """FID against an MDS split's images, with Inception v3 features from a local torchvision weights file."""
     import torchvision
     from torchmetrics.image.fid import FrechetInceptionDistance
-
-    from evaluation import ValidationSplit
 
     inception = torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=False)
     inception.load_state_dict(torch.load(weights, map_location='cpu'))

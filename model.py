@@ -1,4 +1,5 @@
-"""Stable Diffusion as a Composer model, built from a model folder, and its training FLOPs.
+"""Stable Diffusion as a Composer model, built from a model folder: its training loss, its validation loss (one
+per-sample MSE for both), and its training FLOPs.
 
 `StableDiffusion` trains the UNet on the noise-prediction loss, with the VAE and CLIP text encoder(s) frozen.
 SD 1.5 and SD 2 condition the UNet on one text encoder's last hidden state; SDXL on two encoders' penultimate
@@ -18,18 +19,11 @@ from composer.models import ComposerModel
 from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
+from torchmetrics import Metric
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
-import evaluation
-from config import (
-    LATENT_DOWNSAMPLE,
-    MICRO_CONDITIONS,
-    WEIGHT_FILES,
-    has_micro_conditioning,
-    pooled_text_width,
-    resolve_model_dir,
-)
 from images import unit_range
+from model_folder import LATENT_DOWNSAMPLE, MICRO_CONDITIONS, has_micro_conditioning, has_weights, pooled_text_width
 from tokenizer import CAPTION_LENGTH
 
 MODEL_PARTS = {
@@ -38,6 +32,8 @@ MODEL_PARTS = {
     'text_encoder': CLIPTextModel,
     'text_encoder_2': CLIPTextModelWithProjection,  # SDXL's second encoder (OpenCLIP ViT-bigG/14)
 }
+# The validation loss averages each sample's loss over this many fixed, equidistant timesteps (validation_timesteps).
+VALIDATION_TIMESTEPS = 8
 
 
 def standard_normal_like(tensor: torch.Tensor) -> torch.Tensor:
@@ -151,15 +147,32 @@ class StableDiffusion(ComposerModel):
         return (mean + std * latent_noise) * self.latent_scale, conditioning
 
     def loss(self, outputs, batch) -> torch.Tensor:
-        prediction, target = outputs
-        return F.mse_loss(prediction.float(), target.float())
+        return per_sample_mse(*outputs).mean()
 
     # Evaluation (Composer's Evaluators, see evaluation.py): the validation loss, and sample images.
     def eval_forward(self, batch: dict, outputs=None):
-        return evaluation.eval_forward(self, batch)
+        """The per-sample validation losses of a ValidationSplit batch. A sample-grid batch only marks that a grid
+        is due: evaluation.SampleGrid draws it (at EVAL_START, with the weights the evaluator runs on). Any other
+        batch gets the model's forward, as Composer's default."""
+        if 'sample_grid' in batch:
+            return None
+        if 'valid' in batch:
+            return self.validation_losses(batch)
+        return self(batch)
+
+    def validation_losses(self, batch: dict) -> torch.Tensor:
+        """Each sample's loss, the mean over VALIDATION_TIMESTEPS fixed timesteps with the sample's fixed draws
+        (the batch's 'latent_noise' and 'noise', one per timestep)."""
+        latents, conditioning = self.encode(batch)
+        timesteps = validation_timesteps(self.noise_scheduler.config.num_train_timesteps).to(latents.device)
+        losses = []
+        for k, timestep in enumerate(timesteps):
+            outputs = self.predict(latents, conditioning, batch['noise'][:, k], timestep.expand(latents.shape[0]))
+            losses.append(per_sample_mse(*outputs))
+        return torch.stack(losses, dim=1).mean(dim=1)
 
     def get_metrics(self, is_train: bool = False) -> dict:
-        return {} if is_train else {'ValidationLoss': evaluation.ValidationLoss()}
+        return {} if is_train else {'ValidationLoss': ValidationLoss()}
 
     def update_metric(self, batch: dict, outputs, metric) -> None:
         if 'valid' in batch:  # a ValidationSplit batch: other evaluation data has no metric here
@@ -200,6 +213,36 @@ class StableDiffusion(ComposerModel):
                 text_configs = [encoder.config for encoder in (self.text_encoder, self.text_encoder_2) if encoder]
                 self._forward_flops[key] = count_forward_flops(self.unet.config, self.vae.config, text_configs, *key)
         return self._forward_flops[key]
+
+
+def per_sample_mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Each sample's mean squared error, in fp32: the training loss is their mean, the validation loss their mean
+    over fixed timesteps."""
+    return F.mse_loss(prediction.float(), target.float(), reduction='none').flatten(1).mean(dim=1)
+
+
+def validation_timesteps(num_train_timesteps: int, count: int = VALIDATION_TIMESTEPS) -> torch.Tensor:
+    """The midpoints of `count` equal bins of the schedule: 62, 187, ..., 937 of 1000 steps for count 8."""
+    return (torch.arange(count) * 2 + 1) * num_train_timesteps // (2 * count)
+
+
+class ValidationLoss(Metric):
+    """The mean per-sample validation loss: sums and counts in float64, summed over ranks, then divided."""
+
+    full_state_update = False
+
+    def __init__(self):
+        super().__init__()
+        self.add_state('total', default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx='sum')
+        self.add_state('count', default=torch.tensor(0, dtype=torch.long), dist_reduce_fx='sum')
+
+    def update(self, losses: torch.Tensor, valid: torch.Tensor) -> None:
+        valid = valid.bool()
+        self.total += losses[valid].double().sum()
+        self.count += int(valid.sum())
+
+    def compute(self) -> torch.Tensor:
+        return self.total / self.count
 
 
 def count_forward_flops(
@@ -257,10 +300,6 @@ def encode_text(text_encoder, text_encoder_2, batch: dict) -> dict[str, torch.Te
     }
 
 
-def has_weights(model_dir: Path, part: str) -> bool:
-    return any((model_dir / part / name).is_file() for name in WEIGHT_FILES[part])
-
-
 def build_part(
     model_dir: Path, part: str, init_device: torch.device | str | None = None
 ) -> tuple[torch.nn.Module, bool]:
@@ -306,18 +345,18 @@ def describe_weights(parts: list[str], loaded: list[str]) -> str:
 
 
 def build_model(
-    model_name: str,
+    model_dir: Path,
     prediction_type: str | None = None,
     attention: str = 'sdpa',
     precomputed: bool = False,
     encoders_bf16: bool = False,
     init_device: torch.device | str | None = None,
 ) -> StableDiffusion:
-    """The model of a built-in name, folder or hub id (see config.resolve_model_dir), with `model_dir` and
+    """The model of a model folder (model_folder.resolve_model_dir finds it from a name), with `model_dir` and
     `weights_loaded` (the parts whose weights the folder held) set. precomputed: the UNet alone (the batches
     carry the encoders' outputs); encoders_bf16: the frozen VAE and text encoder weights in bf16; init_device:
     where the parts without weights are randomly initialized (see build_part)."""
-    model_dir = resolve_model_dir(model_name)
+    model_dir = Path(model_dir)
     unet, unet_loaded = build_part(model_dir, 'unet', init_device)  # first: the same init with or without encoders
     scheduler_config = DDPMScheduler.load_config(model_dir, subfolder='scheduler')
     if prediction_type is not None:

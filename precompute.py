@@ -33,21 +33,16 @@ from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 import arguments
-from config import PRESETS, SD2_BASE, ConfigError, caption_inputs, resolve_model_dir
+from arguments import ConfigError
+from config import PRESETS, SD2_BASE
 from convert import SAMPLE_DATASET, ensure_sample_dataset
-from data import (
-    PRECOMPUTED_COLUMNS,
-    SDXL_PRECOMPUTED_COLUMNS,
-    DataError,
-    StreamingLAIONDataset,
-    clean_stale_shared_memory,
-    collate,
-    describe_dataset,
-    s3_client,
-)
+from data import StreamingLAIONDataset, caption_inputs, collate
+from dataset_checks import PRECOMPUTED_COLUMNS, SDXL_PRECOMPUTED_COLUMNS, DataError, describe_dataset, s3_client
 from images import unit_range
 from model import build_encoders, describe_weights, encode_text
+from model_folder import resolve_model_dir
 from stack import check_stack
+from streaming_fixes import clean_stale_shared_memory
 from tokenizer import TokenizerError
 
 SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun never mixes two settings
@@ -112,6 +107,7 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     has_gpu = torch.cuda.is_available()
     if args.model_name is None:
         args.model_name = 'sd2-base' if has_gpu else 'tiny'
+    args.model_dir = resolve_model_dir(args.model_name)
     if args.image_size is None:
         args.image_size = PRESETS.get(args.model_name, SD2_BASE).image_size
     if args.batch_size is None:
@@ -307,7 +303,7 @@ def main(argv=None) -> dict:
             local=args.local,
             image_size=args.image_size,
             tokenizer=args.tokenizer,
-            inputs=caption_inputs(resolve_model_dir(args.model_name)),
+            inputs=caption_inputs(args.model_dir),
             shuffle=False,
             keep_caption=True,
         )
@@ -320,7 +316,7 @@ def main(argv=None) -> dict:
 
     reproducibility.seed_all(args.seed)  # every rank, and every rerun, gets the same encoders
     # The encoders alone: the UNet's weights (3.5 GB for SD2 base) are never read.
-    vae, *text_encoders, loaded = build_encoders(resolve_model_dir(args.model_name), init_device=device._device)
+    vae, *text_encoders, loaded = build_encoders(args.model_dir, init_device=device._device)
     dtype = torch.bfloat16 if args.precision == 'bf16' else torch.float32
     vae = vae.to(device._device, dtype)
     text_encoders = tuple(None if encoder is None else encoder.to(device._device, dtype) for encoder in text_encoders)

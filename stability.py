@@ -4,15 +4,12 @@ ConstantWithWarmupScheduler), and caption dropout, which trains on the empty cap
 that the model also learns the unconditional prediction classifier-free guidance needs.
 """
 
-from pathlib import Path
-
 import torch
 from composer.algorithms import GradientClipping
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 from composer.optim import ConstantScheduler, ConstantWithWarmupScheduler
 
-from config import caption_inputs
 from tokenizer import CaptionTokenizer
 
 
@@ -42,7 +39,7 @@ def stability_algorithms(config) -> list[Algorithm]:
     if config.grad_clip_norm:
         algorithms.append(GradientClipping(clipping_type='norm', clipping_threshold=config.grad_clip_norm))
     if config.caption_dropout:
-        inputs = caption_inputs(Path(config.model_dir))
+        inputs = config.caption_inputs
         empty = {
             column: CaptionTokenizer(config.tokenizer, pad)('')
             for column, pad in zip(inputs.id_columns, inputs.pad_ids)

@@ -4,8 +4,6 @@ profiler, and the random state of a checkpoint resumed mid-epoch. benchmark.py r
 benchmarks/framework_overhead.py times it against a bare loop.
 """
 
-from pathlib import Path
-
 import torch
 from composer import Trainer
 from composer.algorithms import ChannelsLast, LowPrecisionGroupNorm, LowPrecisionLayerNorm
@@ -16,27 +14,22 @@ from composer.profiler import Profiler, cyclic_schedule
 from composer.utils import dist, reproducibility
 from torch.utils.data import DataLoader
 
+from arguments import ConfigError
 from checkpoints import RunDescription, report_failed_writes
-from config import (
-    LATENT_DOWNSAMPLE,
-    SYNTHETIC_SAMPLES,
-    ConfigError,
-    RunConfig,
-    caption_inputs,
-    pooled_text_width,
-)
+from config import SYNTHETIC_SAMPLES, RunConfig
 from data import (
     BadSampleCounter,
-    DataError,
     PrecomputedLatentsDataset,
     StreamingLAIONDataset,
     SyntheticImageCaptionDataset,
     SyntheticLatentsDataset,
     collate,
 )
+from dataset_checks import DataError
 from ema import EMA
 from evaluation import build_evaluators, evaluation_callbacks
 from model import StableDiffusion
+from model_folder import LATENT_DOWNSAMPLE, pooled_text_width
 from stability import lr_scheduler, stability_algorithms
 from tokenizer import TokenizerError
 
@@ -62,7 +55,7 @@ def build_dataloader(config: RunConfig, model: StableDiffusion) -> DataLoader:
             config.image_size,
             num_samples=SYNTHETIC_SAMPLES,
             seed=config.seed,
-            inputs=caption_inputs(Path(config.model_dir)),
+            inputs=config.caption_inputs,
         )
     # Composer's sampler gives each rank its own slice of every global batch.
     sampler = dist.get_sampler(dataset, shuffle=False, drop_last=True)
@@ -95,7 +88,7 @@ def build_streaming_dataloader(config: RunConfig) -> DataLoader:
                 local=config.local,
                 image_size=config.image_size,
                 tokenizer=config.tokenizer,
-                inputs=caption_inputs(Path(config.model_dir)),
+                inputs=config.caption_inputs,
                 batch_size=config.device_batch_size,
                 shuffle=True,
                 seed=config.seed,
@@ -137,9 +130,9 @@ def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoa
     optimizer = build_optimizer(config, model)
     if config.fsdp != 'none':
         mark_fsdp_units(model)
-    algorithms = [EMA(half_life=config.ema_half_life, offload=config.ema_offload)] if config.use_ema else []
+    algorithms = []
     if config.use_ema:  # evaluation.py evaluates both weights: the trained ones under 'val' and 'samples'
-        algorithms[0].trained_labels = ('val', 'samples')
+        algorithms.append(EMA(config.ema_half_life, offload=config.ema_offload, trained_labels=('val', 'samples')))
     if config.channels_last:
         algorithms.append(ChannelsLast())
     if config.low_precision_norm:

@@ -27,9 +27,9 @@ from diffusers import UNet2DConditionModel  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
-from config import CONFIGS_DIR  # noqa: E402
 from ema import EMAWeights  # noqa: E402
 from model import build_model  # noqa: E402
+from model_folder import CONFIGS_DIR  # noqa: E402
 from results import cpu_name  # noqa: E402
 
 SMOOTHING = 2 ** -(1 / 1000)  # half life 1000ba, updated every batch: the published run
@@ -124,7 +124,7 @@ def measure(name, make, update, device, repeats, finish=lambda state: None):
 
 def step_seconds(device, steps=5) -> tuple[float, float]:
     """Median fwd+bwd time of one microbatch of 4 at 512px and of one AdamW step, SD2 base, bf16 autocast."""
-    model = build_model('sd2-base', init_device=device)
+    model = build_model(CONFIGS_DIR / 'sd2-base', init_device=device)
     optimizer = torch.optim.AdamW(model.unet.parameters(), lr=1e-4, weight_decay=1e-3)
     batch = {
         'image': torch.rand(4, 3, 512, 512, device=device) * 2 - 1,

@@ -35,13 +35,14 @@ from composer.loggers import Logger  # noqa: E402
 from composer.trainer import trainer as composer_trainer  # noqa: E402
 from composer.utils import reproducibility  # noqa: E402
 
-from config import parse_args, resolve_config  # noqa: E402
+from config import resolve_config  # noqa: E402
+from flags import parse_args  # noqa: E402
 from model import build_model  # noqa: E402
 from training import build_dataloader, build_optimizer, build_trainer  # noqa: E402
 
 
 def model_of(args):
-    return build_model(args.model_name, precomputed=args.precomputed_latents, encoders_bf16=args.encoders_bf16)
+    return build_model(args.model_dir, precomputed=args.precomputed_latents, encoders_bf16=args.encoders_bf16)
 
 
 PHASES = ('data', 'forward', 'loss', 'backward', 'optimizer')

@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use('Agg')  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from evaluation import VALIDATION_TIMESTEPS  # noqa: E402
+from model import VALIDATION_TIMESTEPS  # noqa: E402
 from results import ResultsError, load_results  # noqa: E402
 
 

@@ -13,8 +13,8 @@ import torch.distributed
 from composer.core import Callback
 from composer.utils import dist
 
-import benchmark
-import config
+import flags
+import run
 
 
 class RecordSamples(Callback):
@@ -36,7 +36,7 @@ if __name__ == '__main__':
     out = Path(sys.argv[1])
     groups = counting_process_groups()
     record = RecordSamples()
-    benchmark.main(config.parse_args(sys.argv[2:]), (record,))
+    run.main(flags.parse_args(sys.argv[2:]), (record,))
     out.mkdir(parents=True, exist_ok=True)
     (out / f'rank{dist.get_global_rank()}.json').write_text(json.dumps(record.batches))
     (out / f'rank{dist.get_global_rank()}.groups').write_text(str(len(groups)))

@@ -18,17 +18,21 @@ from transformers.models.clip.modeling_clip import CLIPAttention
 
 import config
 import model as model_module
+import model_folder
 import training
-from benchmark import main
-from config import ConfigError, parse_args, resolve_config
+from arguments import ConfigError
+from config import resolve_config
 from data import SyntheticImageCaptionDataset
+from flags import parse_args
 from model import build_model
+from model_folder import CONFIGS_DIR, resolve_model_dir
+from run import main
 from training import build_dataloader, build_trainer
 
 
 def tiny_model(seed=0):
     reproducibility.seed_all(seed)
-    return build_model('tiny')
+    return build_model(CONFIGS_DIR / 'tiny')
 
 
 def synthetic_batch(n, image_size=64):
@@ -64,10 +68,10 @@ def test_forward_and_loss_shapes():
 def test_targets_follow_prediction_type():
     batch = fixed_randomness(synthetic_batch(2))
     reproducibility.seed_all(0)
-    _, epsilon_target = build_model('tiny')(batch)
+    _, epsilon_target = build_model(CONFIGS_DIR / 'tiny')(batch)
     assert torch.equal(epsilon_target, batch['noise'])
     reproducibility.seed_all(0)
-    v_model = build_model('tiny', prediction_type='v_prediction')
+    v_model = build_model(CONFIGS_DIR / 'tiny', prediction_type='v_prediction')
     _, v_target = v_model(batch)
     assert not torch.allclose(v_target, batch['noise'])
     # v = sqrt(alpha_bar) * noise - sqrt(1 - alpha_bar) * x0, so x0 recovers from (noise, v).
@@ -111,12 +115,14 @@ def test_frozen_modules_are_untouched_by_training():
 
 
 def test_sd2_base_configs_match_the_published_architecture():
-    model = build_model('sd2-base', init_device='meta')  # benchmark.py passes the GPU; meta: no memory, no time
+    model = build_model(
+        CONFIGS_DIR / 'sd2-base', init_device='meta'
+    )  # benchmark.py passes the GPU; meta: no memory, no time
     assert {p.device.type for p in model.parameters()} == {'meta'}
     counts = [sum(p.numel() for p in part.parameters()) for part in (model.unet, model.vae, model.text_encoder)]
     assert counts == [865_910_724, 83_653_863, 340_387_840]
     assert model.latent_scale == 0.18215
-    schedule = DDPMScheduler.from_pretrained(config.CONFIGS_DIR / 'sd2-base', subfolder='scheduler')
+    schedule = DDPMScheduler.from_pretrained(CONFIGS_DIR / 'sd2-base', subfolder='scheduler')
     assert schedule.config.num_train_timesteps == 1000
     assert schedule.config.prediction_type == 'epsilon'
     assert schedule.config.clip_sample is False
@@ -184,7 +190,7 @@ def test_compile_traces_the_whole_step_in_one_graph_and_trains_as_eager(monkeypa
         counters.clear()
         keep = KeepLosses()
         reproducibility.seed_all(0)
-        model = build_model('tiny', precomputed=args.precomputed_latents)
+        model = build_model(CONFIGS_DIR / 'tiny', precomputed=args.precomputed_latents)
         trainer = build_trainer(args, model, build_dataloader(args, model), callbacks=(keep,))
         forwards[compiled] = trainer.state.model.forward
         trainer.fit()
@@ -257,7 +263,7 @@ def test_flops_match_an_independent_count(image_size):
 
 def test_sd2_flops_match_the_reference_figures():
     with torch.device('meta'):
-        model = build_model('sd2-base')
+        model = build_model(CONFIGS_DIR / 'sd2-base')
     parts = model_module.count_forward_flops(
         model.unet.config, model.vae.config, [model.text_encoder.config], 512, 512, 77
     )
@@ -356,10 +362,7 @@ def test_the_model_line_names_the_parts_randomly_initialized(capfd):
     from model import describe_weights
 
     main(parse_args([*TINY, '--max_duration', '1ba']))
-    assert (
-        f"model 'tiny' from {config.CONFIGS_DIR / 'tiny'}: random init: unet, vae, text_encoder\n"
-        in capfd.readouterr().out
-    )
+    assert f"model 'tiny' from {CONFIGS_DIR / 'tiny'}: random init: unet, vae, text_encoder\n" in capfd.readouterr().out
     assert describe_weights(['unet', 'vae', 'text_encoder'], []) == 'random init: unet, vae, text_encoder'
     assert describe_weights(['unet', 'vae'], ['vae']) == 'weights loaded: vae; random init: unet'
     assert describe_weights(['vae'], ['vae']) == 'weights loaded: vae'
@@ -372,10 +375,10 @@ def test_cpu_defaults_to_the_tiny_preset_and_says_so():
 
 
 def write_model_folder(root, skip):
-    for name in config.CONFIG_FILES:
+    for name in model_folder.CONFIG_FILES:
         if name != skip:
             (root / name).parent.mkdir(parents=True, exist_ok=True)
-            (root / name).write_text((config.CONFIGS_DIR / 'tiny' / name).read_text())
+            (root / name).write_text((CONFIGS_DIR / 'tiny' / name).read_text())
 
 
 @pytest.mark.parametrize(
@@ -450,18 +453,18 @@ def test_xformers_installed_needs_a_gpu(monkeypatch):
 
 def test_unknown_model_and_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="--model_name 'sd3-huge': not a built-in model"):
-        build_model('sd3-huge')
+        resolve_model_dir('sd3-huge')
     write_model_folder(tmp_path, skip='vae/config.json')
     with pytest.raises(ConfigError, match='missing config file.*vae/config.json'):
-        build_model(str(tmp_path))
+        resolve_model_dir(str(tmp_path))
 
 
 def test_local_folder_loads_weights_when_present(tmp_path):
     write_model_folder(tmp_path, skip=None)
-    random_init = build_model(str(tmp_path))
+    random_init = build_model(tmp_path)
     trained = tiny_model(seed=5)
     trained.unet.save_pretrained(tmp_path / 'unet')
-    loaded = build_model(str(tmp_path))
+    loaded = build_model(tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(loaded.unet.parameters(), trained.unet.parameters()))
     assert not all(torch.equal(a, b) for a, b in zip(random_init.unet.parameters(), trained.unet.parameters()))
     # The encoders load the same way, alone as precompute.py builds them.

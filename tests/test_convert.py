@@ -20,9 +20,11 @@ from test_data import RecordSamples
 
 import convert
 import precompute
-from benchmark import main
-from config import ConfigError, parse_args
-from data import DataError, StreamingLAIONDataset
+from arguments import ConfigError
+from data import StreamingLAIONDataset
+from dataset_checks import DataError
+from flags import parse_args
+from run import main
 
 PYTHON_BIN = Path(sys.executable).parent
 

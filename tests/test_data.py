@@ -22,10 +22,13 @@ from PIL import Image
 
 import config
 import tokenizer
-from benchmark import main
-from config import ConfigError, parse_args, resolve_config
-from data import DataError, StreamingLAIONDataset, collate
+from arguments import ConfigError
+from config import resolve_config
+from data import StreamingLAIONDataset, collate
+from dataset_checks import DataError
+from flags import parse_args
 from images import BadSample, decode_image, unit_range
+from run import main
 from tokenizer import CAPTION_LENGTH, CaptionTokenizer, TokenizerError, clip_tokenizer_folder
 
 

@@ -16,12 +16,15 @@ from composer.utils import reproducibility
 from diffusers import UNet2DConditionModel
 from torch.utils.data import DataLoader
 
-import benchmark
 import config
 import ema
 import training
+from arguments import ConfigError
 from data import SyntheticImageCaptionDataset
+from flags import parse_args
 from model import build_model
+from model_folder import CONFIGS_DIR
+from run import main as run_main
 
 TINY = [
     '--model_name',
@@ -38,11 +41,11 @@ TINY = [
 
 
 def run(*flags, factory=None):
-    """benchmark.main on the tiny model; `factory` replaces the EMA class benchmark.py builds."""
+    """run.main on the tiny model; `factory` replaces the EMA class benchmark.py builds."""
     with pytest.MonkeyPatch.context() as patch:
         if factory is not None:
             patch.setattr(training, 'EMA', factory)
-        return benchmark.main(config.parse_args([*TINY, *flags]))
+        return run_main(parse_args([*TINY, *flags]))
 
 
 def weights(trainer) -> dict[str, torch.Tensor]:
@@ -104,7 +107,10 @@ def reference(tmp_path_factory):
 )
 def test_matches_composer_ema(options):
     def factory(cls):
-        return lambda half_life, offload=False: cls(**{'half_life': half_life, **options})
+        # What training.py passes: the half life config.py parsed (a Composer Time), and the options it sets.
+        return lambda half_life, offload=False, trained_labels=(): cls(
+            **{'half_life': half_life.to_timestring(), **options}
+        )
 
     ours = run('--max_duration', '6ba', factory=factory(ema.EMA))
     oracle = run('--max_duration', '6ba', factory=factory(ComposerEMA))
@@ -128,7 +134,7 @@ def test_state_holds_exactly_the_trainable_parameters(reference):
 
 def test_frozen_modules_untouched_by_training_eval_and_export(reference):
     reproducibility.seed_all(17)
-    fresh = build_model('tiny')
+    fresh = build_model(CONFIGS_DIR / 'tiny')
     model = reference.trainer.state.model
     reference.trainer.eval(eval_dataloader=DataLoader(SyntheticImageCaptionDataset(32, num_samples=4), batch_size=4))
     for part in ('vae', 'text_encoder'):
@@ -280,8 +286,8 @@ def test_bad_options_fail_with_a_clear_message(options, message):
     ],
 )
 def test_bad_flags_fail_fast(flags, message):
-    with pytest.raises(config.ConfigError, match=message):
-        config.resolve_config(config.parse_args(['--use_synth_data', *flags]))
+    with pytest.raises(ConfigError, match=message):
+        config.resolve_config(parse_args(['--use_synth_data', *flags]))
 
 
 def test_export_refuses_a_used_folder_before_training(tmp_path):
@@ -289,8 +295,8 @@ def test_export_refuses_a_used_folder_before_training(tmp_path):
     weights.mkdir(parents=True)
     (weights / 'diffusion_pytorch_model.safetensors').write_bytes(b'pretrained')
     for used in (weights, weights / 'diffusion_pytorch_model.safetensors'):
-        with pytest.raises(config.ConfigError, match=f'--export_ema_unet {used}: is (not empty|a file)'):
-            config.resolve_config(config.parse_args(['--use_synth_data', '--use_ema', '--export_ema_unet', str(used)]))
+        with pytest.raises(ConfigError, match=f'--export_ema_unet {used}: is (not empty|a file)'):
+            config.resolve_config(parse_args(['--use_synth_data', '--use_ema', '--export_ema_unet', str(used)]))
     assert (weights / 'diffusion_pytorch_model.safetensors').read_bytes() == b'pretrained'
 
 

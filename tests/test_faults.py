@@ -40,9 +40,13 @@ import generate
 import mcloud
 import precompute
 import report
-from benchmark import IncompleteRun, main
-from config import ConfigError, parse_args, resolve_config
-from data import DataError, S3DownloaderOneTransferAttempt, StreamingLAIONDataset
+from arguments import ConfigError
+from config import resolve_config
+from data import StreamingLAIONDataset
+from dataset_checks import DataError
+from flags import parse_args
+from run import IncompleteRun, main
+from streaming_fixes import S3DownloaderOneTransferAttempt
 
 # The tiny model on real images: 24 samples in shards of a few samples each, batches of 4.
 REAL_DATA = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '4', '--max_duration', '1ep']
@@ -357,7 +361,7 @@ def test_a_server_that_hangs_mid_run_ends_it_within_about_a_minute(tmp_path):
 def test_cleaning_shared_memory_leaves_a_live_jobs_alone():
     from multiprocessing import shared_memory
 
-    from data import clean_stale_shared_memory
+    from streaming_fixes import clean_stale_shared_memory
 
     live = shared_memory.SharedMemory('999998_locals', create=True, size=64)  # mapped by this process
     stale = Path('/dev/shm/999999_locals')
@@ -464,9 +468,9 @@ def test_shards_deleted_or_cut_short_mid_run_end_it_with_one_line(tmp_path, work
 @pytest.mark.parametrize(
     'parse, flags',
     [
-        (config.parse_args, ['--batch_size', 'abc']),
-        (config.parse_args, ['--no_such_flag']),
-        (config.parse_args, ['--attention', 'flash']),
+        (parse_args, ['--batch_size', 'abc']),
+        (parse_args, ['--no_such_flag']),
+        (parse_args, ['--attention', 'flash']),
         (precompute.parse_args, ['--part_size', 'x']),
         (report.parse_args, ['--price', 'x']),
         (generate.parse_args, ['--steps', 'x']),

@@ -21,12 +21,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import config
 import precompute
-from benchmark import main
-from config import parse_args, resolve_config
+from config import resolve_config
 from convert import ensure_sample_dataset
 from ema import EMA
+from flags import parse_args
 from model import build_model
+from model_folder import CONFIGS_DIR
 from results import PEAK_FLOPS, gpu_key
+from run import main
 
 pytestmark = pytest.mark.gpu
 
@@ -168,7 +170,7 @@ def test_sd2_base_trains_the_published_microbatch_at_512px_within_an_a100_40gb(t
 def test_half_precision_losses_match_fp32_on_the_same_batch():
     """The UNet's loss on one batch under autocast: bf16 within 2% of fp32, fp16 within 0.5%."""
     torch.manual_seed(0)
-    model = build_model('sd2-base', precomputed=True, init_device='cuda')
+    model = build_model(CONFIGS_DIR / 'sd2-base', precomputed=True, init_device='cuda')
     generator = torch.Generator('cuda').manual_seed(1)
     latents, noise = (torch.randn(2, 4, 32, 32, device='cuda', generator=generator) for _ in range(2))
     conditioning = {'encoder_hidden_states': torch.randn(2, 77, 1024, device='cuda', generator=generator)}
@@ -186,7 +188,7 @@ def test_half_precision_losses_match_fp32_on_the_same_batch():
 
 def sd2_unet_and_inputs():
     torch.manual_seed(0)
-    unet = build_model('sd2-base', precomputed=True, init_device='cuda').unet
+    unet = build_model(CONFIGS_DIR / 'sd2-base', precomputed=True, init_device='cuda').unet
     generator = torch.Generator('cuda').manual_seed(1)
     sample = torch.randn(2, 4, 32, 32, device='cuda', generator=generator)
     text = torch.randn(2, 77, 1024, device='cuda', generator=generator)

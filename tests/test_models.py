@@ -13,10 +13,14 @@ from diffusers import UNet2DConditionModel
 from PIL import Image
 
 import config
-from config import CONFIGS_DIR, ConfigError, caption_inputs, parse_args, resolve_config, resolve_model_dir
-from data import StreamingLAIONDataset, SyntheticImageCaptionDataset, SyntheticLatentsDataset
+import model_folder
+from arguments import ConfigError
+from config import resolve_config
+from data import StreamingLAIONDataset, SyntheticImageCaptionDataset, SyntheticLatentsDataset, caption_inputs
+from flags import parse_args
 from images import size_conditions
 from model import build_model
+from model_folder import CONFIGS_DIR, resolve_model_dir
 from tokenizer import CLIP_END_ID, CLIP_PAD_ID, caption_pad_ids
 
 # Parameter counts of the public models (Diffusers layout, counted on the meta device).
@@ -32,7 +36,7 @@ TWINS = {'sd2-base': 'tiny', 'sd1.5': 'tiny-sd1.5', 'sd2-768-v': 'tiny-sd2-768-v
 
 def meta_model(name):
     with torch.device('meta'):
-        return build_model(name)
+        return build_model(CONFIGS_DIR / name)
 
 
 def count(module):
@@ -54,13 +58,13 @@ def test_what_sets_the_models_apart():
     assert config.PRESETS['sd2-768-v'].image_size == 768 and config.PRESETS['sdxl-base'].image_size == 1024
     assert xl.latent_scale == 0.13025 and xl.micro_conditioning
     assert xl.unet.config.cross_attention_dim == 768 + 1280
-    assert config.pooled_text_width(xl.unet.config) == 1280
-    assert not sd15.micro_conditioning and config.pooled_text_width(sd15.unet.config) is None
+    assert model_folder.pooled_text_width(xl.unet.config) == 1280
+    assert not sd15.micro_conditioning and model_folder.pooled_text_width(sd15.unet.config) is None
 
 
 @pytest.mark.parametrize('name, twin', TWINS.items())
 def test_tiny_twins_have_the_structure_of_their_model(name, twin):
-    big, tiny = meta_model(name), build_model(twin)
+    big, tiny = meta_model(name), build_model(CONFIGS_DIR / twin)
     for key in ('down_block_types', 'up_block_types', 'addition_embed_type', 'use_linear_projection'):
         assert tiny.unet.config.get(key) == big.unet.config.get(key), key
     layers = big.unet.config.get('transformer_layers_per_block')
@@ -146,7 +150,7 @@ def test_a_model_folder_needs_both_halves_of_sdxl(tmp_path):
 
 def test_presets_and_model_names():
     for name in ('sd1.5', 'sd2-768-v', 'sdxl-base'):
-        assert name in config.BUILTIN_MODELS and f'tiny-{name}' in config.BUILTIN_MODELS
+        assert name in model_folder.BUILTIN_MODELS and f'tiny-{name}' in model_folder.BUILTIN_MODELS
     run = resolve_config(parse_args(['--model_name', 'tiny-sd2-768-v', '--use_synth_data']))
     assert run.image_size == 96 and run.batch_size == 16  # the twin's preset
     assert json.loads((CONFIGS_DIR / 'sdxl-base' / 'vae' / 'config.json').read_text())['scaling_factor'] == 0.13025
@@ -179,7 +183,7 @@ def test_each_twin_trains_online_and_from_precomputed_data(tmp_path, twin):
 
     online = train_twin(tmp_path / 'online', twin, '--use_ema', '--export_ema_unet', str(tmp_path / 'ema-unet'))
     assert online['model_name'] == twin and online['img_per_sec'] > 0
-    assert online['trained_parameters'] == count(build_model(twin).unet)
+    assert online['trained_parameters'] == count(build_model(CONFIGS_DIR / twin).unet)
     # The exported EMA UNet loads in Diffusers, the model's own class and config.
     unet = UNet2DConditionModel.from_pretrained(tmp_path / 'ema-unet')
     assert count(unet) == online['trained_parameters'] and unet.config.get('addition_embed_type') == (

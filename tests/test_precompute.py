@@ -14,12 +14,15 @@ from streaming import StreamingDataset
 from torch.utils.data import default_collate
 
 import precompute
-from benchmark import main
-from config import CONFIGS_DIR, ConfigError, parse_args, resolve_config
+from arguments import ConfigError
+from config import resolve_config
 from convert import ensure_sample_dataset
 from data import PrecomputedLatentsDataset, StreamingLAIONDataset
+from flags import parse_args
 from images import unit_range
 from model import StableDiffusion, build_encoders, build_model, count_forward_flops, encode_text
+from model_folder import CONFIGS_DIR
+from run import main
 from tokenizer import CaptionTokenizer
 
 SOURCE_SAMPLES = 40  # the generated dataset breaks samples 13 and 26 (an empty download, an HTML page)
@@ -31,7 +34,7 @@ TINY_TWINS = ['tiny', 'tiny-sd1.5', 'tiny-sd2-768-v', 'tiny-sdxl-base']
 def online_and_precomputed_models(model_name='tiny'):
     """A tiny model, and a model of the same UNet weights without VAE or text encoders."""
     reproducibility.seed_all(0)
-    online = build_model(model_name)
+    online = build_model(CONFIGS_DIR / model_name)
     without_encoders = StableDiffusion(
         copy.deepcopy(online.unet), None, None, online.noise_scheduler, online.latent_scale
     )
@@ -253,7 +256,7 @@ def test_synthetic_precomputed_run_counts_unet_flops_only(tmp_path):
     )
     summary = json.loads(results.read_text())
     reproducibility.seed_all(0)
-    online = build_model('tiny')
+    online = build_model(CONFIGS_DIR / 'tiny')
     unet_forward = count_forward_flops(online.unet.config, online.vae.config, [online.text_encoder.config], 64, 64, 77)
     assert summary['flops_per_image'] == 3 * unet_forward['unet']
     assert summary['img_per_sec'] > 0
@@ -340,7 +343,7 @@ def assert_same_update(plain, other, tolerance=1e-2):
     """Both runs moved the UNet from the same init by the same update, up to float rounding (which Adam can
     turn into a visible difference where a gradient is near zero, hence a norm over all parameters)."""
     reproducibility.seed_all(17)  # benchmark.py's --seed default: the init both runs started from
-    init = torch.cat([p.detach().flatten() for p in build_model('tiny').unet.parameters()])
+    init = torch.cat([p.detach().flatten() for p in build_model(CONFIGS_DIR / 'tiny').unet.parameters()])
     plain_update = torch.cat([p.detach().flatten() for p in plain.unet.parameters()]) - init
     other_update = torch.cat([p.detach().flatten() for p in other.unet.parameters()]) - init
     assert plain_update.norm() > 0
@@ -370,7 +373,7 @@ def test_the_random_draws_of_a_step_do_not_depend_on_the_memory_layout():
         'text_embedding': torch.randn(2, 77, 32, generator=generator),
         'timesteps': torch.tensor([100, 700]),
     }
-    model = build_model('tiny', precomputed=True)
+    model = build_model(CONFIGS_DIR / 'tiny', precomputed=True)
     targets = []
     for layout in (torch.contiguous_format, torch.channels_last):
         latents = {name: batch[name].contiguous(memory_format=layout) for name in ('latent_mean', 'latent_logvar')}

@@ -3,9 +3,11 @@
 import pytest
 from conftest import TINY
 
-from benchmark import main
+from arguments import ConfigError
 from benchmarks import profile_summary
-from config import ConfigError, parse_args, resolve_config
+from config import resolve_config
+from flags import parse_args
+from run import main
 
 PROFILED_RUN = [*TINY, '--image_size', '32', '--batch_size', '4']
 

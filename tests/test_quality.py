@@ -11,18 +11,16 @@ from composer.core import Callback
 from conftest import TINY, good_samples, run_cli, write_dataset
 
 import generate
-from benchmark import main
+from arguments import ConfigError
 from benchmarks import learning_curve
-from config import ConfigError, caption_inputs, parse_args, resolve_config
-from evaluation import (
-    ValidationLoss,
-    ValidationSplit,
-    sample_draws,
-    validation_losses,
-    validation_timesteps,
-)
+from config import resolve_config
+from data import caption_inputs
+from evaluation import ValidationSplit, sample_draws
 from export import pipeline_tokenizer
-from model import build_model
+from flags import parse_args
+from model import ValidationLoss, build_model, validation_timesteps
+from model_folder import CONFIGS_DIR
+from run import main
 from stability import CaptionDropout
 from tokenizer import CaptionTokenizer
 
@@ -50,14 +48,14 @@ def mean_loss(model, split_dataset, batches) -> float:
     metric = ValidationLoss()
     for indices in batches:
         batch = torch.utils.data.default_collate([split_dataset[i] for i in indices])
-        metric.update(validation_losses(model, batch), batch['valid'])
+        metric.update(model.validation_losses(batch), batch['valid'])
     return float(metric.compute())
 
 
 @torch.no_grad()
 def test_validation_loss_is_the_same_for_any_batching(split):
     torch.manual_seed(0)
-    model = build_model('tiny').eval()
+    model = build_model(CONFIGS_DIR / 'tiny').eval()
     dataset = ValidationSplit(split, (4, 4, 4), 32)
     whole = mean_loss(model, dataset, [range(7)])
     assert mean_loss(model, dataset, [[i] for i in range(7)]) == pytest.approx(whole, rel=1e-6)
@@ -219,7 +217,7 @@ def test_validation_loss_of_the_other_models(split):
     weights give the same loss for any batching."""
     for name in ('tiny-sd1.5', 'tiny-sd2-768-v', 'tiny-sdxl-base'):
         torch.manual_seed(0)
-        model = build_model(name).eval()
+        model = build_model(CONFIGS_DIR / name).eval()
         dataset = ValidationSplit(split, (4, 4, 4), 32, inputs=caption_inputs(model.model_dir))
         if name == 'tiny-sdxl-base':
             assert dataset[0]['input_ids_2'][-1] == 0 and dataset[0]['time_ids'].tolist() == [64, 80, 0, 4, 32, 32]
@@ -371,7 +369,7 @@ def test_exported_pipeline_checkpoint_and_sample_grids(split, tmp_path, capfd):
     first, second = image(pipeline), image(pipeline)
     assert list(first.getdata()) == list(second.getdata())  # the same seed, the same image
     torch.manual_seed(17)  # benchmark.py's seed: the untrained model of the run
-    untrained_pipeline = build_pipeline(build_model('tiny'))
+    untrained_pipeline = build_pipeline(build_model(CONFIGS_DIR / 'tiny'))
     untrained_pipeline.set_progress_bar_config(disable=True)
     assert list(image(untrained_pipeline).getdata()) != list(first.getdata())
 

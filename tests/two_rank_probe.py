@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: E402
 
 import benchmark  # noqa: E402
+import run  # noqa: E402
 from ema import EMA  # noqa: E402
 
 
@@ -82,13 +83,13 @@ def cpu_fsdp() -> None:
         return StateDictOptions(**{**options, 'cpu_offload': False})
 
     composer_state.StateDictOptions = without_offload
-    resolve_config = benchmark.resolve_config
+    resolve_config = run.resolve_config
 
     def resolve_on_cpu(args):
         config = resolve_config(argparse.Namespace(**{**vars(args), 'fsdp': 'none', 'fsdp_state_dict_type': 'full'}))
         return dataclasses.replace(config, fsdp=args.fsdp, fsdp_state_dict_type=args.fsdp_state_dict_type)
 
-    benchmark.resolve_config = resolve_on_cpu
+    run.resolve_config = resolve_on_cpu
 
 
 def kill_while_writing_checkpoint(number: int) -> None:

@@ -1,0 +1,196 @@
+"""Where a dataset is, and whether it can be trained on, checked before a run builds anything: the S3 client with
+bounded retries, the index (a missing folder, bucket or prefix, a server that is down), the shards of a local
+dataset (missing, cut short, rewritten), the columns a dataset must hold, and `describe_dataset`, what a run must
+know of a dataset beforehand. Each problem is a DataError naming the dataset, not a failure deep inside Streaming.
+"""
+
+import json
+import os
+import tempfile
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+from streaming.base.compression import decompress
+from streaming.base.format import reader_from_json
+from streaming.base.storage.download import CloudDownloader
+
+# Remote reads (index, shards): a connection must open within 10 s and each read return data within 20 s, with
+# 2 retries after backoff (botocore's standard mode; Streaming's download_retry): a server that is down or
+# hung is reported in about a minute, not after minutes of silence.
+CONNECT_TIMEOUT, READ_TIMEOUT, RETRIES = 10, 20, 2
+
+
+# precompute.py's output: the VAE's latent distribution and the text encoder's output, fp16, and the caption;
+# for SDXL also the pooled text embedding and the size/crop conditioning.
+PRECOMPUTED_COLUMNS = {
+    'latent_mean': 'ndarray:float16',
+    'latent_logvar': 'ndarray:float16',
+    'text_embedding': 'ndarray:float16',
+    'caption': 'str',
+}
+SDXL_PRECOMPUTED_COLUMNS = {'pooled_text_embedding': 'ndarray:float16', 'time_ids': 'ndarray:float32'}
+
+
+class DataError(RuntimeError):
+    """The data cannot be trained on: an unreachable or missing dataset, or one that is mostly bad samples."""
+
+
+def s3_client(timeout: float = READ_TIMEOUT, attempts: int = RETRIES + 1, unsigned: bool = False):
+    """boto3 S3 client at S3_ENDPOINT_URL (any S3-compatible server) or AWS, with bounded retries."""
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    config = Config(
+        connect_timeout=min(timeout, CONNECT_TIMEOUT),
+        read_timeout=timeout,
+        retries={'mode': 'standard', 'total_max_attempts': attempts},
+        signature_version=UNSIGNED if unsigned else None,
+    )
+    return boto3.session.Session().client('s3', endpoint_url=os.environ.get('S3_ENDPOINT_URL') or None, config=config)
+
+
+def check_columns(location: str, shard: str, columns: list[str] | None, precomputed: bool) -> None:
+    """A shard (MDS: it names its columns) holds what the dataset reads: images and captions as convert.py
+    writes them, or the latents and embeddings precompute.py writes."""
+    if columns is None:
+        return
+    if precomputed and not set(PRECOMPUTED_COLUMNS) - {'caption'} <= set(columns):
+        raise DataError(
+            f"{location}: shard {shard} has columns {columns}, not precompute.py's latent_mean, "
+            'latent_logvar and text_embedding: for images and captions leave out --precomputed_latents'
+        )
+    if not precomputed and not {'jpg', 'caption'} <= set(columns):
+        raise DataError(
+            f'{location}: shard {shard} has columns {columns}; expected jpg (image bytes) and caption '
+            '(text), as convert.py writes'
+        )
+
+
+def check_dataset(remote: str | None, local: str | None, retries: int = RETRIES, timeout: float = READ_TIMEOUT) -> None:
+    """Fail fast with a message naming the dataset when its index.json cannot be read: a missing folder,
+    bucket or prefix, or a server that is down (after `retries` retries), rather than deep inside Streaming."""
+    if remote is None:
+        if not (Path(local) / 'index.json').is_file():
+            raise DataError(
+                f'no Streaming dataset at {local}: {local}/index.json is missing (write one with convert.py)'
+            )
+        return
+    url = urllib.parse.urlparse(remote)
+    if url.scheme != 's3':
+        return  # other Streaming remotes (gs://, oci://, hf://, ...) are checked by Streaming itself
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    bucket, key = url.netloc, '/'.join(part for part in (url.path.strip('/'), 'index.json') if part)
+    endpoint = os.environ.get('S3_ENDPOINT_URL') or 'AWS'
+    for unsigned in (False, True):
+        client = s3_client(timeout, retries + 1, unsigned)
+        try:
+            client.head_object(Bucket=bucket, Key=key)
+            return
+        except NoCredentialsError:
+            continue  # a public bucket: Streaming also falls back to unsigned requests
+        except ClientError as error:
+            code = error.response.get('Error', {}).get('Code', '')
+            if code in ('404', 'NoSuchKey', 'NotFound'):
+                try:
+                    client.head_bucket(Bucket=bucket)
+                except ClientError:
+                    raise DataError(f'{remote}: bucket {bucket!r} does not exist on {endpoint}')
+                raise DataError(
+                    f'{remote}: no index.json under this prefix on {endpoint} (wrong prefix? '
+                    'write shards with convert.py)'
+                )
+            raise DataError(f'{remote}: {endpoint} refused access ({code}): check the credentials')
+        except BotoCoreError as error:
+            raise DataError(f'{remote}: cannot reach the S3 server {endpoint} after {retries + 1} attempts: {error}')
+
+
+def check_local_shards(location: str, folder: Path, shards: list[dict]) -> None:
+    """Each shard of a local dataset is there, whole, and holds the samples index.json counts (an MDS shard's
+    header says how many), so that a damaged dataset stops the run at start, naming the shard, instead of
+    failing deep in a loader worker or training on a part of it."""
+    for shard in shards:
+        name, size = shard['raw_data']['basename'], shard['raw_data'].get('bytes')
+        path = folder / name
+        if not path.is_file():
+            packed = (shard.get('zip_data') or {}).get('basename')
+            if packed and (folder / packed).is_file():
+                continue  # compressed: Streaming checks it against its hash as it decompresses
+            raise DataError(f'{location}: shard {name} is missing (index.json lists it)')
+        if size is not None and path.stat().st_size != size:
+            raise DataError(
+                f'{location}: shard {name} has {path.stat().st_size} bytes where index.json says {size} '
+                '(truncated or rewritten?)'
+            )
+        if shard.get('format') == 'mds':
+            with open(path, 'rb') as file:
+                held = int.from_bytes(file.read(4), 'little')  # an MDS shard starts with its sample count
+            if held != shard['samples']:
+                raise DataError(
+                    f'{location}: shard {name} holds {held} samples where index.json says {shard["samples"]}'
+                )
+
+
+@dataclass(frozen=True)
+class DatasetDescription:
+    """What a run must know of a dataset before it is built (see describe_dataset)."""
+
+    location: str
+    num_samples: int
+    latent_shape: tuple[int, int, int] | None = None  # precomputed latents: (C, H/8, W/8) of the first sample
+    embedding_width: int | None = None  # precomputed latents: the text embedding's width
+    pooled_width: int | None = None  # precomputed latents for SDXL: the pooled text embedding's width
+
+
+def describe_dataset(
+    remote: str | None,
+    local: str | None,
+    precomputed: bool = False,
+    retries: int = RETRIES,
+    timeout: float = READ_TIMEOUT,
+) -> DatasetDescription:
+    """The size of an MDS dataset, read from its index.json, its columns checked; for precomputed latents also
+    the shapes of the first sample (its shard is read into a temporary folder when the dataset is remote)."""
+    if remote is not None and not urllib.parse.urlparse(remote).scheme and local is None:
+        remote, local = None, remote  # a bare folder is read in place
+    check_dataset(remote, local, retries=retries, timeout=timeout)
+    location = remote or local
+    with tempfile.TemporaryDirectory(prefix='sd2-describe-') as work:
+        folder = local if remote is None else work
+
+        def fetch(basename: str) -> None:
+            if remote is not None:
+                CloudDownloader.direct_download(f'{remote.rstrip("/")}/{basename}', f'{work}/{basename}', timeout)
+
+        fetch('index.json')
+        try:
+            shards = json.loads((Path(folder) / 'index.json').read_text())['shards']
+            names = [shard['raw_data']['basename'] for shard in shards]
+            num_samples = sum(int(shard['samples']) for shard in shards)
+        except (ValueError, KeyError, TypeError) as error:
+            raise DataError(f'{location}: index.json is not a Streaming index ({type(error).__name__}: {error})')
+        for name, shard in zip(names, shards):
+            check_columns(location, name, shard.get('column_names'), precomputed)
+        if remote is None:  # a cache folder of a remote fills as it downloads: Streaming checks what it fetches
+            check_local_shards(location, Path(local), shards)
+        if not precomputed or num_samples == 0:
+            return DatasetDescription(location, num_samples)
+        shard = next(shard for shard in shards if shard['samples'])
+        raw, packed = shard['raw_data']['basename'], (shard.get('zip_data') or {}).get('basename')
+        if not (Path(folder) / raw).is_file():
+            fetch(packed if packed and remote is not None else raw)
+            if packed:  # Streaming keeps compressed shards in the remote, decompressing them into its cache
+                data = decompress(shard['compression'], (Path(folder) / packed).read_bytes())
+                folder = work
+                (Path(work) / raw).write_bytes(data)
+        sample = reader_from_json(folder, None, shard).get_item(0)
+    pooled = sample.get('pooled_text_embedding')
+    return DatasetDescription(
+        location,
+        num_samples,
+        tuple(sample['latent_mean'].shape),
+        sample['text_embedding'].shape[-1],
+        None if pooled is None else pooled.shape[-1],
+    )

@@ -1,0 +1,234 @@
+"""benchmark.py's flags: the argparse parser and its help. Parsing only: config.py fills the defaults a run leaves
+unset, checks every flag and settles what follows from them (config.resolve_config). Nothing heavy is imported here,
+so that --help and a mistyped flag answer before torch, Composer and Diffusers load.
+"""
+
+import argparse
+
+import arguments
+from model_folder import BUILTIN_MODELS
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = arguments.ArgumentParser(
+        description='Measure Stable Diffusion 2 training throughput (img/s, FLOP/s, MFU) with Composer. '
+        'Flags left unset take the preset of the model: the published run for sd2-base, a CPU smoke run for tiny.'
+    )
+    model = parser.add_argument_group('model')
+    model.add_argument(
+        '--model_name',
+        default=None,
+        help=f'built-in config ({", ".join(BUILTIN_MODELS)}), a local folder in the Diffusers '
+        'layout (weights load when present, random init otherwise), or a hub id (needs network). '
+        'Default: sd2-base on a GPU, tiny without one',
+    )
+    model.add_argument(
+        '--prediction_type',
+        choices=['epsilon', 'v_prediction'],
+        default=None,
+        help="training target; default: the model's scheduler config (epsilon for SD2 base)",
+    )
+    model.add_argument(
+        '--attention',
+        choices=['sdpa', 'xformers'],
+        default='sdpa',
+        help='UNet attention backend: PyTorch scaled_dot_product_attention or xFormers (default: %(default)s)',
+    )
+    data = parser.add_argument_group('data')
+    data.add_argument('--use_synth_data', action='store_true', help='train on random images and captions')
+    data.add_argument(
+        '--remote',
+        default=None,
+        help='streaming dataset location, e.g. s3://bucket/laion/mds '
+        '(S3-compatible servers: set S3_ENDPOINT_URL); write one with convert.py',
+    )
+    data.add_argument(
+        '--local',
+        default=None,
+        help='a local MDS dataset folder, or with --remote its cache folder '
+        '(default: a fresh temporary folder per run). Without --remote, --local and --use_synth_data: '
+        'a generated sample dataset in data/sample-mds',
+    )
+    data.add_argument(
+        '--precomputed_latents',
+        action='store_true',
+        help="train the UNet alone on precompute.py's output (--remote/--local), or with --use_synth_data "
+        'on random latents and text embeddings: no VAE or text encoder in memory or in the step',
+    )
+    data.add_argument(
+        '--tokenizer',
+        default=None,
+        help='local tokenizer folder (Transformers layout) for the captions '
+        "(default: SD2's CLIP BPE, ids as OpenCLIP's, padded with 0)",
+    )
+    data.add_argument(
+        '--image_size', type=int, default=None, help='training resolution in pixels (preset: 512; tiny: 64)'
+    )
+    data.add_argument(
+        '--num_workers', type=int, default=None, help='dataloader workers per device (default: 8 on a GPU, 0 on CPU)'
+    )
+    train = parser.add_argument_group('training')
+    train.add_argument(
+        '--batch_size',
+        type=int,
+        default=None,
+        help='global batch size over all devices (preset: 2048, the published run; tiny: 16)',
+    )
+    train.add_argument(
+        '--device_train_microbatch_size',
+        default=None,
+        help="samples per forward/backward on each device, or 'auto' (GPU only); the device "
+        'batch is accumulated over microbatches (preset: 4 for sd2-base, whole device batch for tiny)',
+    )
+    train.add_argument(
+        '--max_duration',
+        default=None,
+        help="run length as a Composer time string: '10ba' batches, '1ep', '20000sp' samples "
+        '(preset: 10ba; tiny: 40ba)',
+    )
+    train.add_argument(
+        '--precision',
+        choices=['fp32', 'amp_bf16', 'amp_fp16'],
+        default=None,
+        help='default: amp_bf16 on a GPU, fp32 on CPU',
+    )
+    train.add_argument(
+        '--fsdp',
+        choices=['none', 'shard_grad_op', 'full_shard'],
+        default='none',
+        help='shard the UNet with FSDP through Composer: shard_grad_op shards gradients and optimizer '
+        'state, full_shard the weights too; none replicates it with DDP (default: %(default)s)',
+    )
+    train.add_argument(
+        '--fsdp_state_dict_type',
+        choices=['full', 'sharded'],
+        default='full',
+        help='checkpoints under --fsdp: full is one file gathered to and written by rank 0; sharded '
+        'has each rank write its own shards into a folder (torch.distributed.checkpoint) '
+        '(default: %(default)s)',
+    )
+    train.add_argument('--use_ema', action='store_true', help='keep an exponential moving average of the UNet')
+    train.add_argument(
+        '--ema_half_life',
+        default='1000ba',
+        help="EMA half life as a Composer time string (Composer's default, as in the published run)",
+    )
+    train.add_argument(
+        '--ema_offload',
+        action='store_true',
+        help='keep the EMA in host memory, updated off the training thread: no GPU memory',
+    )
+    train.add_argument(
+        '--export_ema_unet',
+        default=None,
+        metavar='DIR',
+        help='after training, save the EMA UNet here (Diffusers save_pretrained layout)',
+    )
+    train.add_argument('--seed', type=int, default=17, help='seeds the random init and the data (default: %(default)s)')
+    speed = parser.add_argument_group(
+        'speed paths (off by default, pinned memory aside: none has been measured on a '
+        'GPU for this repo yet; benchmarks/speed_sweep.py measures them)'
+    )
+    speed.add_argument(
+        '--channels_last',
+        action='store_true',
+        help="convolutions in channels-last memory layout (Composer's ChannelsLast algorithm)",
+    )
+    speed.add_argument('--compile', action='store_true', help='torch.compile the model through Composer')
+    speed.add_argument('--fused_adamw', action='store_true', help="PyTorch's fused AdamW kernel (same update)")
+    speed.add_argument(
+        '--low_precision_norm',
+        action='store_true',
+        help="GroupNorm and LayerNorm in the autocast precision (Composer's LowPrecisionGroupNorm "
+        'and LowPrecisionLayerNorm); needs --precision amp_bf16 or amp_fp16',
+    )
+    speed.add_argument(
+        '--encoders_bf16',
+        action='store_true',
+        help='keep the frozen VAE and text encoder weights in bf16 (half the memory and weight reads)',
+    )
+    speed.add_argument(
+        '--pin_memory',
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help='page-locked host memory for batches, so their copy to the GPU can overlap compute '
+        '(default: on with a GPU; --no-pin_memory turns it off)',
+    )
+    ckpt = parser.add_argument_group('checkpoints')
+    ckpt.add_argument('--run_name', default=None, help='run name (needed with --autoresume)')
+    ckpt.add_argument('--save_folder', default=None, help='where Composer writes checkpoints (none by default)')
+    ckpt.add_argument(
+        '--save_interval', default='1ep', help='checkpoint every this Composer time string (default: %(default)s)'
+    )
+    ckpt.add_argument('--autoresume', action='store_true', help='resume from the latest checkpoint in --save_folder')
+    log = parser.add_argument_group('logging')
+    log.add_argument('--wandb_name', default=None, help='W&B run name')
+    log.add_argument('--wandb_project', default=None, help='log to this W&B project (WANDB_MODE=offline works)')
+    log.add_argument(
+        '--results_json',
+        default=None,
+        help='write the measured throughput, config, versions and device here at the end',
+    )
+    log.add_argument(
+        '--profile',
+        default=None,
+        metavar='DIR',
+        help="record a PyTorch profiler trace of the last batch (Composer's profiler) into DIR, one "
+        'Chrome trace per rank; benchmarks/profile_summary.py says where its time went. The profiled '
+        'batch runs slower: measure throughput without it',
+    )
+    add_quality_flags(parser)
+    return parser.parse_args(argv)
+
+
+def add_quality_flags(parser: argparse.ArgumentParser) -> None:
+    """Does it learn (docs/quality.md): validation, samples, export; and the options that keep long runs stable."""
+    quality = parser.add_argument_group(
+        'validation and samples (time outside the throughput windows: Composer stops its training clock)'
+    )
+    quality.add_argument(
+        '--eval_local', default=None, metavar='DIR', help='a held-out MDS split for the validation loss'
+    )
+    quality.add_argument(
+        '--eval_remote', default=None, metavar='URL', help='a held-out MDS split to copy from a remote (s3://...)'
+    )
+    quality.add_argument(
+        '--eval_interval',
+        default=None,
+        help="validation loss every this Composer time string ('100ba', '1ep'), at the start and at the end; "
+        '0: never. On the sample dataset it validates on its held-out split. Default: at the start and end '
+        'with --eval_local/--eval_remote, never otherwise (it costs time, though never measured throughput)',
+    )
+    quality.add_argument(
+        '--sample_interval',
+        default=None,
+        help='a grid of sample images every this time string, at the start and at the end (default: never)',
+    )
+    quality.add_argument(
+        '--sample_dir', default=None, metavar='DIR', help='where sample grids go (default: results/samples/RUN)'
+    )
+    quality.add_argument(
+        '--sample_prompts', default=None, metavar='FILE', help='prompts for the grid, one a line (default: 4 built in)'
+    )
+    quality.add_argument('--sample_scheduler', choices=['ddim', 'euler'], default='ddim', help='sampler (%(default)s)')
+    quality.add_argument('--sample_steps', type=int, default=25, help='sampling steps (default: %(default)s)')
+    quality.add_argument(
+        '--guidance_scale', type=float, default=7.5, help='classifier-free guidance scale (default: %(default)s)'
+    )
+    quality.add_argument(
+        '--export_pipeline',
+        default=None,
+        metavar='DIR',
+        help='after training, save a Diffusers StableDiffusionPipeline folder here (the EMA UNet with --use_ema)',
+    )
+    stability = parser.add_argument_group('stability (off by default: the published run has none)')
+    stability.add_argument('--grad_clip_norm', type=float, default=None, help='clip the gradient norm to this')
+    stability.add_argument(
+        '--lr_warmup', default=None, help="linear learning-rate warmup from 0 over this time string (e.g. '1000ba')"
+    )
+    stability.add_argument(
+        '--caption_dropout',
+        type=float,
+        default=0.0,
+        help='train on the empty caption with this probability, for classifier-free guidance (default: 0)',
+    )

@@ -1,0 +1,279 @@
+"""One benchmark run, from parsed flags to reported throughput: `main` resolves the flags into a RunConfig
+(config.py), builds the model (model.py) and the Trainer (training.py), trains, and reports the throughput: printed,
+and with --results_json written in the schema of results.py. `main_reporting_errors` turns each error a run can
+meet into one line. benchmark.py is its command line.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from composer import Trainer
+from composer.loggers import InMemoryLogger
+from composer.utils import dist, get_device, reproducibility
+
+from arguments import ConfigError
+from checkpoints import CheckpointWriteError, check_resumable, set_aside_incomplete
+from config import RunConfig, resolve_config
+from dataset_checks import DataError
+from ema import export_ema_unet
+from evaluation import ValidationReport
+from export import export_pipeline
+from model import MODEL_PARTS, StableDiffusion, build_model, describe_weights
+from results import Results, cpu_name, mfu, package_versions, peak_flops
+from stack import check_stack
+from streaming_fixes import clean_stale_shared_memory
+from tokenizer import TokenizerError
+from training import build_dataloader, build_trainer
+
+
+def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer:
+    """Runs the benchmark; `callbacks` lets tests and scripts watch the run."""
+    check_stack()  # torch, numpy and transformers: silent on the pins, one line on others, an error on broken ones
+    config = args if isinstance(args, RunConfig) else resolve_config(args)
+    for note in config.notes:
+        announce(note)
+    microbatch = config.device_train_microbatch_size
+    accumulation = '?' if microbatch == 'auto' else config.device_batch_size // microbatch
+    announce(f'config: {json.dumps(config.as_dict(), sort_keys=True)}')
+    announce(
+        f'batch: global {config.batch_size} = {config.world_size} device(s) x microbatch {microbatch} '
+        f'x {accumulation} accumulation step(s)'
+    )
+    # One process group for the whole run, made now through Composer (the Trainer then reuses it). Otherwise
+    # Streaming makes and destroys one of its own (in StreamingDataset, and in its shared-memory cleaner where
+    # that runs) before the Trainer makes its own, each time on MASTER_PORT, and a rank that reaches the next
+    # one while rank 0 still serves the last joins the old one and waits forever (seen: two CPU ranks).
+    dist.initialize_dist(get_device(None))
+    reproducibility.seed_all(config.seed)  # same random init on every run and rank
+    # On a GPU the random init runs there: Composer set this rank's device in initialize_dist.
+    init_device = torch.device('cuda', torch.cuda.current_device()) if torch.cuda.is_available() else None
+    model = build_model(
+        config.model_dir,
+        config.prediction_type,
+        config.attention,
+        config.precomputed_latents,
+        config.encoders_bf16,
+        init_device,
+    )
+    announce(describe_model(config, model))
+    if not config.use_synth_data:
+        clean_stale_shared_memory()  # a killed run's Streaming shared memory would block this one
+    if config.autoresume and '://' not in config.save_folder and Path(config.save_folder).is_dir():
+        if dist.get_global_rank() == 0:
+            for change in set_aside_incomplete(Path(config.save_folder)):
+                announce(f'warning: {change}')
+        dist.barrier()  # every rank resumes from the folder as rank 0 left it
+        check_resumable(Path(config.save_folder), config, model.unet, dist.get_global_rank())
+    trainer = build_trainer(config, model, build_dataloader(config, model), callbacks)
+    if trained_to_the_end(trainer):  # resumed from the last checkpoint of a finished run: Composer would raise
+        announce(
+            f'run {config.run_name!r} is complete: its checkpoints in {config.save_folder} hold all '
+            f'{trainer.state.timestamp.batch.value} batches of --max_duration {config.max_duration}; nothing to '
+            'train and no results written (a longer --max_duration trains on from there)'
+        )
+        return trainer
+    if trainer.state.evaluators:
+        trainer.eval()  # the start of the learning curve, and the untrained model's samples
+    trainer.fit()
+    check_finished(trainer, config)
+    if dist.get_global_rank() == 0:
+        results = summarize(trainer, config)
+        print_summary(results)
+        if config.results_json:
+            write_whole(Path(config.results_json), results.to_json())
+            print(f'results written to {config.results_json}')
+    if config.profile:
+        traces = sorted(str(path) for path in Path(config.profile).glob('*.json'))
+        announce(f'profiler traces: {", ".join(traces)} (python benchmarks/profile_summary.py {traces[0]})')
+    if config.export_ema_unet:
+        export_ema_unet(trainer, config.export_ema_unet)
+        announce(f'EMA UNet saved to {config.export_ema_unet}')
+    if config.export_pipeline:
+        export_pipeline(trainer, config.export_pipeline, config.sample_scheduler, config.tokenizer)
+        announce(f'pipeline saved to {config.export_pipeline} (StableDiffusionPipeline.from_pretrained loads it)')
+    return trainer
+
+
+class IncompleteRun(RuntimeError):
+    """Training ended before the requested duration without an error of its own (e.g. data that ran out)."""
+
+
+def check_finished(trainer: Trainer, config: RunConfig) -> None:
+    """A run that trained fewer batches than asked for must not look like a finished one: Composer ends an epoch
+    when the loader runs dry, and counts it done, however few batches it held."""
+    trained = int(trainer.state.timestamp.batch)
+    if trained < config.num_batches:
+        raise IncompleteRun(
+            f'training stopped after {trained} of the {config.num_batches} batches of --max_duration '
+            f'{config.max_duration}: the data ran out early (a shard or remote that failed?); no results written'
+        )
+
+
+def trained_to_the_end(trainer: Trainer) -> bool:
+    duration = trainer.state.max_duration
+    return trainer.state.timestamp.get(duration.unit).value >= duration.value
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Written whole or not at all: a full disk leaves the earlier file, or none, never a cut-off one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f'.{path.name}.partial')
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, str(path)) from error  # the file asked for, not the partial one
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def describe_model(config: RunConfig, model: StableDiffusion) -> str:
+    where = f'model {config.model_name!r} from {config.model_dir}'
+    if config.precomputed_latents:
+        return (
+            f'{where}: UNet only ({"weights loaded" if model.weights_loaded else "random init"}); no VAE or '
+            'text encoder: the data holds their outputs'
+        )
+    parts = [name for name in MODEL_PARTS if getattr(model, name) is not None]
+    return f'{where}: {describe_weights(parts, model.weights_loaded)}'
+
+
+def announce(message: str) -> None:
+    if dist.get_global_rank() == 0:
+        print(message, flush=True)
+
+
+def summarize(trainer: Trainer, config: RunConfig) -> Results:
+    """Median of the rolling-window throughputs SpeedMonitor logged, with what is needed to compare runs."""
+    logged = next(logger for logger in trainer.logger.destinations if isinstance(logger, InMemoryLogger)).data
+
+    def median(metric):
+        values = [float(value) for _, value in logged.get(metric, [])]
+        return statistics.median(values) if values else None
+
+    model = trainer.state.model.module if hasattr(trainer.state.model, 'module') else trainer.state.model
+    has_gpu = torch.cuda.is_available()
+    device_name = torch.cuda.get_device_name() if has_gpu else cpu_name()
+    flops_per_sec = median('throughput/flops_per_sec')
+    # MFU against the dense bf16/fp16 tensor-core peak (results.PEAK_FLOPS): the peak of mixed precision.
+    peak = peak_flops(device_name) if has_gpu and config.precision != 'fp32' else None
+    return Results(
+        img_per_sec=median('throughput/samples_per_sec'),
+        img_per_sec_per_device=median('throughput/device/samples_per_sec'),
+        flops_per_image=model.flops_per_image(config.image_size, config.image_size),
+        trained_flops_per_image=model.trained_flops_per_image(config.image_size, config.image_size),
+        trained_parameters=sum(p.numel() for p in model.unet.parameters()),
+        flops_per_sec=flops_per_sec,
+        mfu=mfu(flops_per_sec, config.world_size, peak),
+        throughput_windows=len(logged.get('throughput/samples_per_sec', [])),
+        peak_gpu_memory_gb=torch.cuda.max_memory_allocated() / 1e9 if has_gpu else None,
+        device_train_microbatch_size=trainer.state.device_train_microbatch_size,
+        bad_samples=int(logged['data/bad_samples'][-1][1]) if logged.get('data/bad_samples') else 0,
+        bad_samples_distinct=int(logged['data/bad_samples_distinct'][-1][1])
+        if logged.get('data/bad_samples_distinct')
+        else 0,
+        device_type='gpu' if has_gpu else 'cpu',
+        device_name=device_name,
+        num_devices=config.world_size,
+        world_size=config.world_size,
+        image_size=config.image_size,
+        model_name=config.model_name,
+        **validation_results(logged, trainer),
+        config=config.as_dict(),
+        versions=package_versions(),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+    )
+
+
+def validation_results(logged: dict, trainer: Trainer) -> dict:
+    """The validation losses (final, and against samples seen) and the seconds evaluation took beside training's."""
+    fields = {}
+    for weights, suffix in (('', ''), ('_ema', '_ema')):
+        curve = [[int(ts.sample), float(v)] for ts, v in logged.get(f'metrics/val{weights}/ValidationLoss', [])]
+        if curve:
+            fields[f'val_loss{suffix}'] = curve[-1][1]
+            fields[f'val_loss{suffix}_curve'] = curve
+    report = next((cb for cb in trainer.state.callbacks if isinstance(cb, ValidationReport)), None)
+    if report is not None:
+        fields['train_seconds'] = trainer.state.timestamp.total_wct.total_seconds()
+        fields['eval_seconds'] = report.seconds.get('validation', 0.0)
+        fields['sample_seconds'] = report.seconds.get('samples', 0.0)
+    return fields
+
+
+def print_summary(results: Results) -> None:
+    if results.img_per_sec is None:
+        print('throughput: the run was too short for a throughput window (needs at least 2 batches)')
+        return
+    line = (
+        f'throughput: {results.img_per_sec:.2f} img/s ({results.img_per_sec_per_device:.2f} per device, '
+        f'{results.num_devices} x {results.device_name})'
+    )
+    if results.flops_per_sec:
+        line += f', {results.flops_per_sec / 1e12:.3g} TFLOP/s'
+    if results.mfu:
+        line += f', MFU {100 * results.mfu:.1f}%'
+    print(line + f'; median of {results.throughput_windows} rolling windows', flush=True)
+    if results.peak_gpu_memory_gb is not None:
+        line = f'peak GPU memory: {results.peak_gpu_memory_gb:.1f} GB allocated (rank 0)'
+        if results.config.get('device_train_microbatch_size') == 'auto':
+            line += f'; --device_train_microbatch_size auto found {results.device_train_microbatch_size}'
+        print(line, flush=True)
+    if results.val_loss_curve:
+        line = f'validation loss: {results.val_loss_curve[0][1]:.5f} at the start, {results.val_loss:.5f} at the end'
+        if results.val_loss_ema is not None:
+            line += f' ({results.val_loss_ema:.5f} with the EMA weights)'
+        print(line, flush=True)
+    if results.train_seconds:
+        evaluated = results.eval_seconds + results.sample_seconds
+        print(
+            f'evaluation: {evaluated:.1f} s ({results.eval_seconds:.1f} s validation, {results.sample_seconds:.1f} s '
+            f'samples), {100 * evaluated / (evaluated + results.train_seconds):.1f}% of the run; outside the '
+            'throughput windows',
+            flush=True,
+        )
+    if results.bad_samples:
+        print(
+            f'data: {results.bad_samples} bad read(s) of {results.bad_samples_distinct} bad sample(s), each read '
+            'replaced by the next good sample (a bad sample is read once an epoch, and warned about once)',
+            flush=True,
+        )
+
+
+def main_reporting_errors(args: argparse.Namespace, callbacks: tuple = ()) -> Trainer:
+    """main() with each error it expects reported as one line and an exit status: 2 for bad input found before
+    training, 1 for a run that could not finish."""
+    try:
+        return main(args, callbacks)
+    except ConfigError as error:
+        print(f'error: {error}', file=sys.stderr)
+        sys.exit(2)
+    except IncompleteRun as error:
+        print(f'error: {error}', file=sys.stderr)
+        sys.exit(1)
+    except CheckpointWriteError as error:
+        # The partial file is set aside now, so that --autoresume continues from the newest complete checkpoint.
+        if dist.get_global_rank() == 0 and error.file.parent.is_dir():
+            set_aside_incomplete(error.file.parent)
+        print(
+            f'error: --save_folder {error.file.parent}: {error}; set aside, and --autoresume continues from the '
+            'newest complete checkpoint',
+            file=sys.stderr,
+        )
+        sys.exit(1)
+    except OSError as error:  # a write of the run failed (results, export, samples): a full disk, a removed folder
+        where = f'{error.filename}: ' if error.filename else ''
+        print(f'error: {where}{error.strerror or error}', file=sys.stderr)
+        sys.exit(1)
+    except (DataError, TokenizerError) as error:  # found while training, e.g. a dataset of mostly bad samples
+        # Raised in a dataloader worker, the message carries the worker's traceback: its last line is the reason.
+        reason = re.sub(r'^(data\.DataError|tokenizer\.TokenizerError): ', '', str(error).strip().splitlines()[-1])
+        print(f'error: {reason}', file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,316 @@
+"""Streaming 0.13, made to fail loudly and to share a machine. Its faults, each seen, and what is done here:
+
+- A download that fails in Streaming's background threads only ends the epoch early, and a run exits 0 with a
+  throughput: `CheckedStreamingDataset` ends the iteration with DataError, stops the node's other workers and
+  ranks at once, and wakes the threads that waited forever for a shard whose download failed.
+- s3transfer and botocore retry inside each of Streaming's retries: `S3DownloaderOneTransferAttempt`.
+- Two jobs starting at the same moment picked the same shared-memory prefix: `get_shm_prefix_one_job_at_a_time`.
+- Its default cache folder refuses to start after a killed run (`default_cache_dir`), and its cleaner removes a
+  live job's shared memory (`clean_stale_shared_memory`).
+
+The two patches are installed when this module is imported (data.py imports it), where Streaming looks them up.
+Private names of Streaming used here (`_ShardState`, `_get_path`, the thread methods) are those of the pinned
+0.13.0.
+"""
+
+import atexit
+import fcntl
+import hashlib
+import itertools
+import os
+import shutil
+import tempfile
+import threading
+import urllib.parse
+from pathlib import Path
+
+from boto3.s3.transfer import TransferConfig
+from composer.utils import dist
+from streaming import StreamingDataset
+from streaming.base import dataset as streaming_dataset
+from streaming.base import util as streaming_util
+from streaming.base.dataset import _ShardState
+from streaming.base.shared.prefix import _get_path, get_shm_prefix
+from streaming.base.storage import download as streaming_download
+from streaming.base.storage.download import S3Downloader
+
+from dataset_checks import READ_TIMEOUT, RETRIES, DataError, check_columns, check_dataset
+
+
+class S3DownloaderOneTransferAttempt(S3Downloader):
+    """Streaming's S3 downloader, less the retries it inherits from boto3. s3transfer retries a GET whose body
+    stops arriving 5 times (TransferConfig's default, kept by Streaming), inside each of Streaming's tries, and
+    botocore retries each request (AWS_MAX_ATTEMPTS, see CheckedStreamingDataset): a server that hung in the
+    middle of a download was reported after up to 15 reads of 20 s (seen: 122 s, not the 55 s of a hang between
+    downloads). One attempt in each leaves Streaming's download_retry the only retries."""
+
+    def _create_s3_client(self, *args, **kwargs) -> None:
+        super()._create_s3_client(*args, **kwargs)
+        download_file = self._s3_client.download_file
+
+        def download_file_once(*args, Config=None, **kwargs):  # noqa: N803 (boto3's name)
+            Config = Config or TransferConfig()  # noqa: N806
+            Config.num_download_attempts = 1
+            return download_file(*args, Config=Config, **kwargs)
+
+        self._s3_client.download_file = download_file_once
+
+
+streaming_download.DOWNLOADER_MAPPINGS[S3Downloader._client_identifier()] = S3DownloaderOneTransferAttempt
+
+
+class NodeStopEvent(threading.Event):
+    """Streaming's stop event for the threads of one loader worker, which also reads as set once a failure is
+    recorded at `failure_path` by any worker or rank on the node (see CheckedStreamingDataset._record_failure).
+    Streaming's threads and yield loop poll is_set, so they stop within a tick."""
+
+    def __init__(self, failure_path: str):
+        super().__init__()
+        self.failure_path = failure_path
+
+    def is_set(self) -> bool:
+        return super().is_set() or os.path.exists(self.failure_path)
+
+
+def get_shm_prefix_one_job_at_a_time(streams_local, streams_remote, world, *args, **kwargs):
+    """Streaming's get_shm_prefix, with a machine-wide lock held by each job's local leader. Streaming picks the
+    first shared-memory prefix no other dataset uses, then creates its `_locals` entry: two jobs starting at the
+    same moment could pick the same one, and the second then stopped with `FileExistsError: '/000105_locals'`.
+    Under the lock the second job sees the first's entry and picks the next prefix. The other ranks of a job only
+    look up their leader's entry, so they take no lock (and cannot block a barrier their leader waits at)."""
+    if not world.is_local_leader:
+        return get_shm_prefix(streams_local, streams_remote, world, *args, **kwargs)
+    # Opened read-only, which flock needs no more than: another user's jobs share the file (made 0o666 less umask).
+    lock = os.open(Path(tempfile.gettempdir()) / 'sd2-streaming-prefix.lock', os.O_RDONLY | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return get_shm_prefix(streams_local, streams_remote, world, *args, **kwargs)
+    finally:
+        os.close(lock)
+
+
+streaming_dataset.get_shm_prefix = get_shm_prefix_one_job_at_a_time  # where StreamingDataset looks it up
+
+
+class CheckedStreamingDataset(StreamingDataset):
+    """Streaming's dataset over a checked location (see resolve_location), whose shards must hold the columns
+    the subclass reads; and a download that fails in its background threads (a remote that died, a shard
+    gone from the cache) ends the iteration with DataError. Streaming 0.13 only stops yielding samples then, as
+    at the end of an epoch, and Composer counts the epoch done: a run would end early, exit 0, and report a
+    throughput. A failed download also no longer leaves its shard waited for forever (see prepare_shard). The
+    thread methods and shard states used here are Streaming's own (private in the pinned version)."""
+
+    precomputed = False  # which columns the shards must hold (check_columns)
+    _background_error: BaseException | None = None
+
+    def __init__(
+        self,
+        *,
+        remote: str | None = None,
+        local: str | None = None,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 17,
+        download_retry: int = RETRIES,
+        download_timeout: float = READ_TIMEOUT,
+        **streaming_kwargs,
+    ):
+        remote, local = resolve_location(remote, local, download_retry, download_timeout)
+        self.location = remote or local
+        # Streaming's S3 client keeps botocore's own retries (3 tries of --download_timeout each) inside each of
+        # its download_retry + 1 tries: 9 reads of 20 s before a hung server is reported. One botocore try per
+        # Streaming try bounds it to 3 (AWS_MAX_ATTEMPTS, which botocore reads when its Config sets no count).
+        os.environ.setdefault('AWS_MAX_ATTEMPTS', '1')
+        super().__init__(
+            remote=remote,
+            local=local,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            shuffle_seed=seed,
+            download_retry=download_retry,
+            download_timeout=download_timeout,
+            **streaming_kwargs,
+        )
+        for shard in self.shards:
+            columns = getattr(shard, 'column_names', None)
+            check_columns(self.location, shard.raw_data.basename, columns, self.precomputed)
+        self._failure_path = os.path.join(self._filelock_root, _get_path(self._shm_prefix_int, 'read_failure'))
+        if self._unique_rank_world.is_local_leader:  # one left by a run killed before it could remove it
+            Path(self._failure_path).unlink(missing_ok=True)
+            atexit.register(Path(self._failure_path).unlink, missing_ok=True)
+
+    def _prepare_thread(self, it) -> None:
+        self._keep_failure(super()._prepare_thread, it)
+
+    def _ready_thread(self, it) -> None:
+        self._keep_failure(super()._ready_thread, it)
+
+    def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
+        if (failure := self._failure_elsewhere()) is not None:  # not one more download of a dead remote
+            raise failure
+        try:
+            super().prepare_shard(shard_id, blocking)
+        except BaseException as error:
+            failure = None
+            if isinstance(error, Exception):  # not Ctrl-C
+                if self.streams[self.stream_per_shard[shard_id]].remote is None:  # nowhere to fetch it from
+                    name = self.shards[shard_id].raw_data.basename
+                    failure = DataError(
+                        f'{self.location}: shard {name} is gone or unreadable; it was whole at start (deleted, '
+                        'moved or cut short while the run read it?)'
+                    )
+                else:
+                    failure = self._reading_failed(error)
+                self._record_failure(failure)  # before the shard state changes, which wakes the waiting workers
+            # Streaming leaves a shard whose download failed in its PREPARING state, and every thread or loader
+            # worker that needs the shard waits for it forever (seen: runs hung at 0% CPU after a server died).
+            # Marked remote again, they wake, find the failure recorded, and stop with it.
+            if self._shard_states[shard_id] == _ShardState.PREPARING:
+                self._shard_states[shard_id] = _ShardState.REMOTE
+            if failure is None:
+                raise
+            raise failure from error
+
+    def _keep_failure(self, thread, it) -> None:
+        try:
+            thread(it)
+        except Exception as error:  # kept for __iter__, which names it; no thread traceback on the console
+            self._background_error = error
+            self._record_failure(self._reading_failed(error))
+            self._event.set()  # as Streaming does on a thread's failure: the other threads and the yield loop stop
+            # A thread that raises never reports its exit, and the iterator's exit() waited for it forever when
+            # the yield loop ended first (seen: loader workers hung at 0% CPU after a server died).
+            it.on_exit()
+
+    def __iter__(self):
+        if (failure := self._failure_elsewhere()) is not None:
+            raise failure
+        if not hasattr(self, '_event'):  # made here, in the loader worker, as Streaming makes its own
+            self._event = NodeStopEvent(self._failure_path)
+        yield from super().__iter__()
+        # Streaming's yield loop ends quietly, as at the end of the epoch, when its event is set.
+        if self._background_error is not None:
+            raise self._reading_failed(self._background_error)
+        if (failure := self._failure_elsewhere()) is not None:
+            raise failure
+
+    def get_item(self, sample_id: int, retry: int = 7):
+        try:
+            return super().get_item(sample_id, retry)
+        except DataError:
+            raise
+        except Exception as error:  # a shard deleted or cut short since the checks at start, a failed download
+            if self._background_error is not None:  # Streaming's get_item only says a thread failed
+                failure = self._reading_failed(self._background_error)
+            else:
+                failure = self._failure_elsewhere() or self._reading_failed(error, sample_id)
+            self._record_failure(failure)
+            raise failure from error
+
+    # A read that fails in one loader worker or rank must stop the others on the node at once. The loader hands
+    # batches over in worker order, so the run waits on the next worker's batch, not on the one that failed; and
+    # that worker, woken by the shard marked remote again, fetched it itself: against a hung server, a second
+    # minute of timeouts before the run ended (seen: 123 s instead of 55 s). The first failure is kept in a file
+    # beside Streaming's locks, named with its shared-memory prefix, so one per dataset per node.
+
+    def _record_failure(self, failure: DataError) -> None:
+        """Keep the first failure on the node; written whole, then linked, so no reader sees half a line."""
+        partial = f'{self._failure_path}.{os.getpid()}.{threading.get_ident()}'
+        Path(partial).write_text(str(failure))
+        try:
+            os.link(partial, self._failure_path)
+        except FileExistsError:
+            pass
+        finally:
+            os.remove(partial)
+
+    def _failure_elsewhere(self) -> DataError | None:
+        # Checked for every sample (prepare_shard): a stat while there is no failure, not an open that raises.
+        if not os.path.exists(self._failure_path):
+            return None
+        try:
+            return DataError(Path(self._failure_path).read_text())
+        except FileNotFoundError:  # removed at exit in between
+            return None
+
+    def _reading_failed(self, error: BaseException, sample_id: int | None = None) -> DataError:
+        if isinstance(error, DataError):
+            return error
+        reason = str(error).strip().splitlines()[-1] if str(error).strip() else ''
+        if sample_id is None:
+            return DataError(f'{self.location}: reading shards failed: {type(error).__name__}: {reason}')
+        shard_id, row = self.spanner[sample_id]
+        shard = self.shards[shard_id].raw_data.basename
+        return DataError(f'{self.location}: reading shard {shard} (row {row}) failed: {type(error).__name__}: {reason}')
+
+    def where(self, sample_id: int) -> str:
+        shard_id, row = self.spanner[sample_id]
+        return f'{sample_id} (shard {self.shards[shard_id].raw_data.basename}, row {row}, of {self.location})'
+
+
+def resolve_location(remote: str | None, local: str | None, retries: int, timeout: float) -> tuple[str | None, str]:
+    """(remote, local) for Streaming, checked: a bare folder is read in place rather than copied to a cache,
+    and a remote without a local folder gets a fresh cache folder of its own."""
+    if remote is not None and not urllib.parse.urlparse(remote).scheme and local is None:
+        remote, local = None, remote
+    if remote is None and local is None:
+        raise DataError('no dataset: pass a remote (s3://bucket/path) and/or a local folder')
+    if remote is not None and local is None:
+        local = default_cache_dir(remote)
+    check_dataset(remote, local, retries=retries, timeout=timeout)
+    return remote, local
+
+
+_instances = itertools.count()
+
+
+def default_cache_dir(remote: str) -> str:
+    """A fresh cache folder for a remote, one per job and dataset instance, removed at exit.
+
+    Streaming's own default (tempdir/hash(remote)) refuses to start when that folder exists, as after a
+    killed run. The ranks of a node must agree on the folder: they share the launcher (composer,
+    torchrun) as parent, so its pid names the job. Folders of jobs no longer alive are removed here.
+    """
+    job = os.getppid() if int(os.environ.get('LOCAL_WORLD_SIZE', '1')) > 1 else os.getpid()
+    root = Path(tempfile.gettempdir()) / 'sd2-streaming'
+    folder = root / f'{job}-{next(_instances)}-{hashlib.blake2s(remote.encode(), digest_size=6).hexdigest()}'
+    if int(os.environ.get('LOCAL_RANK', '0')) == 0:
+        for old in root.glob('*-*-*'):
+            if old.name.split('-')[0].isdigit() and not pid_alive(int(old.name.split('-')[0])):
+                shutil.rmtree(old, ignore_errors=True)
+        atexit.register(shutil.rmtree, folder, True)
+    return str(folder)
+
+
+def clean_stale_shared_memory() -> None:
+    """Removes the shared memory of Streaming datasets whose processes died (a killed run's would block the next),
+    and nothing else. Streaming's own clean_stale_shared_memory removes every dataset's on the machine, a live
+    job's too: a second job starting beside a running one crashed (FileNotFoundError) or made it fail. On Linux
+    a segment is stale when no process of ours maps it; elsewhere Streaming's cleaner runs. Local rank 0 cleans
+    while the node's other ranks wait."""
+    shm = Path('/dev/shm')
+    if not (shm.is_dir() and Path('/proc/self/maps').is_file()):
+        streaming_util.clean_stale_shared_memory()
+        return
+    if dist.get_local_rank() == 0:
+        names = {path.name for path in shm.glob('[0-9]' * 6 + '_*') if path.stat().st_uid == os.getuid()}
+        mapped = set()  # /proc/PID/maps lines end with the mapped file: ... /dev/shm/000000_locals
+        for maps in Path('/proc').glob('[0-9]*/maps'):
+            try:
+                lines = [line for line in maps.read_text().splitlines() if '/dev/shm/' in line]
+            except OSError:  # a process that ended, or another user's
+                continue
+            mapped.update(line.rsplit('/dev/shm/', 1)[1].split()[0] for line in lines)
+        for name in names - mapped:
+            (shm / name).unlink(missing_ok=True)
+    dist.barrier()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
