@@ -32,6 +32,48 @@ def test_only_tests_import_the_command_line_script():
     assert importers == []
 
 
+def repo_imports(path: Path) -> tuple[set[str], set[str]]:
+    """The repo's modules a file imports: at its top level, and inside functions."""
+    modules = {module.stem for module in REPO.glob('*.py')}
+    tree = ast.parse(path.read_text())
+    top, inner = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            if name.split('.')[0] in modules:
+                (top if node in tree.body else inner).add(name.split('.')[0])
+    return top, inner
+
+
+def test_the_modules_import_each_other_without_a_circle():
+    # Each module is placed once all it imports are placed; a circle leaves its modules unplaced.
+    graph = {path.stem: set.union(*repo_imports(path)) for path in REPO.glob('*.py')}
+    placed: list[str] = []
+    while len(placed) < len(graph):
+        ready = sorted(name for name, needs in graph.items() if name not in placed and needs <= set(placed))
+        assert ready, f'import circle among {sorted(set(graph) - set(placed))}'
+        placed += ready
+    assert placed.index('model_folder') < placed.index('model') < placed.index('evaluation') < placed.index('config')
+
+
+def test_no_repo_module_is_imported_inside_a_function():
+    # Such imports hide a circle. One is allowed: the command line loads the run only once the flags parse.
+    inner = {path.name: repo_imports(path)[1] for path in [*REPO.glob('*.py'), *REPO.glob('benchmarks/*.py')]}
+    assert {name: modules for name, modules in inner.items() if modules} == {'benchmark.py': {'run'}}
+
+
+def test_help_needs_none_of_the_heavy_libraries():
+    # --help and a mistyped flag answer at once: flags.py and what it imports load no torch, Composer or Diffusers.
+    code = 'import sys, flags; print(sorted({"torch", "composer", "diffusers", "streaming"} & set(sys.modules)))'
+    loaded = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == '[]'
+
+
 @pytest.mark.skipif(not (Path(sys.prefix) / '.installed').is_file(), reason="needs the Makefile's own venv")
 def test_gpu_check_refuses_a_machine_without_a_gpu():
     # Else the gpu tier would skip every test and the check would pass having checked nothing.
