@@ -1,4 +1,5 @@
-"""Time-and-cost report: days, GPU-hours and dollars to train SD2 from scratch at each cluster size.
+"""Time-and-cost report: days, GPU-hours and dollars to train SD2 from scratch at each cluster size, as tables,
+CSV and a plot.
 
 Reads throughputs measured by `benchmark.py --results_json` and/or given by hand, fits a scaling
 model to them, extrapolates to larger clusters, and prints a Markdown table (also written as CSV)
@@ -38,14 +39,7 @@ from results import load_results as read_results
 PUBLISHED_SAMPLES = 2_867_200_000
 SECONDS_PER_DAY = 86_400
 
-# Training FLOPs per image (3 x UNet forward + VAE encoder forward + text encoder forward), counted
-# analytically for SD2-base (UNet forward 0.80 TFLOP at 512px, VAE encoder 1.12, text encoder 0.045):
-# used when a results file has none.
-FLOPS_PER_IMAGE = {512: 3.58e12, 256: 0.54e12 + 0.27e12 + 0.045e12}
-# The UNet's share of them (forward and backward), and the parameters it trains: what --predict assumes of a
-# throughput given by hand.
-TRAINED_FLOPS_PER_IMAGE = {512: 2.41e12, 256: 0.54e12}
-SD2_UNET_PARAMETERS = 865_910_724
+# The published run's batch and microbatch: what --predict assumes of a throughput given by hand.
 PUBLISHED_BATCH, PUBLISHED_MICROBATCH = 2048, 4
 
 KIND_ORDER = {'measured': 0, 'reference': 1, 'predicted': 2, 'limit': 3}
@@ -178,7 +172,7 @@ def add_prediction_args(parser):
         '--trained_parameters',
         type=int,
         default=None,
-        help=f'parameters trained, for a --throughput value (default SD2 UNet, {SD2_UNET_PARAMETERS:,})',
+        help=f'parameters trained, for a --throughput value (default SD2 UNet, {scaling.SD2_UNET_PARAMETERS:,})',
     )
 
 
@@ -340,10 +334,9 @@ def describe_fit(label, fit, extra):
     return '\n'.join(lines)
 
 
-def prediction_models(points, args, gpu, label):
-    """{phase: ScalingModel} calibrated on the one measured run of each phase, and {phase: [band corners]}.
-    A phase with no run of its own (the 256px phase of the published schedule, when only 512px was measured)
-    scales the other phase's compute time by the FLOP ratio: the same MFU at both sizes."""
+def predict(points, args, gpu, label):
+    """--predict for one table: scaling.prediction_models on the cluster and settings the flags give, its errors
+    as one-line ReportErrors."""
     cluster_name = args.cluster or gpu
     if cluster_name not in scaling.CLUSTERS:
         raise ReportError(
@@ -362,172 +355,14 @@ def prediction_models(points, args, gpu, label):
         rail_aligned=args.rail_aligned,
         fixed_seconds=None if args.fixed_ms is None else args.fixed_ms / 1000,
     )
+    settings = scaling.PredictionSettings(args.global_batch, args.microbatch, args.trained_parameters)
     phases = sorted(args.budget, key=lambda k: -1 if k is None else k)
-    models, bands, notes = {}, {}, []
     try:
-        for phase in phases:
-            runs = [p for p in points if phase is None or p.image_size == phase]
-            if len(runs) > 1:
-                raise ReportError(
-                    f'--predict starts from one measured run per phase; got {len(runs)} at '
-                    f'{phase or runs[0].image_size}px ({", ".join(p.source for p in runs)}): pass one, or leave '
-                    'out --predict to fit them'
-                )
-            if runs:
-                workload, batch, microbatch = prediction_workload(runs[0], args)
-                start = scaling.Measurement(runs[0].gpus, runs[0].img_per_sec, batch, microbatch)
-                models[phase] = scaling.calibrate(workload, assumptions, start)
-                bands[phase] = scaling.band(workload, assumptions, start)
-        for phase in phases:
-            if phase in models:
-                continue
-            source = next(iter(models.values()), None)
-            size = next(p.image_size for p in points)
-            if source is None or size not in FLOPS_PER_IMAGE or phase not in FLOPS_PER_IMAGE:
-                raise ReportError(f'--samples: no throughput measured at {phase}px for {label}')
-            precomputed = bool(points[0].precomputed)
-            ratio = scaled_flops(phase, precomputed) / scaled_flops(size, precomputed)
-            workload = replace(source.workload, **shares(phase, precomputed))
-            origin = f"the {size}px run's, scaled by the FLOPs per image ({ratio:.3f}x)"
-            models[phase] = source.scaled(ratio, workload, origin)
-            bands[phase] = [corner.scaled(ratio, workload, origin) for corner in bands[next(iter(bands))]]
-            notes.append(
-                f"{label}: no run at {phase}px: its compute is the {size}px run's scaled by the FLOPs per image "
-                f'({ratio:.3f}x), which assumes the same MFU at both sizes (smaller images usually reach less)'
-            )
-        for model in models.values():
-            for gpus in args.predict:
-                model.step(gpus)  # each count must divide the batch: say so before printing anything
-    except scaling.ScalingError as error:
+        return scaling.prediction_models(points, phases, args.predict, assumptions, settings, label)
+    except scaling.PredictionError as error:  # complete: it names the results file or the flag
+        raise ReportError(str(error))
+    except scaling.ScalingError as error:  # the step model's: say that --predict led to it
         raise ReportError(f'--predict: {error}')
-    return models, bands, notes
-
-
-def scaled_flops(image_size, precomputed):
-    return (TRAINED_FLOPS_PER_IMAGE if precomputed else FLOPS_PER_IMAGE)[image_size]
-
-
-def shares(image_size, precomputed):
-    """The UNet's share of an image's compute (its backward: two thirds of it), from the analytic SD2 FLOPs."""
-    trained = 1.0 if precomputed else TRAINED_FLOPS_PER_IMAGE[image_size] / FLOPS_PER_IMAGE[image_size]
-    return {'trained_share': trained, 'backward_share': 2 / 3 * trained}
-
-
-def prediction_workload(point, args):
-    """(Workload, measured batch, measured microbatch) of one measured run: a results file's own configuration,
-    or for a value given by hand the published run's (batch --global_batch, microbatch --microbatch, SD2 UNet,
-    DDP, AdamW and EMA)."""
-    run = point.run
-    if run is None:
-        trained = args.trained_parameters or SD2_UNET_PARAMETERS
-        batch, microbatch = args.global_batch, args.microbatch
-        fsdp, precision, fused, ema = 'none', 'amp_fp16', False, True
-    else:
-        trained = point.trained_parameters or (SD2_UNET_PARAMETERS if point.model == 'sd2-base' else None)
-        if trained is None:
-            raise ReportError(f"{point.source}: no 'trained_parameters' (written by newer benchmark.py runs)")
-        batch, microbatch = run.get('batch_size'), run.get('device_train_microbatch_size')
-        if not isinstance(batch, int) or not isinstance(microbatch, int):
-            raise ReportError(
-                f"{point.source}: --predict needs the run's batch and a fixed microbatch (got batch {batch!r}, "
-                f'microbatch {microbatch!r}); measure with --device_train_microbatch_size N'
-            )
-        fsdp, precision = run.get('fsdp', 'none'), run.get('precision', 'amp_bf16')
-        fused, ema = bool(run.get('fused_adamw')), bool(run.get('use_ema'))
-    if point.flops_per_image and point.trained_flops_per_image:
-        trained_share = point.trained_flops_per_image / point.flops_per_image
-        split = {'trained_share': trained_share, 'backward_share': 2 / 3 * trained_share}
-    elif point.image_size in FLOPS_PER_IMAGE:
-        split = shares(point.image_size, bool(point.precomputed))
-    else:
-        raise ReportError(f"{point.source}: --predict needs the UNet's FLOPs at {point.image_size}px")
-    workload = scaling.Workload(
-        global_batch=args.global_batch,
-        microbatch=microbatch,
-        trained_parameters=trained,
-        fsdp=fsdp,
-        param_bytes=4 if precision == 'fp32' else 2,
-        fixed_bytes_per_parameter=scaling.ADAMW_BYTES['fused' if fused else 'foreach']
-        + (scaling.EMA_BYTES if ema else 0),
-        **split,
-    )
-    return workload, batch, microbatch
-
-
-def overall_img_per_sec(models, budget, gpus):
-    """Throughput over the whole budget: each phase's samples at its own rate."""
-    return sum(budget.values()) / sum(budget[ph] / models[ph].img_per_sec(gpus) for ph in models)
-
-
-def describe_prediction(gpu, models, bands, budget, rows):
-    """The model's inputs, each predicted step's breakdown, its range, and its error against references."""
-    lines = []
-    counts = sorted({r['gpus'] for r in rows if r['kind'] != 'limit'})
-    corners = range(len(next(iter(bands.values()))))
-    for phase, model in models.items():
-        w, a = model.workload, model.assumptions
-        c = a.cluster
-        fixed = scaling.fixed_seconds(w, a, 1)
-        lines += [
-            f'### {gpu}' + (f' {phase}px' if phase else '') + ': step model',
-            '',
-            f'- one image forward and backward on one GPU: {1000 * model.image_seconds:.2f} ms ({model.origin}); '
-            f'global batch {w.global_batch}, microbatch {w.microbatch}',
-            f'- cluster: {c.description}: {c.gpus_per_node} GPUs per node, NVLink {c.nvlink_gb_s:g} GB/s and network '
-            f'{c.network_gb_s:g} GB/s per GPU, at {a.link_efficiency:.0%} of the link rate'
-            + ("; rail-aligned rings (the network carries one GPU's share per node)" if a.rail_aligned else ''),
-            '- communication: '
-            + (
-                f'{w.gradient_bytes / 1e9:.2f} GB of fp32 gradients ({w.trained_parameters:,} parameters) '
-                'all-reduced per step, '
-                + ("overlapped with the last microbatch's backward" if a.overlap else 'not overlapped')
-                if w.fsdp == 'none'
-                else f'FSDP {w.fsdp}: per microbatch, parameter gathers and a gradient reduce-scatter'
-            ),
-            f'- fixed work per step (optimizer step and EMA): {1000 * fixed:.1f} ms'
-            + (
-                ''
-                if a.fixed_seconds is not None
-                else f' ({w.fixed_bytes_per_parameter} bytes per parameter at {c.memory_gb_s:,.0f} GB/s)'
-            )
-            + (', divided among the GPUs under FSDP' if w.fsdp != 'none' else ''),
-            '',
-            '| GPUs | nodes | img/GPU/step | microbatches | compute s | communication s | exposed s | fixed s '
-            '| step s | img/s | scaling eff. | range img/s |',
-            '|' + '---|' * 12,
-        ]
-        base = model.step(counts[0])
-        for gpus in counts:
-            st = model.step(gpus)
-            low = min(corner.img_per_sec(gpus) for corner in bands[phase])
-            high = max(corner.img_per_sec(gpus) for corner in bands[phase])
-            efficiency = (st.img_per_sec / gpus) / (base.img_per_sec / base.gpus)
-            lines.append(
-                f'| {gpus:,} | {st.nodes} | {st.images_per_gpu:g} | {st.microbatches} | {st.compute:.3f} '
-                f'| {st.communication:.3f} | {st.exposed:.3f} | {st.fixed:.3f} | {st.seconds:.3f} '
-                f'| {st.img_per_sec:,.1f} | {efficiency:.1%} | {low:,.1f}-{high:,.1f} |'
-            )
-        lines.append('')
-    lo, hi = scaling.LINK_EFFICIENCY_BAND
-    f_lo, f_hi = scaling.FIXED_WORK_BAND
-    lines.append(
-        f'Range: the lowest and highest prediction over link efficiency {lo:.0%}-{hi:.0%}, overlap or none, '
-        f"fixed work x{f_lo:g}-x{f_hi:g}, and every GPU's share over the network or rail-aligned rings.\n"
-    )
-    references = [r for r in rows if r['kind'] == 'reference']
-    if references:
-        lines.append('Against the reference throughputs:\n')
-    for ref in references:
-        gpus = ref['gpus']
-        predicted = overall_img_per_sec(models, budget, gpus)
-        values = [overall_img_per_sec({ph: bands[ph][i] for ph in bands}, budget, gpus) for i in corners]
-        inside = min(values) <= ref['img_per_sec'] <= max(values)
-        lines.append(
-            f'- {gpus:,} GPUs: predicted {predicted:,.1f} img/s, reference {ref["img_per_sec"]:,.1f}: '
-            f'error {predicted / ref["img_per_sec"] - 1:+.1%}; range {min(values):,.1f}-{max(values):,.1f} '
-            + ('(inside)' if inside else '(OUTSIDE)')
-        )
-    return '\n'.join(lines) + '\n'
 
 
 def build_rows(points, budget, extrapolate, references, price, peak, models=None):
@@ -546,7 +381,7 @@ def build_rows(points, budget, extrapolate, references, price, peak, models=None
                 'prefixed, e.g. 256:8=400)'
             )
         known = [p.flops_per_image for p in points if p.image_size in sizes and p.flops_per_image]
-        flops[ph] = known[0] if known else FLOPS_PER_IMAGE.get(next(iter(sizes), ph))
+        flops[ph] = known[0] if known else scaling.FLOPS_PER_IMAGE.get(next(iter(sizes), ph))
     total_flops = sum(budget[ph] * flops[ph] for ph in phases) if all(flops.values()) else None
     total = sum(budget.values())
 
@@ -804,7 +639,7 @@ def main(args):
         )
         models = bands = None
         if args.predict is not None:
-            models, bands, prediction_notes = prediction_models(pts, args, gpu, label)
+            models, bands, prediction_notes = predict(pts, args, gpu, label)
             notes += prediction_notes
         counts = args.predict if models else args.extrapolate
         rows, fits, group_notes, base = build_rows(pts, args.budget, counts, args.reference, args.price, peak, models)
@@ -824,7 +659,11 @@ def main(args):
         if models:  # days against GPUs through the predicted counts
             line = sorted((r for r in rows if r['kind'] in ('measured', 'predicted')), key=lambda r: r['gpus'])
             curve = ([r['gpus'] for r in line], [r['days'] for r in line], 'step model')
-            prediction_text.append(describe_prediction(label, models, bands, args.budget, rows))
+            table_counts = sorted({r['gpus'] for r in rows if r['kind'] != 'limit'})
+            references = [(r['gpus'], r['img_per_sec']) for r in rows if r['kind'] == 'reference']
+            prediction_text.append(
+                scaling.describe_prediction(label, models, bands, args.budget, table_counts, references)
+            )
         elif len(fits) == len(phases):  # days against GPUs along the fitted model, for the plot
             n = np.geomspace(min(r['gpus'] for r in rows), max(r['gpus'] for r in rows), 50)
             curve = (n, sum(args.budget[ph] / fits[ph].img_per_sec(n) for ph in phases) / SECONDS_PER_DAY, 'fit')

@@ -274,6 +274,7 @@ def main_reporting_errors(args: argparse.Namespace, callbacks: tuple = ()) -> Tr
         sys.exit(1)
     except (DataError, TokenizerError) as error:  # found while training, e.g. a dataset of mostly bad samples
         # Raised in a dataloader worker, the message carries the worker's traceback: its last line is the reason.
-        reason = re.sub(r'^(data\.DataError|tokenizer\.TokenizerError): ', '', str(error).strip().splitlines()[-1])
+        last_line = str(error).strip().splitlines()[-1]
+        reason = re.sub(r'^(dataset_checks\.DataError|tokenizer\.TokenizerError): ', '', last_line)
         print(f'error: {reason}', file=sys.stderr)
         sys.exit(1)

@@ -1,6 +1,7 @@
-"""Scaling model: the throughput of data-parallel training at any GPU count, predicted from one measured run and
-the cluster's interconnect, step by step rather than fitted to several measured counts. report.py --predict
-prints it.
+"""Predicting throughput at other GPU counts from one measured run: the step model behind report.py --predict.
+
+The throughput of data-parallel training at any GPU count follows from one measured run and the cluster's
+interconnect, step by step rather than fitted to several measured counts.
 
 One optimizer step at a fixed global batch B on N GPUs, each running B/N images in microbatches of m:
 
@@ -26,11 +27,15 @@ cards together: the network then carries one GPU's share per node. The band span
 
 t_image comes from the measured run by solving the same equation at its GPU count, so communication and
 fixed work there are not counted as compute. Every assumption is a field of Assumptions, with its source.
+
+prediction_models calibrates the model on the runs report.py reads (one per phase of the budget; a phase with
+none scales another's compute by the FLOPs per image), and describe_prediction writes each step's breakdown.
 """
 
 import itertools
 import math
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 
 class ScalingError(ValueError):
@@ -268,3 +273,219 @@ def band(workload: Workload, assumptions: Assumptions, run: Measurement) -> list
         )
         corners.append(calibrate(workload, corner, run))
     return corners
+
+
+# ------------------------------------------------------------------------------ predicting from measured runs
+
+# Training FLOPs per image (3 x UNet forward + VAE encoder forward + text encoder forward), counted
+# analytically for SD2-base (UNet forward 0.80 TFLOP at 512px, VAE encoder 1.12, text encoder 0.045):
+# used when a results file has none, here for the UNet's share and in report.py for MFU.
+FLOPS_PER_IMAGE = {512: 3.58e12, 256: 0.54e12 + 0.27e12 + 0.045e12}
+# The UNet's share of them (forward and backward), and the parameters it trains: what a prediction assumes of a
+# throughput given by hand.
+TRAINED_FLOPS_PER_IMAGE = {512: 2.41e12, 256: 0.54e12}
+SD2_UNET_PARAMETERS = 865_910_724
+
+
+class PredictionError(ScalingError):
+    """A measured run the prediction cannot start from. Unlike the step model's errors its message is complete:
+    it names the results file or report.py's flag, so the report shows it as it is."""
+
+
+class MeasuredRun(Protocol):
+    """One measured throughput as report.py reads it (its Point): from a results file, or given by hand."""
+
+    gpus: int
+    img_per_sec: float
+    image_size: int
+    source: str  # the results file, or the flag and value given by hand
+    model: str | None
+    precomputed: bool | None  # trained from precomputed latents (the UNet alone); None: not known
+    run: dict | None  # the results file's configuration (batch, microbatch, fsdp, ...); None: by hand
+    trained_parameters: int | None
+    flops_per_image: float | None
+    trained_flops_per_image: float | None
+
+
+@dataclass(frozen=True)
+class PredictionSettings:
+    """The batch of the predicted runs, and what a throughput given by hand is taken to be (a results file
+    carries its own microbatch and parameter count)."""
+
+    global_batch: int
+    microbatch: int  # of a throughput given by hand
+    trained_parameters: int | None = None  # of a throughput given by hand; None: SD2's UNet
+
+
+def prediction_models(
+    points: list[MeasuredRun],
+    phases: list[int | None],
+    counts: list[int],
+    assumptions: Assumptions,
+    settings: PredictionSettings,
+    label: str,
+) -> tuple[dict, dict, list[str]]:
+    """{phase: ScalingModel} calibrated on the one measured run of each phase, and {phase: [band corners]}.
+    A phase with no run of its own (the 256px phase of the published schedule, when only 512px was measured)
+    scales the other phase's compute time by the FLOP ratio: the same MFU at both sizes."""
+    models, bands, notes = {}, {}, []
+    for phase in phases:
+        runs = [p for p in points if phase is None or p.image_size == phase]
+        if len(runs) > 1:
+            raise PredictionError(
+                f'--predict starts from one measured run per phase; got {len(runs)} at '
+                f'{phase or runs[0].image_size}px ({", ".join(p.source for p in runs)}): pass one, or leave '
+                'out --predict to fit them'
+            )
+        if runs:
+            workload, batch, microbatch = prediction_workload(runs[0], settings)
+            start = Measurement(runs[0].gpus, runs[0].img_per_sec, batch, microbatch)
+            models[phase] = calibrate(workload, assumptions, start)
+            bands[phase] = band(workload, assumptions, start)
+    for phase in phases:
+        if phase in models:
+            continue
+        source = next(iter(models.values()), None)
+        size = next(p.image_size for p in points)
+        if source is None or size not in FLOPS_PER_IMAGE or phase not in FLOPS_PER_IMAGE:
+            raise PredictionError(f'--samples: no throughput measured at {phase}px for {label}')
+        precomputed = bool(points[0].precomputed)
+        ratio = scaled_flops(phase, precomputed) / scaled_flops(size, precomputed)
+        workload = replace(source.workload, **shares(phase, precomputed))
+        origin = f"the {size}px run's, scaled by the FLOPs per image ({ratio:.3f}x)"
+        models[phase] = source.scaled(ratio, workload, origin)
+        bands[phase] = [corner.scaled(ratio, workload, origin) for corner in bands[next(iter(bands))]]
+        notes.append(
+            f"{label}: no run at {phase}px: its compute is the {size}px run's scaled by the FLOPs per image "
+            f'({ratio:.3f}x), which assumes the same MFU at both sizes (smaller images usually reach less)'
+        )
+    for model in models.values():
+        for gpus in counts:
+            model.step(gpus)  # each count must divide the batch: say so before printing anything
+    return models, bands, notes
+
+
+def scaled_flops(image_size: int, precomputed: bool) -> float:
+    return (TRAINED_FLOPS_PER_IMAGE if precomputed else FLOPS_PER_IMAGE)[image_size]
+
+
+def shares(image_size: int, precomputed: bool) -> dict:
+    """The UNet's share of an image's compute (its backward: two thirds of it), from the analytic SD2 FLOPs."""
+    trained = 1.0 if precomputed else TRAINED_FLOPS_PER_IMAGE[image_size] / FLOPS_PER_IMAGE[image_size]
+    return {'trained_share': trained, 'backward_share': 2 / 3 * trained}
+
+
+def prediction_workload(point: MeasuredRun, settings: PredictionSettings) -> tuple[Workload, int, int]:
+    """(Workload, measured batch, measured microbatch) of one measured run: a results file's own configuration,
+    or for a value given by hand the published run's (batch settings.global_batch, microbatch settings.microbatch,
+    SD2 UNet, DDP, AdamW and EMA)."""
+    run = point.run
+    if run is None:
+        trained = settings.trained_parameters or SD2_UNET_PARAMETERS
+        batch, microbatch = settings.global_batch, settings.microbatch
+        fsdp, precision, fused, ema = 'none', 'amp_fp16', False, True
+    else:
+        trained = point.trained_parameters or (SD2_UNET_PARAMETERS if point.model == 'sd2-base' else None)
+        if trained is None:
+            raise PredictionError(f"{point.source}: no 'trained_parameters' (written by newer benchmark.py runs)")
+        batch, microbatch = run.get('batch_size'), run.get('device_train_microbatch_size')
+        if not isinstance(batch, int) or not isinstance(microbatch, int):
+            raise PredictionError(
+                f"{point.source}: --predict needs the run's batch and a fixed microbatch (got batch {batch!r}, "
+                f'microbatch {microbatch!r}); measure with --device_train_microbatch_size N'
+            )
+        fsdp, precision = run.get('fsdp', 'none'), run.get('precision', 'amp_bf16')
+        fused, ema = bool(run.get('fused_adamw')), bool(run.get('use_ema'))
+    if point.flops_per_image and point.trained_flops_per_image:
+        trained_share = point.trained_flops_per_image / point.flops_per_image
+        split = {'trained_share': trained_share, 'backward_share': 2 / 3 * trained_share}
+    elif point.image_size in FLOPS_PER_IMAGE:
+        split = shares(point.image_size, bool(point.precomputed))
+    else:
+        raise PredictionError(f"{point.source}: --predict needs the UNet's FLOPs at {point.image_size}px")
+    workload = Workload(
+        global_batch=settings.global_batch,
+        microbatch=microbatch,
+        trained_parameters=trained,
+        fsdp=fsdp,
+        param_bytes=4 if precision == 'fp32' else 2,
+        fixed_bytes_per_parameter=ADAMW_BYTES['fused' if fused else 'foreach'] + (EMA_BYTES if ema else 0),
+        **split,
+    )
+    return workload, batch, microbatch
+
+
+def overall_img_per_sec(models: dict, budget: dict, gpus: int) -> float:
+    """Throughput over the whole budget: each phase's samples at its own rate."""
+    return sum(budget.values()) / sum(budget[ph] / models[ph].img_per_sec(gpus) for ph in models)
+
+
+def describe_prediction(
+    label: str, models: dict, bands: dict, budget: dict, counts: list[int], references: list[tuple[int, float]]
+) -> str:
+    """The model's inputs, each predicted step's breakdown at `counts`, its range, and its error against
+    `references` ([(GPUs, img/s)])."""
+    lines = []
+    corners = range(len(next(iter(bands.values()))))
+    for phase, model in models.items():
+        w, a = model.workload, model.assumptions
+        c = a.cluster
+        fixed = fixed_seconds(w, a, 1)
+        lines += [
+            f'### {label}' + (f' {phase}px' if phase else '') + ': step model',
+            '',
+            f'- one image forward and backward on one GPU: {1000 * model.image_seconds:.2f} ms ({model.origin}); '
+            f'global batch {w.global_batch}, microbatch {w.microbatch}',
+            f'- cluster: {c.description}: {c.gpus_per_node} GPUs per node, NVLink {c.nvlink_gb_s:g} GB/s and network '
+            f'{c.network_gb_s:g} GB/s per GPU, at {a.link_efficiency:.0%} of the link rate'
+            + ("; rail-aligned rings (the network carries one GPU's share per node)" if a.rail_aligned else ''),
+            '- communication: '
+            + (
+                f'{w.gradient_bytes / 1e9:.2f} GB of fp32 gradients ({w.trained_parameters:,} parameters) '
+                'all-reduced per step, '
+                + ("overlapped with the last microbatch's backward" if a.overlap else 'not overlapped')
+                if w.fsdp == 'none'
+                else f'FSDP {w.fsdp}: per microbatch, parameter gathers and a gradient reduce-scatter'
+            ),
+            f'- fixed work per step (optimizer step and EMA): {1000 * fixed:.1f} ms'
+            + (
+                ''
+                if a.fixed_seconds is not None
+                else f' ({w.fixed_bytes_per_parameter} bytes per parameter at {c.memory_gb_s:,.0f} GB/s)'
+            )
+            + (', divided among the GPUs under FSDP' if w.fsdp != 'none' else ''),
+            '',
+            '| GPUs | nodes | img/GPU/step | microbatches | compute s | communication s | exposed s | fixed s '
+            '| step s | img/s | scaling eff. | range img/s |',
+            '|' + '---|' * 12,
+        ]
+        base = model.step(counts[0])
+        for gpus in counts:
+            st = model.step(gpus)
+            low = min(corner.img_per_sec(gpus) for corner in bands[phase])
+            high = max(corner.img_per_sec(gpus) for corner in bands[phase])
+            efficiency = (st.img_per_sec / gpus) / (base.img_per_sec / base.gpus)
+            lines.append(
+                f'| {gpus:,} | {st.nodes} | {st.images_per_gpu:g} | {st.microbatches} | {st.compute:.3f} '
+                f'| {st.communication:.3f} | {st.exposed:.3f} | {st.fixed:.3f} | {st.seconds:.3f} '
+                f'| {st.img_per_sec:,.1f} | {efficiency:.1%} | {low:,.1f}-{high:,.1f} |'
+            )
+        lines.append('')
+    lo, hi = LINK_EFFICIENCY_BAND
+    f_lo, f_hi = FIXED_WORK_BAND
+    lines.append(
+        f'Range: the lowest and highest prediction over link efficiency {lo:.0%}-{hi:.0%}, overlap or none, '
+        f"fixed work x{f_lo:g}-x{f_hi:g}, and every GPU's share over the network or rail-aligned rings.\n"
+    )
+    if references:
+        lines.append('Against the reference throughputs:\n')
+    for gpus, reference in references:
+        predicted = overall_img_per_sec(models, budget, gpus)
+        values = [overall_img_per_sec({ph: bands[ph][i] for ph in bands}, budget, gpus) for i in corners]
+        inside = min(values) <= reference <= max(values)
+        lines.append(
+            f'- {gpus:,} GPUs: predicted {predicted:,.1f} img/s, reference {reference:,.1f}: '
+            f'error {predicted / reference - 1:+.1%}; range {min(values):,.1f}-{max(values):,.1f} '
+            + ('(inside)' if inside else '(OUTSIDE)')
+        )
+    return '\n'.join(lines) + '\n'

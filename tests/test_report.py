@@ -9,6 +9,7 @@ import pytest
 from conftest import REPO
 
 import report
+import scaling
 
 # The published table (blog post and benchmark README): A100-40GB, 8 to 128 measured, 256 extrapolated.
 # (GPUs, img/s, days, A100-hours, cost)
@@ -173,7 +174,7 @@ def test_per_phase_budget(tmp_path):
     rows = rows_by_kind(tables, 'measured')
     assert rows[8]['days'] == pytest.approx((1_126_400_000 / 400 + 1_740_800_000 / 128.2) / 86_400)
     assert 32 in rows_by_kind(tables, 'predicted')  # one doubling past the largest measured count
-    flops = 1_126_400_000 * report.FLOPS_PER_IMAGE[256] + 1_740_800_000 * 3.58e12
+    flops = 1_126_400_000 * scaling.FLOPS_PER_IMAGE[256] + 1_740_800_000 * 3.58e12
     assert rows[8]['mfu'] == pytest.approx(flops / (rows[8]['gpu_hours'] * 3600 * 312e12))
 
 

@@ -1,7 +1,8 @@
-"""Tests for scaling.py, the step model of report.py --predict: its pieces against hand-computed cases, and its
-prediction of the published A100 table from the published 8-GPU row alone."""
+"""Tests for scaling.py, the step model of report.py --predict: its pieces against hand-computed cases, its
+prediction of the published A100 table from the published 8-GPU row alone, and the prediction from measured runs
+without report.py."""
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -114,3 +115,38 @@ def test_published_table_from_its_8_gpu_row_alone():
     # the optimizer and EMA work only.
     step = model.step(8)
     assert step.exposed == 0 and step.communication > 0
+
+
+@dataclass(frozen=True)
+class Run:
+    """A throughput given by hand, as report.py hands it over (a scaling.MeasuredRun)."""
+
+    gpus: int
+    img_per_sec: float
+    image_size: int = 512
+    source: str = '--throughput'
+    model: str | None = None
+    precomputed: bool | None = None
+    run: dict | None = None
+    trained_parameters: int | None = None
+    flops_per_image: float | None = None
+    trained_flops_per_image: float | None = None
+
+
+# report.py's defaults: the published run's batch and microbatch, SD2's UNet.
+SETTINGS = scaling.PredictionSettings(global_batch=2048, microbatch=4)
+
+
+def test_prediction_from_a_run_given_by_hand():
+    models, bands, notes = scaling.prediction_models([Run(8, 128.2)], [256, 512], [64], A100, SETTINGS, 'A100')
+    assert models[512].img_per_sec(64) == pytest.approx(909.8, abs=0.5)  # the table of docs/report.md
+    assert models[256].img_per_sec(64) > models[512].img_per_sec(64) and len(bands[256]) == 16
+    assert len(notes) == 1 and 'no run at 256px' in notes[0]
+
+
+def test_prediction_errors_are_complete_and_the_step_models_are_not():
+    with pytest.raises(scaling.PredictionError, match='^--predict starts from one measured run per phase; got 2'):
+        scaling.prediction_models([Run(8, 128.2), Run(16, 254.0)], [None], [32], A100, SETTINGS, 'A100')
+    with pytest.raises(scaling.ScalingError, match='^3 GPUs do not divide the global batch of 2048') as error:
+        scaling.prediction_models([Run(8, 128.2)], [None], [3], A100, SETTINGS, 'A100')
+    assert not isinstance(error.value, scaling.PredictionError)  # report.py prefixes these with '--predict: '
