@@ -16,10 +16,16 @@ $(VENV)/.installed: requirements.txt requirements-test.txt pyproject.toml
 	$(VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e .
 	touch $@
 
-# benchmark.py with flags $(2) from venv $(1): Composer's launcher (one process per GPU) on a machine with several
-# GPUs, else one process, which needs no launcher (the launcher's own lines would bury a one-line error).
-RUN_BENCHMARK = if $(1)/bin/python -c 'import sys, torch; sys.exit(torch.cuda.device_count() < 2)'; \
-	then $(1)/bin/composer benchmark.py $(2); else $(1)/bin/python benchmark.py $(2); fi
+# benchmark.py with flags $(2) from venv $(1). On a machine with several GPUs, Composer's launcher (one process per
+# GPU), whose own lines follow the run's (a crashed rank's status, a 30 s wait): the run's verdict, its throughput
+# line or its one-line error, is printed again once the launcher is done (arguments.VERDICT_FILE). Else one
+# process, which needs no launcher. USE_LAUNCHER=1 or 0 overrides the choice.
+USE_LAUNCHER ?= $$($(1)/bin/python -c 'import torch; print(int(torch.cuda.device_count() > 1))')
+RUN_BENCHMARK = if [ "$(call USE_LAUNCHER,$(1))" = 1 ]; then \
+	verdict=$$(mktemp); BENCHMARK_VERDICT_FILE=$$verdict $(1)/bin/composer benchmark.py $(2); status=$$?; \
+	if [ -s $$verdict ] && [ $$status = 0 ]; then echo; cat $$verdict; elif [ -s $$verdict ]; then cat $$verdict >&2; fi; \
+	rm -f $$verdict; exit $$status; \
+	else $(1)/bin/python benchmark.py $(2); fi
 
 # Streams a generated sample MDS dataset of real JPEGs (built on first use): SD2 base with the published
 # settings on a GPU (all GPUs of this machine), the tiny model on a CPU. --use_synth_data: random tensors.

@@ -1,5 +1,5 @@
 """Command-line parsing shared by the scripts: argparse, with its errors as one line, and ConfigError, the bad input
-every script reports in one line with exit status 2.
+every script reports in one line with exit status 2; and the run's verdict, kept for the Makefile to print last.
 
 argparse answers a bad flag (`--batch_size abc`, a misspelled name) with its whole usage, 27 lines for
 benchmark.py, above the one that says what is wrong. Every other bad input here is one `error:` line and exit
@@ -7,7 +7,15 @@ status 2, so argparse's are too, pointing to --help for the usage.
 """
 
 import argparse
+import os
 import sys
+from pathlib import Path
+
+# Under Composer's launcher (several GPUs) the launcher's own lines follow the run's last one: a crashed rank's exit
+# status and output, "Waiting up to 30 seconds for all training processes to terminate". The Makefile names a file
+# in this variable and prints the line rank 0 left there once the launcher is done, so that the run's verdict (its
+# throughput, or its one-line error) is what a user reads last.
+VERDICT_FILE = 'BENCHMARK_VERDICT_FILE'
 
 
 class ConfigError(ValueError):
@@ -16,5 +24,19 @@ class ConfigError(ValueError):
 
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):
-        print(f'error: {message} (see {self.prog} --help)', file=sys.stderr)
-        sys.exit(2)
+        stop(2, f'{message} (see {self.prog} --help)')
+
+
+def stop(status: int, message: str):
+    """Ends the process with `error: message` as its one line on stderr, and exit status `status`."""
+    line = f'error: {message}'
+    print(line, file=sys.stderr)
+    leave_verdict(line)
+    sys.exit(status)
+
+
+def leave_verdict(line: str) -> None:
+    """Keeps the run's last line for the Makefile to print again after Composer's launcher (see VERDICT_FILE)."""
+    path = os.environ.get(VERDICT_FILE)
+    if path and os.environ.get('RANK', '0') == '0':  # the launcher's global rank; one process: rank 0
+        Path(path).write_text(line + '\n')

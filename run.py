@@ -10,7 +10,6 @@ import json
 import os
 import re
 import statistics
-import sys
 from pathlib import Path
 
 import torch
@@ -18,7 +17,7 @@ from composer import Trainer
 from composer.loggers import InMemoryLogger
 from composer.utils import dist, get_device, reproducibility
 
-from arguments import ConfigError
+from arguments import ConfigError, leave_verdict, stop
 from checkpoints import CheckpointWriteError, check_resumable, set_aside_incomplete
 from config import RunConfig, resolve_config
 from dataset_checks import DataError
@@ -85,7 +84,7 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
     check_finished(trainer, config)
     if dist.get_global_rank() == 0:
         results = summarize(trainer, config)
-        print_summary(results)
+        leave_verdict(print_summary(results))
         if config.results_json:
             write_whole(Path(config.results_json), results.to_json())
             print(f'results written to {config.results_json}')
@@ -208,10 +207,12 @@ def validation_results(logged: dict, trainer: Trainer) -> dict:
     return fields
 
 
-def print_summary(results: Results) -> None:
+def print_summary(results: Results) -> str:
+    """Prints the results; returns the first line, the throughput."""
     if results.img_per_sec is None:
-        print('throughput: the run was too short for a throughput window (needs at least 2 batches)')
-        return
+        line = 'throughput: the run was too short for a throughput window (needs at least 2 batches)'
+        print(line, flush=True)
+        return line
     line = (
         f'throughput: {results.img_per_sec:.2f} img/s ({results.img_per_sec_per_device:.2f} per device, '
         f'{results.num_devices} x {results.device_name})'
@@ -220,7 +221,8 @@ def print_summary(results: Results) -> None:
         line += f', {results.flops_per_sec / 1e12:.3g} TFLOP/s'
     if results.mfu:
         line += f', MFU {100 * results.mfu:.1f}%'
-    print(line + f'; median of {results.throughput_windows} rolling windows', flush=True)
+    throughput = line + f'; median of {results.throughput_windows} rolling windows'
+    print(throughput, flush=True)
     if results.peak_gpu_memory_gb is not None:
         line = f'peak GPU memory: {results.peak_gpu_memory_gb:.1f} GB allocated (rank 0)'
         if results.config.get('device_train_microbatch_size') == 'auto':
@@ -245,6 +247,7 @@ def print_summary(results: Results) -> None:
             'replaced by the next good sample (a bad sample is read once an epoch, and warned about once)',
             flush=True,
         )
+    return throughput
 
 
 def main_reporting_errors(args: argparse.Namespace, callbacks: tuple = ()) -> Trainer:
@@ -253,28 +256,22 @@ def main_reporting_errors(args: argparse.Namespace, callbacks: tuple = ()) -> Tr
     try:
         return main(args, callbacks)
     except ConfigError as error:
-        print(f'error: {error}', file=sys.stderr)
-        sys.exit(2)
+        stop(2, str(error))
     except IncompleteRun as error:
-        print(f'error: {error}', file=sys.stderr)
-        sys.exit(1)
+        stop(1, str(error))
     except CheckpointWriteError as error:
         # The partial file is set aside now, so that --autoresume continues from the newest complete checkpoint.
         if dist.get_global_rank() == 0 and error.file.parent.is_dir():
             set_aside_incomplete(error.file.parent)
-        print(
-            f'error: --save_folder {error.file.parent}: {error}; set aside, and --autoresume continues from the '
-            'newest complete checkpoint',
-            file=sys.stderr,
+        stop(
+            1,
+            f'--save_folder {error.file.parent}: {error}; set aside, and --autoresume continues from the newest '
+            'complete checkpoint',
         )
-        sys.exit(1)
     except OSError as error:  # a write of the run failed (results, export, samples): a full disk, a removed folder
         where = f'{error.filename}: ' if error.filename else ''
-        print(f'error: {where}{error.strerror or error}', file=sys.stderr)
-        sys.exit(1)
+        stop(1, f'{where}{error.strerror or error}')
     except (DataError, TokenizerError) as error:  # found while training, e.g. a dataset of mostly bad samples
         # Raised in a dataloader worker, the message carries the worker's traceback: its last line is the reason.
         last_line = str(error).strip().splitlines()[-1]
-        reason = re.sub(r'^(dataset_checks\.DataError|tokenizer\.TokenizerError): ', '', last_line)
-        print(f'error: {reason}', file=sys.stderr)
-        sys.exit(1)
+        stop(1, re.sub(r'^(dataset_checks\.DataError|tokenizer\.TokenizerError): ', '', last_line))

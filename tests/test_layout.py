@@ -99,3 +99,30 @@ def test_the_benchmark_runs_without_a_launcher_on_one_device():
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith('usage: benchmark.py ')
+
+
+@pytest.mark.skipif(not (Path(sys.prefix) / '.installed').is_file(), reason="needs the Makefile's own venv")
+def test_under_the_launcher_the_one_line_error_is_printed_last():
+    """Where make bench uses Composer's launcher (several GPUs; USE_LAUNCHER=1 here), the launcher prints its own
+    lines after the run's error: the error is printed again once it is done."""
+    probe = 'probe:; @$(call RUN_BENCHMARK,$(VENV),--image_size 7)'
+    run = subprocess.run(
+        ['make', '-s', '--eval', probe, 'probe', f'VENV={sys.prefix}', 'USE_LAUNCHER=1'],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2
+    error = 'error: --image_size 7: must be a positive multiple of 8 (the VAE downsamples 8x)'
+    lines = [line for line in run.stderr.splitlines() if not line.startswith('make:')]
+    assert 'launcher' in run.stderr and lines[-1] == error
+
+
+def test_a_flag_error_is_kept_for_the_makefile(tmp_path):
+    verdict = tmp_path / 'verdict'
+    env = {**os.environ, 'BENCHMARK_VERDICT_FILE': str(verdict)}
+    run = subprocess.run(
+        [sys.executable, 'benchmark.py', '--batch_size', 'abc'], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 2 and run.stderr.count('\n') == 1
+    assert verdict.read_text() == run.stderr
