@@ -342,17 +342,22 @@ def check_writable_file(flag: str, file: str) -> None:
 
 
 def check_writable_folder(flag: str, folder: str, given: str | None = None) -> None:
-    """The run can write in `folder`, or make it: a scratch folder is made and removed in it, or in its nearest
-    existing parent. Tried rather than read from the permission bits, which say nothing to root, and a read-only
-    filesystem or a full quota shows only on writing. Nothing is left behind. `given`: the flag's value, if not
-    the folder itself (a file in it)."""
+    """The run can write in `folder`, or make it: a scratch folder with a small file in it is made and removed there,
+    or in its nearest existing parent. Tried rather than read from the permission bits, which say nothing to root,
+    and a read-only filesystem or a full disk or quota shows only on writing (a full disk still makes folders, not
+    files). Nothing is left behind. `given`: the flag's value, if not the folder itself (a file in it)."""
     parent = Path(folder)
     while not parent.exists():
         parent = parent.parent
+    scratch = None
     try:
-        shutil.rmtree(tempfile.mkdtemp(dir=parent, prefix='.write-check-'))
+        scratch = tempfile.mkdtemp(dir=parent, prefix='.write-check-')
+        Path(scratch, 'probe').write_bytes(bytes(4096))
     except OSError as error:
         raise ConfigError(f'{flag} {given or folder}: cannot write in {parent} ({error.strerror or error})') from None
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def refuse_used_output_folder(flag: str, folder: str, why: str) -> None:

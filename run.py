@@ -265,8 +265,8 @@ def main_reporting_errors(args: argparse.Namespace, callbacks: tuple = ()) -> Tr
             set_aside_incomplete(error.file.parent)
         stop(
             1,
-            f'--save_folder {error.file.parent}: {error}; set aside, and --autoresume continues from the newest '
-            'complete checkpoint',
+            f'--save_folder {error.file.parent}: {error}; set aside as {error.file.name}.incomplete (remove it to '
+            'free its space), and --autoresume continues from the newest complete checkpoint',
         )
     except OSError as error:  # a write of the run failed (results, export, samples): a full disk, a removed folder
         where = f'{error.filename}: ' if error.filename else ''

@@ -526,6 +526,23 @@ def test_an_unwritable_output_is_refused_before_training(tmp_path, monkeypatch, 
     assert not (tmp_path / 'rw').exists()  # and nothing was made there
 
 
+def test_a_full_disk_is_refused_before_training(tmp_path, monkeypatch):
+    # A full disk (or quota) still makes folders; only writing a file shows it.
+    real_write_bytes = Path.write_bytes
+
+    def write_bytes(path, data):
+        if path.is_relative_to(tmp_path):
+            raise OSError(28, 'No space left on device')
+        return real_write_bytes(path, data)
+
+    monkeypatch.setattr(Path, 'write_bytes', write_bytes)
+    folder = tmp_path / 'ckpt'
+    with pytest.raises(ConfigError) as refused:
+        resolve_config(parse_args([*TINY, '--save_folder', str(folder)]))
+    assert str(refused.value) == f'--save_folder {folder}: cannot write in {tmp_path} (No space left on device)'
+    assert list(tmp_path.iterdir()) == []  # the scratch folder removed
+
+
 def test_a_save_folder_on_a_filesystem_that_refuses_writes_stops_the_run_at_start():
     try:
         os.mkdir('/sys/sd2-write-check')
