@@ -68,6 +68,13 @@ def parse_args(argv=None):
         'when it is not 512px, e.g. 256:8=400',
     )
     parser.add_argument(
+        '--unet_only',
+        action='store_true',
+        help='the --throughput values trained the UNet alone (precomputed latents, no VAE or text encoder in the '
+        'step): MFU and predictions count its 2.41 TFLOP per 512px image, not the 3.58 of training with the '
+        'encoders online (results files say which they are)',
+    )
+    parser.add_argument(
         '--gpu_type',
         default=None,
         help='GPU of the --throughput values, e.g. A100 (default: the GPU of the '
@@ -120,6 +127,8 @@ def parse_args(argv=None):
     for n in args.extrapolate or []:
         if n <= 0:
             parser.error(f'--extrapolate: GPU count must be > 0, got {n}')
+    if args.unet_only and not args.throughput:
+        parser.error('--unet_only: describes --throughput values; results files say themselves what they trained')
     check_prediction_args(args, parser)
     args.budget = parse_budget(args.samples, parser)
     return args
@@ -243,15 +252,16 @@ class Point:
     trained_flops_per_image: float | None = None
 
 
-def parse_throughput(item, gpu, what='--throughput'):
-    """'[RES:]GPUS=IMG_S' -> Point."""
+def parse_throughput(item, gpu, what='--throughput', unet_only=False):
+    """'[RES:]GPUS=IMG_S' -> Point; unet_only: trained from precomputed latents (else not known: encoders online)."""
     res, colon, rest = item.rpartition(':')
     gpus, sep, thr = (rest if colon else item).partition('=')
     if not sep:
         raise ReportError(f'{what}: expected GPUS=IMG_S (e.g. 8=128.2), got {item!r}')
     image_size = _positive(res, int, f'{what} {item!r}: image size') if colon else 512
     gpus = _positive(gpus, int, f'{what} {item!r}: GPU count')
-    return Point(gpu, gpus, _positive(thr, float, f'{what} {item!r}: img/s'), image_size, source=f'{what} {item}')
+    img_per_sec = _positive(thr, float, f'{what} {item!r}: img/s')
+    return Point(gpu, gpus, img_per_sec, image_size, source=f'{what} {item}', precomputed=True if unet_only else None)
 
 
 def load_results(path):
@@ -381,7 +391,10 @@ def build_rows(points, budget, extrapolate, references, price, peak, models=None
                 'prefixed, e.g. 256:8=400)'
             )
         known = [p.flops_per_image for p in points if p.image_size in sizes and p.flops_per_image]
-        flops[ph] = known[0] if known else scaling.FLOPS_PER_IMAGE.get(next(iter(sizes), ph))
+        # Without a results file's own count: SD2's, of the UNet alone where the throughput trained only it.
+        unet_only = any(p.precomputed for p in points if p.image_size in sizes)
+        analytic = scaling.TRAINED_FLOPS_PER_IMAGE if unet_only else scaling.FLOPS_PER_IMAGE
+        flops[ph] = known[0] if known else analytic.get(next(iter(sizes), ph))
     total_flops = sum(budget[ph] * flops[ph] for ph in phases) if all(flops.values()) else None
     total = sum(budget.values())
 
@@ -587,7 +600,7 @@ def collect_points(args):
     points = [load_results(path) for path in args.results]
     types = sorted({p.gpu for p in points})
     hand_gpu = gpu_key(args.gpu_type) if args.gpu_type else (types[0] if len(types) == 1 else 'GPU')
-    points += [parse_throughput(item, hand_gpu) for item in args.throughput]
+    points += [parse_throughput(item, hand_gpu, unet_only=args.unet_only) for item in args.throughput]
     if not points:
         raise ReportError('no throughput given: pass results JSON files and/or --throughput GPUS=IMG_S')
     groups = {}

@@ -1,6 +1,6 @@
 """The Composer Trainer of a run, assembled from its RunConfig: the data loader (synthetic tensors or MDS shards
 through Streaming), the published optimizer, the algorithms and callbacks the flags ask for, FSDP units, the
-profiler, and the random state of a checkpoint resumed mid-epoch. benchmark.py runs it;
+profiler, and the random state of a checkpoint resumed mid-epoch. run.py runs it;
 benchmarks/framework_overhead.py times it against a bare loop.
 """
 

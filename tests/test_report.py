@@ -119,6 +119,19 @@ def test_published_prediction_and_limit(tmp_path, capsys):
 # ------------------------------------------------------------------------------ the scaling model
 
 
+def test_hand_given_unet_only_throughput_counts_the_unets_flops(tmp_path, capsys):
+    # 138 img/s per H100 of UNet-only training: 138 x 2.41 TFLOP / 989 TFLOP/s = 33.6% MFU, not the 50.0% of
+    # dividing by the 3.58 TFLOP of training with the encoders online.
+    argv = ['--gpu_type', 'H100', '--throughput', '8=1104']
+    online = rows_by_kind(run_report(tmp_path, argv), 'measured')[8]
+    unet_only = rows_by_kind(run_report(tmp_path, [*argv, '--unet_only']), 'measured')[8]
+    assert online['mfu'] == pytest.approx(1104 * 3.58e12 / (8 * 989e12))  # 50.0%
+    assert unet_only['mfu'] == pytest.approx(1104 * 2.41e12 / (8 * 989e12))  # 33.6%
+    assert 'measured from precomputed latents (the UNet alone)' in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        report.parse_args(['--unet_only'])  # results files say what they trained
+
+
 def synthetic(a, b, counts=(8, 16, 32, 64, 128)):
     return {n: 1 / (a + b / n) for n in counts}
 
