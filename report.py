@@ -178,6 +178,14 @@ def add_prediction_args(parser):
         'results files carry their own)',
     )
     group.add_argument(
+        '--gradient_value_bytes',
+        type=int,
+        choices=sorted(scaling.GRADIENT_DTYPES),
+        default=4,
+        help="bytes per gradient value reduced, for a --throughput value: 4 (fp32, as Composer's AMP and FSDP's "
+        'default mixed precision reduce; results files: always) or 2 (a run that reduces in bf16/fp16)',
+    )
+    group.add_argument(
         '--trained_parameters',
         type=int,
         default=None,
@@ -365,7 +373,9 @@ def predict(points, args, gpu, label):
         rail_aligned=args.rail_aligned,
         fixed_seconds=None if args.fixed_ms is None else args.fixed_ms / 1000,
     )
-    settings = scaling.PredictionSettings(args.global_batch, args.microbatch, args.trained_parameters)
+    settings = scaling.PredictionSettings(
+        args.global_batch, args.microbatch, args.trained_parameters, args.gradient_value_bytes
+    )
     phases = sorted(args.budget, key=lambda k: -1 if k is None else k)
     try:
         return scaling.prediction_models(points, phases, args.predict, assumptions, settings, label)

@@ -69,6 +69,7 @@ CLUSTERS = {
 # multi-tensor (foreach) AdamW makes about ten passes, each a read or read-modify-write (about 80 bytes). EMA:
 # the average and the weights read, the average written (12 bytes).
 ADAMW_BYTES = {'fused': 28, 'foreach': 80}
+GRADIENT_DTYPES = {4: 'fp32', 2: 'bf16/fp16'}  # by bytes per gradient value
 EMA_BYTES = 12
 
 # nccl-tests typically reach 80-90% of the link rate as bus bandwidth: the central value is the middle, the band
@@ -85,16 +86,19 @@ class Workload:
 
     global_batch: int
     microbatch: int  # images per forward/backward on one GPU
-    trained_parameters: int  # their fp32 gradients are reduced; the optimizer updates them
+    trained_parameters: int  # their gradients are reduced; the optimizer updates them
     backward_share: float  # the trained model's backward, as a share of an image's compute (overlaps collectives)
     trained_share: float  # the trained model's forward and backward, as a share of an image's compute
     fsdp: str = 'none'  # 'none' (DDP), 'shard_grad_op' or 'full_shard'
     param_bytes: int = 2  # bytes per parameter that FSDP gathers: the autocast dtype (4 for fp32 runs)
     fixed_bytes_per_parameter: int = ADAMW_BYTES['foreach'] + EMA_BYTES
+    # Bytes per gradient value reduced: 4 under Composer's AMP (DDP reduces the fp32 gradients; FSDP's default
+    # mixed precision reduces in fp32 too), 2 where a run reduces in bf16 or fp16.
+    gradient_value_bytes: int = 4
 
     @property
     def gradient_bytes(self) -> float:
-        return 4.0 * self.trained_parameters
+        return float(self.gradient_value_bytes * self.trained_parameters)
 
 
 @dataclass(frozen=True)
@@ -315,6 +319,7 @@ class PredictionSettings:
     global_batch: int
     microbatch: int  # of a throughput given by hand
     trained_parameters: int | None = None  # of a throughput given by hand; None: SD2's UNet
+    gradient_value_bytes: int = 4  # of a throughput given by hand: fp32 gradients reduced, as Composer's AMP does
 
 
 def prediction_models(
@@ -384,6 +389,7 @@ def prediction_workload(point: MeasuredRun, settings: PredictionSettings) -> tup
         trained = settings.trained_parameters or SD2_UNET_PARAMETERS
         batch, microbatch = settings.global_batch, settings.microbatch
         fsdp, precision, fused, ema = 'none', 'amp_fp16', False, True
+        gradient_value_bytes = settings.gradient_value_bytes
     else:
         trained = point.trained_parameters or (SD2_UNET_PARAMETERS if point.model == 'sd2-base' else None)
         if trained is None:
@@ -396,6 +402,7 @@ def prediction_workload(point: MeasuredRun, settings: PredictionSettings) -> tup
             )
         fsdp, precision = run.get('fsdp', 'none'), run.get('precision', 'amp_bf16')
         fused, ema = bool(run.get('fused_adamw')), bool(run.get('use_ema'))
+        gradient_value_bytes = 4  # benchmark.py's runs reduce fp32 gradients, under DDP and FSDP alike
     if point.flops_per_image and point.trained_flops_per_image:
         trained_share = point.trained_flops_per_image / point.flops_per_image
         split = {'trained_share': trained_share, 'backward_share': 2 / 3 * trained_share}
@@ -409,6 +416,7 @@ def prediction_workload(point: MeasuredRun, settings: PredictionSettings) -> tup
         trained_parameters=trained,
         fsdp=fsdp,
         param_bytes=4 if precision == 'fp32' else 2,
+        gradient_value_bytes=gradient_value_bytes,
         fixed_bytes_per_parameter=ADAMW_BYTES['fused' if fused else 'foreach'] + (EMA_BYTES if ema else 0),
         **split,
     )
@@ -441,7 +449,8 @@ def describe_prediction(
             + ("; rail-aligned rings (the network carries one GPU's share per node)" if a.rail_aligned else ''),
             '- communication: '
             + (
-                f'{w.gradient_bytes / 1e9:.2f} GB of fp32 gradients ({w.trained_parameters:,} parameters) '
+                f'{w.gradient_bytes / 1e9:.2f} GB of {GRADIENT_DTYPES[w.gradient_value_bytes]} gradients '
+                f'({w.trained_parameters:,} parameters) '
                 'all-reduced per step, '
                 + ("overlapped with the last microbatch's backward" if a.overlap else 'not overlapped')
                 if w.fsdp == 'none'

@@ -43,6 +43,16 @@ def test_ring_traffic_over_the_network_across_nodes():
     assert rail.communication == pytest.approx(0.7 / 4)
 
 
+def test_gradients_reduced_in_bf16_move_half_the_bytes():
+    bf16 = scaling.step(replace(WORK, gradient_value_bytes=2), ROUND, 8, image_seconds=0.1)
+    assert bf16.communication == pytest.approx(2 * 7 / 8 * 2e9 / 10e9)  # 0.35 s, half of fp32's 0.7 s
+    assert bf16.exposed == pytest.approx(0.35 - 0.1)
+    # A throughput given by hand takes the bytes it is told; a results file's run reduced fp32 gradients.
+    settings = replace(SETTINGS, gradient_value_bytes=2)
+    models, _, _ = scaling.prediction_models([Run(8, 128.2)], [512], [64], A100, settings, 'A100')
+    assert models[512].workload.gradient_bytes == 2 * SD2_UNET
+
+
 def test_doubled_bandwidth_halves_the_communication():
     def exposed(network, overlap):
         assumptions = replace(ROUND, cluster=replace(ROUND.cluster, network_gb_s=network), overlap=overlap)
