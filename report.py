@@ -21,6 +21,7 @@ communication over the cluster's NVLink and network, fixed per-step work) predic
 prints each step's breakdown and the range its plausible inputs give.
 """
 
+import argparse
 import csv
 import math
 import sys
@@ -162,7 +163,11 @@ def add_prediction_args(parser):
     )
     group.add_argument('--no_overlap', action='store_true', help='the backward hides none of the communication')
     group.add_argument(
-        '--rail_aligned', action='store_true', help="the network carries one GPU's share per node, not every GPU's"
+        '--rail_aligned',
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the network carries one GPU's share per node (rail-optimized nodes, NCCL's hierarchical rings), not "
+        "every GPU's (preset: on for H100, H200 and B200, off for A100, the published run's reading)",
     )
     group.add_argument(
         '--fixed_ms', type=float, default=None, help='per-step optimizer and EMA time (default: from memory traffic)'

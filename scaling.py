@@ -13,10 +13,12 @@ One optimizer step at a fixed global batch B on N GPUs, each running B/N images 
 
 Communication is ring collectives, which move (N-1)/N of a buffer per GPU for a reduce-scatter or all-gather
 and 2(N-1)/N for an all-reduce (NCCL calls bytes / time of the latter "bus bandwidth"). Inside a node they run
-over NVLink. Once the ring spans nodes, the central model sends every GPU's share over its own network link,
-which then sets the pace. The other bound, rail-aligned rings (NCCL's rings pass through a node's GPUs over
-NVLink and cross the network once per node, one ring per network card), moves a node's traffic over all its
-cards together: the network then carries one GPU's share per node. The band spans both.
+over NVLink, with NVLink SHARP where the node has it (NVLS: the switches reduce, measured bus bandwidth). Once
+the ring spans nodes, it depends on the node's design. On rail-optimized nodes (H100, H200 and B200 presets)
+NCCL's rings pass through a node's GPUs over NVLink and cross the network once per node, one ring per network
+card: a node's traffic goes over all its cards together, and the network carries one GPU's share per node.
+Otherwise (the A100 preset, the published run's reading) every GPU's share goes over its own link, which then
+sets the pace. The range spans both readings.
 
 - DDP (the published run): Composer skips gradient synchronization on all but the last microbatch of a step,
   so one all-reduce of the trained parameters' fp32 gradients per step, overlapped with the last microbatch's
@@ -51,17 +53,52 @@ class Cluster:
     nvlink_gb_s: float  # GPU to GPU inside a node
     network_gb_s: float  # this GPU's share of the node's network links
     memory_gb_s: float  # HBM, for the memory-bound optimizer step and EMA update
+    # Rail-optimized nodes (one NIC per GPU, each on its own leaf switch): NCCL reduces inside the node first and
+    # every NIC carries its share across nodes, so the node's NICs together pace the ring. Otherwise every GPU's
+    # share goes over its own NIC, the published A100 run's reading.
+    rail_aligned: bool = False
+    # The all-reduce bus bandwidth NCCL reaches inside a node with NVLink SHARP (NVLS), measured; None: no NVLS,
+    # the ring at the link efficiency.
+    nvls_gb_s: float | None = None
 
 
 # NVIDIA datasheets: NVLink 3 moves 600 GB/s per A100 counting both directions (300 each way), NVLink 4
 # 900 GB/s (H100, H200), NVLink 5 1.8 TB/s (B200). Networks: one NIC per GPU, 200 Gb/s HDR InfiniBand on 2022
 # A100 clusters such as the published run's (25 GB/s), 400 Gb/s NDR on H100/H200/B200 nodes (50 GB/s).
-# HBM: A100-40GB 1,555 GB/s, H100 SXM 3,350, H200 4,800, B200 8,000.
+# HBM: A100-40GB 1,555 GB/s, H100 SXM 3,350, H200 4,800, B200 8,000. H100, H200 and B200 nodes are rail-optimized
+# (DGX SuperPOD reference designs; measured multi-node all-reduce 330-350 GB/s per node of 8 NDR NICs, nccl-tests
+# issues 290 and 283), and NCCL uses NVLS inside the node: all-reduce bus bandwidth 480 GB/s on 8 H100 (ring:
+# 370; NCCL issue 1442, nccl-tests issue 212), 475 on 8 H200 (nccl-tests issue 272), about 830 on 8 B200 (NCCL
+# issue 1807). The A100 preset is the published run's cluster, read from its table (docs/report.md).
 CLUSTERS = {
     'A100': Cluster('8x A100-SXM4-40GB per node, NVLink 3, 8x 200 Gb/s HDR InfiniBand', 8, 300, 25, 1555),
-    'H100': Cluster('8x H100 SXM per node, NVLink 4, 8x 400 Gb/s NDR InfiniBand', 8, 450, 50, 3350),
-    'H200': Cluster('8x H200 SXM per node, NVLink 4, 8x 400 Gb/s NDR InfiniBand', 8, 450, 50, 4800),
-    'B200': Cluster('8x B200 per node, NVLink 5, 8x 400 Gb/s NDR InfiniBand', 8, 900, 50, 8000),
+    'H100': Cluster(
+        '8x H100 SXM per node, NVLink 4 with NVLS, 8x 400 Gb/s NDR InfiniBand, rail-optimized',
+        gpus_per_node=8,
+        nvlink_gb_s=450,
+        network_gb_s=50,
+        memory_gb_s=3350,
+        rail_aligned=True,
+        nvls_gb_s=480,
+    ),
+    'H200': Cluster(
+        '8x H200 SXM per node, NVLink 4 with NVLS, 8x 400 Gb/s NDR InfiniBand, rail-optimized',
+        gpus_per_node=8,
+        nvlink_gb_s=450,
+        network_gb_s=50,
+        memory_gb_s=4800,
+        rail_aligned=True,
+        nvls_gb_s=475,
+    ),
+    'B200': Cluster(
+        '8x B200 per node, NVLink 5 with NVLS, 8x 400 Gb/s NDR InfiniBand, rail-optimized',
+        gpus_per_node=8,
+        nvlink_gb_s=900,
+        network_gb_s=50,
+        memory_gb_s=8000,
+        rail_aligned=True,
+        nvls_gb_s=830,
+    ),
 }
 
 # Bytes each trained parameter moves through GPU memory in the per-step work, in fp32. AdamW: a fused kernel
@@ -72,8 +109,9 @@ ADAMW_BYTES = {'fused': 28, 'foreach': 80}
 GRADIENT_DTYPES = {4: 'fp32', 2: 'bf16/fp16'}  # by bytes per gradient value
 EMA_BYTES = 12
 
-# nccl-tests typically reach 80-90% of the link rate as bus bandwidth: the central value is the middle, the band
-# stretches down to 70% for a fabric shared with other jobs.
+# nccl-tests typically reach 80-90% of the link rate as bus bandwidth (NCCL's protocol overhead is about 20%,
+# nccl-tests issue 212): the central value is the middle, the band stretches down to 70% for a fabric shared with
+# other jobs.
 LINK_EFFICIENCY = 0.85
 LINK_EFFICIENCY_BAND = (0.7, 0.9)
 # The optimizer and EMA estimate is taken to be good within a factor of 2 either way.
@@ -106,7 +144,7 @@ class Assumptions:
     cluster: Cluster
     link_efficiency: float = LINK_EFFICIENCY
     overlap: bool = True
-    rail_aligned: bool = False  # the network carries one GPU's share per node, not every GPU's
+    rail_aligned: bool | None = None  # the network carries one GPU's share per node; None: as the cluster is
     fixed_seconds: float | None = None  # the per-step fixed work; None: estimated from memory traffic
     fixed_scale: float = 1.0  # multiplies the estimate (the band's corners)
 
@@ -137,9 +175,13 @@ class Step:
 def bus_bandwidth(assumptions: Assumptions, gpus: int) -> float:
     """Bytes per second each GPU's share of a ring collective moves at."""
     cluster = assumptions.cluster
+    rail_aligned = cluster.rail_aligned if assumptions.rail_aligned is None else assumptions.rail_aligned
+    if gpus <= cluster.gpus_per_node and cluster.nvls_gb_s is not None:
+        # Measured at about the central efficiency: the band's corners move it in proportion.
+        return cluster.nvls_gb_s * 1e9 * assumptions.link_efficiency / LINK_EFFICIENCY
     if gpus <= cluster.gpus_per_node:
         link = cluster.nvlink_gb_s
-    elif assumptions.rail_aligned:  # the node's cards carry the ring together, at most at NVLink's pace
+    elif rail_aligned:  # the node's cards carry the ring together, at most at NVLink's pace
         link = min(cluster.nvlink_gb_s, cluster.network_gb_s * cluster.gpus_per_node)
     else:
         link = cluster.network_gb_s
@@ -367,7 +409,26 @@ def prediction_models(
     for model in models.values():
         for gpus in counts:
             model.step(gpus)  # each count must divide the batch: say so before printing anything
+    notes += small_microbatch_notes(models, counts, label)
     return models, bands, notes
+
+
+def small_microbatch_notes(models: dict, counts: list[int], label: str) -> list[str]:
+    """Where a predicted step leaves each GPU fewer images than the measured microbatch: one image's compute is
+    taken as measured, though a GPU given smaller microbatches usually computes each image more slowly."""
+    notes = []
+    for model in models.values():
+        workload = model.workload
+        small = [gpus for gpus in counts if workload.global_batch / gpus < workload.microbatch]
+        if small:
+            notes.append(
+                f'{label}: at {", ".join(f"{gpus:,}" for gpus in small)} GPUs each GPU gets fewer than the measured '
+                f"microbatch of {workload.microbatch} images per step, and one image's compute is taken as measured "
+                'at that microbatch: smaller microbatches usually compute each image more slowly (fewer images '
+                'to fill the GPU), so read these rows as upper bounds'
+            )
+            break
+    return notes
 
 
 def scaled_flops(image_size: int, precomputed: bool) -> float:
@@ -446,7 +507,12 @@ def describe_prediction(
             f'global batch {w.global_batch}, microbatch {w.microbatch}',
             f'- cluster: {c.description}: {c.gpus_per_node} GPUs per node, NVLink {c.nvlink_gb_s:g} GB/s and network '
             f'{c.network_gb_s:g} GB/s per GPU, at {a.link_efficiency:.0%} of the link rate'
-            + ("; rail-aligned rings (the network carries one GPU's share per node)" if a.rail_aligned else ''),
+            + (f'; NVLS inside a node ({c.nvls_gb_s:g} GB/s bus bandwidth)' if c.nvls_gb_s else '')
+            + (
+                "; rail-aligned rings (the network carries one GPU's share per node)"
+                if (c.rail_aligned if a.rail_aligned is None else a.rail_aligned)
+                else "; every GPU's share over its own network link"
+            ),
             '- communication: '
             + (
                 f'{w.gradient_bytes / 1e9:.2f} GB of {GRADIENT_DTYPES[w.gradient_value_bytes]} gradients '

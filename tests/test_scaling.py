@@ -53,6 +53,19 @@ def test_gradients_reduced_in_bf16_move_half_the_bytes():
     assert models[512].workload.gradient_bytes == 2 * SD2_UNET
 
 
+def test_the_presets_model_what_nccl_does_on_their_nodes():
+    h100 = scaling.Assumptions(scaling.CLUSTERS['H100'])
+    # Inside a node: NVLink SHARP's measured 480 GB/s bus bandwidth, not the ring's 450 x 0.85.
+    assert scaling.bus_bandwidth(h100, 8) == pytest.approx(480e9)
+    assert scaling.bus_bandwidth(replace(h100, link_efficiency=0.7), 8) == pytest.approx(480e9 * 0.7 / 0.85)
+    # Across rail-optimized nodes the 8 NICs pace the ring together: 8 x 50 GB/s x 0.85 = 340 GB/s.
+    assert scaling.bus_bandwidth(h100, 16) == pytest.approx(340e9)
+    assert scaling.bus_bandwidth(replace(h100, rail_aligned=False), 16) == pytest.approx(50e9 * 0.85)
+    # The A100 preset keeps the published run's reading: no NVLS, every GPU's share over its own NIC.
+    assert scaling.bus_bandwidth(A100, 8) == pytest.approx(300e9 * 0.85)
+    assert scaling.bus_bandwidth(A100, 16) == pytest.approx(25e9 * 0.85)
+
+
 def test_doubled_bandwidth_halves_the_communication():
     def exposed(network, overlap):
         assumptions = replace(ROUND, cluster=replace(ROUND.cluster, network_gb_s=network), overlap=overlap)
@@ -152,6 +165,14 @@ def test_prediction_from_a_run_given_by_hand():
     assert models[512].img_per_sec(64) == pytest.approx(909.8, abs=0.5)  # the table of docs/report.md
     assert models[256].img_per_sec(64) > models[512].img_per_sec(64) and len(bands[256]) == 16
     assert len(notes) == 1 and 'no run at 256px' in notes[0]
+
+
+def test_a_step_below_the_measured_microbatch_is_flagged_as_an_upper_bound():
+    # Global batch 2048: 512 GPUs get the measured microbatch of 4, 1,024 GPUs only 2 images each.
+    _, _, notes = scaling.prediction_models([Run(8, 128.2)], [512], [512], A100, SETTINGS, 'A100')
+    assert notes == []
+    _, _, notes = scaling.prediction_models([Run(8, 128.2)], [512], [512, 1024], A100, SETTINGS, 'A100')
+    assert len(notes) == 1 and notes[0].startswith('A100: at 1,024 GPUs each GPU gets fewer than the measured')
 
 
 def test_prediction_errors_are_complete_and_the_step_models_are_not():
