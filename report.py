@@ -176,6 +176,13 @@ def add_prediction_args(parser):
         '--global_batch', type=int, default=PUBLISHED_BATCH, help=f'batch of the predicted runs ({PUBLISHED_BATCH})'
     )
     group.add_argument(
+        '--images_per_gpu',
+        type=int,
+        default=None,
+        help='weak scaling: every predicted count trains this many images per GPU per step, and the global batch '
+        'grows with the GPUs (default: --global_batch, shared by more GPUs)',
+    )
+    group.add_argument(
         '--microbatch',
         type=int,
         default=PUBLISHED_MICROBATCH,
@@ -203,7 +210,7 @@ def check_prediction_args(args, parser):
         return
     if args.extrapolate is not None:
         parser.error('--predict and --extrapolate: give one (the step model or the fit of several counts)')
-    for flag in ('predict', 'gpus_per_node', 'global_batch', 'microbatch', 'trained_parameters'):
+    for flag in ('predict', 'gpus_per_node', 'global_batch', 'images_per_gpu', 'microbatch', 'trained_parameters'):
         values = getattr(args, flag)
         for value in values if isinstance(values, list) else [values]:
             if value is not None and value <= 0:
@@ -379,7 +386,7 @@ def predict(points, args, gpu, label):
         fixed_seconds=None if args.fixed_ms is None else args.fixed_ms / 1000,
     )
     settings = scaling.PredictionSettings(
-        args.global_batch, args.microbatch, args.trained_parameters, args.gradient_value_bytes
+        args.global_batch, args.microbatch, args.trained_parameters, args.gradient_value_bytes, args.images_per_gpu
     )
     phases = sorted(args.budget, key=lambda k: -1 if k is None else k)
     try:

@@ -133,10 +133,17 @@ class Workload:
     # Bytes per gradient value reduced: 4 under Composer's AMP (DDP reduces the fp32 gradients; FSDP's default
     # mixed precision reduces in fp32 too), 2 where a run reduces in bf16 or fp16.
     gradient_value_bytes: int = 4
+    # Weak scaling: every GPU count gets this many images per GPU per step, and the global batch grows with the
+    # GPUs; None: the global batch is fixed, and more GPUs share it.
+    images_per_gpu: int | None = None
 
     @property
     def gradient_bytes(self) -> float:
         return float(self.gradient_value_bytes * self.trained_parameters)
+
+    def at(self, gpus: int) -> 'Workload':
+        """The workload of a step on `gpus` GPUs: its global batch as given, or images_per_gpu x gpus."""
+        return self if self.images_per_gpu is None else replace(self, global_batch=self.images_per_gpu * gpus)
 
 
 @dataclass(frozen=True)
@@ -201,6 +208,7 @@ def fixed_seconds(workload: Workload, assumptions: Assumptions, gpus: int) -> fl
 
 def step(workload: Workload, assumptions: Assumptions, gpus: int, image_seconds: float) -> Step:
     """The step's time on `gpus` GPUs given one image's compute time on one GPU."""
+    workload = workload.at(gpus)
     images = workload.global_batch / gpus
     microbatch = min(workload.microbatch, images)
     microbatches = math.ceil(images / microbatch)
@@ -231,6 +239,8 @@ def step(workload: Workload, assumptions: Assumptions, gpus: int, image_seconds:
 
 def check_gpus(workload: Workload, gpus: int, what: str = '') -> None:
     prefix = f'{what}: ' if what else ''
+    if isinstance(gpus, int) and gpus > 0:
+        workload = workload.at(gpus)
     if not isinstance(gpus, int) or gpus <= 0:
         raise ScalingError(f'{prefix}GPU count must be a positive integer, got {gpus!r}')
     if gpus > workload.global_batch:
@@ -288,7 +298,10 @@ def calibrate(workload: Workload, assumptions: Assumptions, run: Measurement) ->
     if not (img_per_sec > 0 and math.isfinite(img_per_sec)):
         raise ScalingError(f'measured throughput must be a positive number, got {img_per_sec!r}')
     measured = replace(
-        workload, global_batch=run.batch or workload.global_batch, microbatch=run.microbatch or workload.microbatch
+        workload,
+        global_batch=run.batch or workload.global_batch,
+        microbatch=run.microbatch or workload.microbatch,
+        images_per_gpu=None,  # the measured run's own batch
     )
     check_gpus(measured, gpus, f'the measured run ({gpus} GPUs, batch {measured.global_batch})')
     seconds = measured.global_batch / img_per_sec
@@ -362,6 +375,7 @@ class PredictionSettings:
     microbatch: int  # of a throughput given by hand
     trained_parameters: int | None = None  # of a throughput given by hand; None: SD2's UNet
     gradient_value_bytes: int = 4  # of a throughput given by hand: fp32 gradients reduced, as Composer's AMP does
+    images_per_gpu: int | None = None  # weak scaling: the predicted runs' images per GPU per step, not global_batch
 
 
 def prediction_models(
@@ -419,7 +433,7 @@ def small_microbatch_notes(models: dict, counts: list[int], label: str) -> list[
     notes = []
     for model in models.values():
         workload = model.workload
-        small = [gpus for gpus in counts if workload.global_batch / gpus < workload.microbatch]
+        small = [gpus for gpus in counts if workload.at(gpus).global_batch / gpus < workload.microbatch]
         if small:
             notes.append(
                 f'{label}: at {", ".join(f"{gpus:,}" for gpus in small)} GPUs each GPU gets fewer than the measured '
@@ -449,6 +463,8 @@ def prediction_workload(point: MeasuredRun, settings: PredictionSettings) -> tup
     if run is None:
         trained = settings.trained_parameters or SD2_UNET_PARAMETERS
         batch, microbatch = settings.global_batch, settings.microbatch
+        if settings.images_per_gpu is not None:  # weak scaling: the measured run had as many images per GPU
+            batch = settings.images_per_gpu * point.gpus
         fsdp, precision, fused, ema = 'none', 'amp_fp16', False, True
         gradient_value_bytes = settings.gradient_value_bytes
     else:
@@ -473,6 +489,7 @@ def prediction_workload(point: MeasuredRun, settings: PredictionSettings) -> tup
         raise PredictionError(f"{point.source}: --predict needs the UNet's FLOPs at {point.image_size}px")
     workload = Workload(
         global_batch=settings.global_batch,
+        images_per_gpu=settings.images_per_gpu,
         microbatch=microbatch,
         trained_parameters=trained,
         fsdp=fsdp,
@@ -504,7 +521,12 @@ def describe_prediction(
             f'### {label}' + (f' {phase}px' if phase else '') + ': step model',
             '',
             f'- one image forward and backward on one GPU: {1000 * model.image_seconds:.2f} ms ({model.origin}); '
-            f'global batch {w.global_batch}, microbatch {w.microbatch}',
+            + (
+                f'global batch {w.global_batch}'
+                if w.images_per_gpu is None
+                else f'{w.images_per_gpu} images per GPU per step (the global batch grows with the GPUs)'
+            )
+            + f', microbatch {w.microbatch}',
             f'- cluster: {c.description}: {c.gpus_per_node} GPUs per node, NVLink {c.nvlink_gb_s:g} GB/s and network '
             f'{c.network_gb_s:g} GB/s per GPU, at {a.link_efficiency:.0%} of the link rate'
             + (f'; NVLS inside a node ({c.nvls_gb_s:g} GB/s bus bandwidth)' if c.nvls_gb_s else '')

@@ -167,6 +167,19 @@ def test_prediction_from_a_run_given_by_hand():
     assert len(notes) == 1 and 'no run at 256px' in notes[0]
 
 
+def test_weak_scaling_grows_the_global_batch_with_the_gpus():
+    weak = replace(WORK, images_per_gpu=8)  # 8 images per GPU per step, in microbatches of 2, at any count
+    step = scaling.step(weak, ROUND, 16, image_seconds=0.1)
+    assert step.global_batch == 128 and step.images_per_gpu == 8 and step.microbatches == 4
+    assert step.compute == pytest.approx(8 * 0.1)
+    assert step.communication == pytest.approx(2 * 15 / 16 * 4e9 / 10e9)  # the same 4 GB all-reduced
+    # A throughput given by hand is taken at the same images per GPU: 8 GPUs x 32 = 256 in the measured step.
+    settings = replace(SETTINGS, images_per_gpu=32, microbatch=32)
+    models, _, _ = scaling.prediction_models([Run(8, 511.9)], [512], [8, 64], A100, settings, 'A100')
+    assert models[512].img_per_sec(8) == pytest.approx(511.9)
+    assert models[512].step(64).global_batch == 64 * 32
+
+
 def test_a_step_below_the_measured_microbatch_is_flagged_as_an_upper_bound():
     # Global batch 2048: 512 GPUs get the measured microbatch of 4, 1,024 GPUs only 2 images each.
     _, _, notes = scaling.prediction_models([Run(8, 128.2)], [512], [512], A100, SETTINGS, 'A100')
