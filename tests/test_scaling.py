@@ -126,8 +126,8 @@ def test_published_table_from_its_8_gpu_row_alone():
     """The documented A100 cluster and nothing fitted but the 8-GPU row: within 10% of every published figure,
     each inside the range over the plausible inputs."""
     model = scaling.calibrate(PUBLISHED, A100, scaling.Measurement(8, 128.2))
-    corners = scaling.band(PUBLISHED, A100, scaling.Measurement(8, 128.2))
-    assert len(corners) == 16
+    corners = scaling.band(PUBLISHED, A100, scaling.Measurement(8, 128.2))['all']
+    assert len(corners) == 16  # link efficiency, fixed work, losses with the node count, network layout
     for gpus, published in PUBLISHED_IMG_PER_SEC.items():
         predicted = model.img_per_sec(gpus)
         assert abs(predicted / published - 1) < 0.10, (gpus, predicted, published)
@@ -163,8 +163,30 @@ SETTINGS = scaling.PredictionSettings(global_batch=2048, microbatch=4)
 def test_prediction_from_a_run_given_by_hand():
     models, bands, notes = scaling.prediction_models([Run(8, 128.2)], [256, 512], [64], A100, SETTINGS, 'A100')
     assert models[512].img_per_sec(64) == pytest.approx(909.8, abs=0.5)  # the table of docs/report.md
-    assert models[256].img_per_sec(64) > models[512].img_per_sec(64) and len(bands[256]) == 16
+    assert models[256].img_per_sec(64) > models[512].img_per_sec(64) and len(bands[256]['all']) == 16
     assert len(notes) == 1 and 'no run at 256px' in notes[0]
+
+
+def test_losses_growing_with_the_node_count_stretch_the_step():
+    plain = scaling.step(WORK, ROUND, 16, image_seconds=0.1)  # 4 nodes: two doublings
+    lossy = scaling.step(WORK, replace(ROUND, scale_loss=0.05), 16, image_seconds=0.1)
+    assert lossy.seconds == pytest.approx(plain.seconds * (1 + 0.05 * 2))
+    one_node = replace(ROUND, scale_loss=0.05)
+    assert scaling.step(WORK, one_node, 4, 0.1).seconds == scaling.step(WORK, ROUND, 4, 0.1).seconds
+
+
+def test_the_range_spans_only_what_is_not_known_of_the_cluster():
+    h100 = scaling.Assumptions(scaling.CLUSTERS['H100'])  # rail-optimized: its layout is known
+    corners = scaling.band(PUBLISHED, h100, scaling.Measurement(8, 1099.0))
+    assert set(corners) == {'all', 'link efficiency', 'fixed work', 'losses growing with the node count'}
+    assert len(corners['all']) == 8
+    # At 512 GPUs and global batch 2048 a step is 4 images (about 30 ms) beside 24 ms of optimizer and EMA work:
+    # that estimate weighs most. At 32 images per GPU the fixed work is small, and the losses the model leaves out
+    # (6 doublings of the nodes x 4.5%) weigh most.
+    assert scaling.dominant_input(corners, 512) == 'fixed work'
+    weak = scaling.band(replace(PUBLISHED, images_per_gpu=32), h100, scaling.Measurement(8, 1099.0, 256, 4))
+    assert scaling.dominant_input(weak, 512) == 'losses growing with the node count'
+    assert 'network layout' in scaling.band(PUBLISHED, A100, scaling.Measurement(8, 128.2))  # not known for A100
 
 
 def test_weak_scaling_grows_the_global_batch_with_the_gpus():
