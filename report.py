@@ -183,6 +183,15 @@ def add_prediction_args(parser):
         'grows with the GPUs (default: --global_batch, shared by more GPUs)',
     )
     group.add_argument(
+        '--microbatch_curve',
+        nargs='+',
+        default=[],
+        metavar='RESULTS_JSON',
+        help='results files of runs at several microbatches (benchmarks/speed_sweep.py writes them), of the '
+        "measured run's GPU, model and image size: how one image's compute time changes where a predicted step "
+        'leaves each GPU fewer images than the measured microbatch (default: taken as unchanged)',
+    )
+    group.add_argument(
         '--microbatch',
         type=int,
         default=PUBLISHED_MICROBATCH,
@@ -364,6 +373,26 @@ def describe_fit(label, fit, extra):
     return '\n'.join(lines)
 
 
+def microbatch_curve(paths, points) -> tuple:
+    """((microbatch, img/s per GPU), ...) from results files of the measured runs' GPU, model and image size."""
+    curve = {}
+    for path in paths:
+        run = load_results(path)
+        for field in ('gpu', 'model', 'image_size', 'precomputed'):
+            if getattr(run, field) != getattr(points[0], field):
+                raise ReportError(
+                    f'--microbatch_curve {path}: {field} {getattr(run, field)!r}, where the measured run '
+                    f'({points[0].source}) has {getattr(points[0], field)!r}'
+                )
+        microbatch = run.run.get('device_train_microbatch_size')
+        if not isinstance(microbatch, int):
+            raise ReportError(f'--microbatch_curve {path}: no fixed microbatch ({microbatch!r})')
+        curve[microbatch] = run.img_per_sec / run.gpus
+    if len(curve) == 1:
+        raise ReportError('--microbatch_curve: runs at one microbatch only; a curve needs two or more')
+    return tuple(sorted(curve.items()))
+
+
 def predict(points, args, gpu, label):
     """--predict for one table: scaling.prediction_models on the cluster and settings the flags give, its errors
     as one-line ReportErrors."""
@@ -386,7 +415,12 @@ def predict(points, args, gpu, label):
         fixed_seconds=None if args.fixed_ms is None else args.fixed_ms / 1000,
     )
     settings = scaling.PredictionSettings(
-        args.global_batch, args.microbatch, args.trained_parameters, args.gradient_value_bytes, args.images_per_gpu
+        args.global_batch,
+        args.microbatch,
+        args.trained_parameters,
+        args.gradient_value_bytes,
+        args.images_per_gpu,
+        microbatch_curve(args.microbatch_curve, points),
     )
     phases = sorted(args.budget, key=lambda k: -1 if k is None else k)
     try:

@@ -141,14 +141,35 @@ class Workload:
     # Weak scaling: every GPU count gets this many images per GPU per step, and the global batch grows with the
     # GPUs; None: the global batch is fixed, and more GPUs share it.
     images_per_gpu: int | None = None
+    # One image's compute time at other microbatches, relative to `microbatch`'s: ((microbatch, relative time), ...)
+    # from measured runs (report.py --microbatch_curve). Empty: the same at every microbatch.
+    microbatch_curve: tuple[tuple[int, float], ...] = ()
 
     @property
     def gradient_bytes(self) -> float:
         return float(self.gradient_value_bytes * self.trained_parameters)
 
+    def image_time_factor(self, microbatch: float) -> float:
+        """One image's compute time at `microbatch` over its time at this workload's microbatch (1 without a
+        curve)."""
+        return log2_interpolate(self.microbatch_curve, microbatch) if self.microbatch_curve else 1.0
+
     def at(self, gpus: int) -> 'Workload':
         """The workload of a step on `gpus` GPUs: its global batch as given, or images_per_gpu x gpus."""
         return self if self.images_per_gpu is None else replace(self, global_batch=self.images_per_gpu * gpus)
+
+
+def log2_interpolate(points: tuple[tuple[float, float], ...], x: float) -> float:
+    """y at x from (x, y) points: linear in log2(x) between them (microbatches double), flat beyond them."""
+    points = sorted(points)
+    if x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    for (low, low_y), (high, high_y) in zip(points, points[1:]):
+        if low <= x <= high:
+            return low_y + math.log2(x / low) / math.log2(high / low) * (high_y - low_y)
+    raise AssertionError('unreachable: the points span x')
 
 
 @dataclass(frozen=True)
@@ -222,6 +243,7 @@ def step(workload: Workload, assumptions: Assumptions, gpus: int, image_seconds:
     images = workload.global_batch / gpus
     microbatch = min(workload.microbatch, images)
     microbatches = math.ceil(images / microbatch)
+    image_seconds *= workload.image_time_factor(microbatch)  # a smaller microbatch fills the GPU less
     compute = images * image_seconds
     ring = (gpus - 1) / gpus
     bandwidth = bus_bandwidth(assumptions, gpus) if gpus > 1 else math.inf
@@ -411,6 +433,9 @@ class PredictionSettings:
     trained_parameters: int | None = None  # of a throughput given by hand; None: SD2's UNet
     gradient_value_bytes: int = 4  # of a throughput given by hand: fp32 gradients reduced, as Composer's AMP does
     images_per_gpu: int | None = None  # weak scaling: the predicted runs' images per GPU per step, not global_batch
+    # Per-GPU throughput at several microbatches, ((microbatch, img/s per GPU), ...), of the measured runs' GPU,
+    # model and image size: how one image's compute time changes with the microbatch. Empty: it does not.
+    microbatch_curve: tuple[tuple[int, float], ...] = ()
 
 
 def prediction_models(
@@ -471,13 +496,16 @@ def small_microbatch_notes(models: dict, counts: list[int], label: str) -> list[
     notes = []
     for model in models.values():
         workload = model.workload
+        if workload.microbatch_curve:  # measured: the steps' compute follows the curve
+            continue
         small = [gpus for gpus in counts if workload.at(gpus).global_batch / gpus < workload.microbatch]
         if small:
             notes.append(
                 f'{label}: at {", ".join(f"{gpus:,}" for gpus in small)} GPUs each GPU gets fewer than the measured '
                 f"microbatch of {workload.microbatch} images per step, and one image's compute is taken as measured "
                 'at that microbatch: smaller microbatches usually compute each image more slowly (fewer images '
-                'to fill the GPU), so read these rows as upper bounds'
+                'to fill the GPU), so read these rows as upper bounds; --microbatch_curve with runs at smaller '
+                'microbatches measures it'
             )
             break
     return notes
@@ -528,6 +556,7 @@ def prediction_workload(point: MeasuredRun, settings: PredictionSettings) -> tup
     workload = Workload(
         global_batch=settings.global_batch,
         images_per_gpu=settings.images_per_gpu,
+        microbatch_curve=relative_image_times(settings.microbatch_curve, microbatch, point.source),
         microbatch=microbatch,
         trained_parameters=trained,
         fsdp=fsdp,
@@ -537,6 +566,22 @@ def prediction_workload(point: MeasuredRun, settings: PredictionSettings) -> tup
         **split,
     )
     return workload, batch, microbatch
+
+
+def relative_image_times(curve: tuple[tuple[int, float], ...], microbatch: int, source: str) -> tuple:
+    """Per-GPU throughputs at several microbatches -> ((microbatch, one image's time relative to the measured
+    run's microbatch), ...). The measured microbatch must lie within the curve."""
+    if not curve:
+        return ()
+    times = tuple((m, 1 / rate) for m, rate in curve)  # seconds per image on one GPU
+    microbatches = sorted(m for m, _ in curve)
+    if not microbatches[0] <= microbatch <= microbatches[-1]:
+        raise PredictionError(
+            f'--microbatch_curve: covers microbatches {microbatches[0]}-{microbatches[-1]}, not the '
+            f'microbatch {microbatch} of {source}: add a run at it'
+        )
+    reference = log2_interpolate(times, microbatch)
+    return tuple((m, seconds / reference) for m, seconds in sorted(times))
 
 
 def overall_img_per_sec(models: dict, budget: dict, gpus: int) -> float:

@@ -463,6 +463,37 @@ def test_predict_from_a_results_file_uses_its_configuration(tmp_path, capsys):
     assert '| 64 | 8 | 4 | 1 |' in run_report_out(tmp_path, capsys, [ddp, '--predict', '64', '--global_batch', '256'])
 
 
+def test_predict_with_a_microbatch_curve(tmp_path, capsys):
+    common = dict(trained_parameters=10**9, trained_flops_per_image=2.4e12)
+    measured = results_file(
+        tmp_path / 'm.json',
+        num_devices=8,
+        img_per_sec=200.0,
+        config={'batch_size': 256, 'device_train_microbatch_size': 8},
+        **common,
+    )
+    # One GPU at microbatch 4 and 8: one image takes twice as long at 4 (12.5 against 25 img/s).
+    curve = [
+        results_file(
+            tmp_path / f'mb{m}.json',
+            num_devices=1,
+            img_per_sec=rate,
+            config={'device_train_microbatch_size': m},
+            **common,
+        )
+        for m, rate in ((4, 12.5), (8, 25.0))
+    ]
+    argv = [measured, '--predict', '64', '--global_batch', '256']  # 64 GPUs: 4 images each, below the 8 measured
+    plain = rows_by_kind(run_report(tmp_path, argv), 'predicted')[64]
+    assert 'read these rows as upper bounds' in capsys.readouterr().out
+    curved = rows_by_kind(run_report(tmp_path, [*argv, '--microbatch_curve', *curve]), 'predicted')[64]
+    assert 'upper bounds' not in capsys.readouterr().out
+    assert curved['img_per_sec'] < 0.6 * plain['img_per_sec']  # the compute of the step doubled
+    other = results_file(tmp_path / 'a100.json', device_name='NVIDIA A100-SXM4-40GB', num_devices=1, **common)
+    with pytest.raises(report.ReportError, match=f"--microbatch_curve {other}: gpu 'A100', where the measured run"):
+        run_report(tmp_path, [*argv, '--microbatch_curve', other, curve[0]])
+
+
 def run_report_out(tmp_path, capsys, argv):
     run_report(tmp_path, argv)
     return capsys.readouterr().out

@@ -189,6 +189,22 @@ def test_the_range_spans_only_what_is_not_known_of_the_cluster():
     assert 'network layout' in scaling.band(PUBLISHED, A100, scaling.Measurement(8, 128.2))  # not known for A100
 
 
+def test_a_microbatch_curve_slows_the_steps_below_the_measured_microbatch():
+    # Measured at microbatch 2 in WORK; one image takes 1.5x as long at microbatch 1, and the same at 4.
+    curved = replace(WORK, microbatch_curve=((1, 1.5), (2, 1.0), (4, 1.0)))
+    assert curved.image_time_factor(1) == 1.5 and curved.image_time_factor(2) == 1.0
+    assert scaling.log2_interpolate(((1, 1.5), (4, 1.0)), 2) == pytest.approx(1.25)  # halfway in log2
+    at_64 = scaling.step(curved, ROUND, 64, image_seconds=0.1)  # 1 image per GPU
+    assert at_64.compute == pytest.approx(1 * 0.1 * 1.5)
+    assert scaling.step(curved, ROUND, 16, 0.1).compute == pytest.approx(4 * 0.1)  # microbatch 2: as measured
+    # Per-GPU throughputs -> one image's time relative to the measured microbatch (4): 50, 100, 120 img/s.
+    relative = scaling.relative_image_times(((2, 50.0), (4, 100.0), (8, 120.0)), 4, 'run')
+    assert [m for m, _ in relative] == [2, 4, 8]
+    assert [time for _, time in relative] == pytest.approx([2.0, 1.0, 100 / 120])
+    with pytest.raises(scaling.PredictionError, match='covers microbatches 2-8, not the microbatch 16 of run'):
+        scaling.relative_image_times(((2, 50.0), (8, 120.0)), 16, 'run')
+
+
 def test_weak_scaling_grows_the_global_batch_with_the_gpus():
     weak = replace(WORK, images_per_gpu=8)  # 8 images per GPU per step, in microbatches of 2, at any count
     step = scaling.step(weak, ROUND, 16, image_seconds=0.1)
