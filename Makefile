@@ -24,7 +24,7 @@ USE_LAUNCHER ?= $$($(1)/bin/python -c 'import torch; print(int(torch.cuda.device
 RUN_BENCHMARK = if [ "$(call USE_LAUNCHER,$(1))" = 1 ]; then \
 	verdict=$$(mktemp); BENCHMARK_VERDICT_FILE=$$verdict $(1)/bin/composer benchmark.py $(2); status=$$?; \
 	if [ -s $$verdict ] && [ $$status = 0 ]; then echo; cat $$verdict; elif [ -s $$verdict ]; then cat $$verdict >&2; fi; \
-	rm -f $$verdict; exit $$status; \
+	rm -f $$verdict; (exit $$status); \
 	else $(1)/bin/python benchmark.py $(2); fi
 
 # Streams a generated sample MDS dataset of real JPEGs (built on first use): SD2 base with the published
@@ -60,8 +60,8 @@ gpu-check: install
 	@$(VENV)/bin/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device')"
 	$(VENV)/bin/python -m pytest -m gpu
 	gpus=$$($(VENV)/bin/python -c 'import torch; print(torch.cuda.device_count())'); \
-	$(VENV)/bin/composer benchmark.py $(GPU_CHECK_RUN) --batch_size $$((16 * gpus)) --results_json results/gpu-check-online.json && \
-	$(VENV)/bin/composer benchmark.py $(GPU_CHECK_RUN) --batch_size $$((16 * gpus)) --precomputed_latents --results_json results/gpu-check-precomputed.json
+	$(call RUN_BENCHMARK,$(VENV),$(GPU_CHECK_RUN) --batch_size $$((16 * gpus)) --results_json results/gpu-check-online.json) && \
+	$(call RUN_BENCHMARK,$(VENV),$(GPU_CHECK_RUN) --batch_size $$((16 * gpus)) --precomputed_latents --results_json results/gpu-check-precomputed.json)
 
 # The second CPU lane, on today's stack rather than the pins (docs/install.md): a separate venv with the newest torch
 # from PyPI (a CUDA build, which loads its nvidia-* libraries even on a CPU, so pip installs them as usual) and
