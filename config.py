@@ -179,6 +179,8 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
 
 
 def fill_defaults(draft: argparse.Namespace, has_gpu: bool) -> None:
+    """The model folder (and what its batches carry), then the preset's and the device's values for flags left
+    unset."""
     if draft.model_name is None:
         draft.model_name = 'sd2-base' if has_gpu else 'tiny'
         why = 'a GPU is present' if has_gpu else 'no GPU found; pass --model_name sd2-base for the real model'
