@@ -39,4 +39,7 @@ def leave_verdict(line: str) -> None:
     """Keeps the run's last line for the Makefile to print again after Composer's launcher (see VERDICT_FILE)."""
     path = os.environ.get(VERDICT_FILE)
     if path and os.environ.get('RANK', '0') == '0':  # the launcher's global rank; one process: rank 0
-        Path(path).write_text(line + '\n')
+        try:
+            Path(path).write_text(line + '\n')
+        except OSError:  # a full disk: the line was printed anyway, above the launcher's
+            pass
