@@ -310,7 +310,12 @@ def test_wandb_offline_run_holds_the_throughput_history(tmp_path, monkeypatch):
     monkeypatch.setenv('WANDB_MODE', 'offline')
     monkeypatch.setenv('WANDB_DIR', str(tmp_path))
     trainer = main(parse_args([*TINY, '--max_duration', '4ba', '--wandb_project', 'p', '--wandb_name', 'n']))
-    trainer.close()  # as at exit: Composer finishes the W&B run, which writes out what it buffered
+    trainer.close()  # Composer finishes the W&B run
+    # As at exit: wandb's own atexit hook. Finishing a run only asks wandb's service to close the run file, without
+    # waiting; teardown waits for the service, so the file is complete (a loaded machine read it half-written).
+    import wandb
+
+    wandb.teardown()
     (run_file,) = tmp_path.glob('wandb/offline-run-*/run-*.wandb')
     keys = wandb_history_keys(run_file)
     assert {'throughput/samples_per_sec', 'throughput/flops_per_sec', 'loss/train/total'} <= keys, sorted(keys)
