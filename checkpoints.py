@@ -112,10 +112,10 @@ class RunDescription(Callback):
         pass  # compared before loading, by check_resumable
 
 
-def check_resumable(folder: Path, config: RunConfig, unet: torch.nn.Module, rank: int = 0) -> None:
+def check_resumable(folder: Path, config: RunConfig, model: torch.nn.Module, rank: int = 0) -> None:
     """Raises ConfigError naming what differs between this run and the checkpoint autoresume would load: a
-    setting of run_description(), or the UNet's parameter shapes. Reads the checkpoint memory-mapped, so that
-    only its small parts are read from disk."""
+    setting of run_description(), or the trained network's (model.denoiser's) parameter shapes. Reads the checkpoint
+    memory-mapped, so that only its small parts are read from disk."""
     latest = folder / f'latest-rank{rank}.pt'
     if not latest.is_file():
         return
@@ -130,18 +130,20 @@ def check_resumable(folder: Path, config: RunConfig, unet: torch.nn.Module, rank
         differ = [f'{key} {saved[key]!r} there, {here[key]!r} here' for key in here if saved.get(key) != here[key]]
         if differ:
             raise ConfigError(f'{where}: {"; ".join(differ)}; pass its flags, or a new --save_folder')
-    shapes = {name: tuple(p.shape) for name, p in unet.state_dict().items()}
+    prefix = f'{model.denoiser_name}.'
+    shapes = {name: tuple(p.shape) for name, p in model.denoiser.state_dict().items()}
     saved_shapes = {
-        name.removeprefix('unet.'): tuple(tensor.shape)
+        name.removeprefix(prefix): tuple(tensor.shape)
         for name, tensor in state['model'].items()
-        if name.startswith('unet.')
+        if name.startswith(prefix)
     }
     differ = [name for name in shapes if saved_shapes.get(name) != shapes[name]]
     differ += [name for name in saved_shapes if name not in shapes]
-    if saved_shapes and differ:  # no 'unet.' names: a layout this check does not know, left to Composer
+    if saved_shapes and differ:  # no names under the prefix: a layout this check does not know, left to Composer
         name = differ[0]
         there, here = (list(side[name]) if name in side else 'absent' for side in (saved_shapes, shapes))
         raise ConfigError(
-            f'{where}: {len(differ)} UNet parameter(s) differ, e.g. {name} is {there} there, {here} here '
+            f'{where}: {len(differ)} {model.denoiser_name} parameter(s) differ, e.g. {name} is {there} there, '
+            f'{here} here '
             '(another model?); pass its flags, or a new --save_folder'
         )

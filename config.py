@@ -34,8 +34,15 @@ from data import CaptionInputs, caption_inputs
 from dataset_checks import DataError, DatasetDescription, describe_dataset
 from ema import parse_half_life
 from evaluation import SAMPLE_PROMPTS
-from model_folder import LATENT_DOWNSAMPLE, pooled_text_width, resolve_model_dir, unet_config
+from model_folder import (
+    LATENT_DOWNSAMPLE,
+    denoiser_config,
+    is_transformer_folder,
+    pooled_text_width,
+    resolve_model_dir,
+)
 from tokenizer import CaptionTokenizer
+from transformer_model import RECIPES, Recipe, is_flow_matching
 
 SYNTHETIC_SAMPLES = 100_000  # one synthetic "epoch"; runs are normally bounded in batches instead
 
@@ -67,6 +74,15 @@ PRESETS = {
     'tiny-sd1.5': TINY,
     'tiny-sd2-768-v': dataclasses.replace(TINY, image_size=96),
     'tiny-sdxl-base': TINY,
+    # The diffusion transformers at their default training sizes: Flux.1-schnell at MLPerf flux1's 256px, SD3.5
+    # medium and PixArt-Sigma at 512px (their 1024px stages take --image_size 1024). Global batch 1024 (SD3's
+    # report). Microbatches are starting points by activation size, not measured; Flux needs --fsdp full_shard.
+    'flux-schnell': Preset(image_size=256, batch_size=1024, device_train_microbatch_size=8, max_duration='10ba'),
+    'sd3.5-medium': Preset(image_size=512, batch_size=1024, device_train_microbatch_size=8, max_duration='10ba'),
+    'pixart-sigma': Preset(image_size=512, batch_size=1024, device_train_microbatch_size=16, max_duration='10ba'),
+    'tiny-flux-schnell': TINY,
+    'tiny-sd3.5-medium': TINY,
+    'tiny-pixart-sigma': TINY,
 }
 
 
@@ -133,10 +149,17 @@ class RunConfig:
     sample_steps: int
     guidance_scale: float
     export_pipeline: str | None
-    # stability options (stability.py), off by default
+    # stability options (stability.py), off by default for the UNets
     grad_clip_norm: float | None
     lr_warmup: str | None
     caption_dropout: float
+    # flow matching (transformer_model.py): None for the UNets and PixArt
+    timestep_density: str | None
+    logit_mean: float | None
+    logit_std: float | None
+    mode_scale: float | None
+    loss_weighting: str | None
+    recipe: Recipe | None  # a diffusion transformer's training recipe, with the flags above applied
     # what resolving chose on the user's behalf, printed at start
     notes: tuple[str, ...] = ()
 
@@ -155,6 +178,8 @@ def plain(value):
         return str(value)
     if isinstance(value, tuple):
         return list(value)
+    if dataclasses.is_dataclass(value):
+        return {key: plain(item) for key, item in dataclasses.asdict(value).items()}
     return value
 
 
@@ -167,6 +192,7 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     has_gpu = torch.cuda.is_available()
     draft = argparse.Namespace(**vars(args), notes=[])  # the caller's args stay as they were
     fill_defaults(draft, has_gpu)
+    settle_recipe(draft)
     settle_batch(draft, has_gpu)
     check_device(draft, has_gpu)
     settle_ema(draft)
@@ -197,6 +223,68 @@ def fill_defaults(draft: argparse.Namespace, has_gpu: bool) -> None:
         draft.precision = 'amp_bf16' if has_gpu else 'fp32'
     if draft.pin_memory is None:
         draft.pin_memory = has_gpu
+
+
+FLOW_FLAGS = ('timestep_density', 'logit_mean', 'logit_std', 'mode_scale', 'loss_weighting')
+
+
+def settle_recipe(draft: argparse.Namespace) -> None:
+    """A diffusion transformer's training recipe (transformer_model.RECIPES) with the flags given applied, and the
+    defaults it gives --grad_clip_norm and --caption_dropout; the UNet-only flags refused for it, and the flow
+    matching flags for the models that do not learn a flow."""
+    given_flow = [flag for flag in FLOW_FLAGS if getattr(draft, flag) is not None]
+    draft.recipe = None
+    if not is_transformer_folder(draft.model_dir):
+        if given_flow:
+            raise ConfigError(f'--{given_flow[0]}: a flow matching option; {draft.model_name} is a UNet (DDPM)')
+        if draft.caption_dropout is None:
+            draft.caption_dropout = 0.0
+        return
+    family = denoiser_config(draft.model_dir)['_class_name']
+    for flag, why in (('prediction_type', "the family's objective is fixed"), ('export_ema_unet', 'a UNet export')):
+        if getattr(draft, flag) is not None:
+            raise ConfigError(f'--{flag}: a UNet option ({why}); {draft.model_name} is a diffusion transformer')
+    if draft.attention != 'sdpa':
+        raise ConfigError(f'--attention {draft.attention}: the diffusion transformers run PyTorch SDPA attention only')
+    if not draft.use_synth_data:
+        raise ConfigError(
+            f'{draft.model_name}: training a diffusion transformer on a dataset (--remote/--local, or the sample '
+            'dataset) is not built yet: its T5 captions need precompute.py and a T5 tokenizer; pass --use_synth_data'
+        )
+    for flag in ('eval_local', 'eval_remote', 'sample_interval', 'export_pipeline'):
+        if getattr(draft, flag):
+            raise ConfigError(
+                f'--{flag}: validation, sample images and pipeline exports are not built yet for the diffusion '
+                f'transformers ({draft.model_name}); leave it out'
+            )
+    patch = LATENT_DOWNSAMPLE * 2  # Flux's 2x2 latent packing, SD3's and PixArt's 2x2 patches
+    if draft.image_size % patch:
+        raise ConfigError(f'--image_size {draft.image_size}: {draft.model_name} takes multiples of {patch}')
+    transformer = denoiser_config(draft.model_dir)
+    if draft.image_size // patch > transformer.get('pos_embed_max_size', float('inf')):
+        largest = transformer['pos_embed_max_size'] * patch
+        raise ConfigError(f'--image_size {draft.image_size}: {draft.model_name} takes at most {largest}px')
+    if given_flow and not is_flow_matching(family):
+        raise ConfigError(f'--{given_flow[0]}: a flow matching option; {draft.model_name} predicts DDPM noise')
+    recipe = RECIPES[family]
+    recipe = dataclasses.replace(recipe, **{flag: getattr(draft, flag) for flag in given_flow})
+    for flag in ('logit_std', 'mode_scale'):
+        if not getattr(recipe, flag) > 0:
+            raise ConfigError(f'--{flag} {getattr(recipe, flag)}: must be positive')
+    draft.recipe = recipe
+    if is_flow_matching(family):
+        for flag in FLOW_FLAGS:
+            setattr(draft, flag, getattr(recipe, flag))
+    if draft.grad_clip_norm is None:
+        draft.grad_clip_norm = recipe.grad_clip_norm
+    if draft.caption_dropout is None:
+        draft.caption_dropout = recipe.caption_dropout
+        if draft.precomputed_latents and recipe.caption_dropout:
+            draft.caption_dropout = 0.0
+            draft.notes.append(
+                f"{draft.model_name}'s recipe drops captions with probability {recipe.caption_dropout}, which "
+                'precomputed text embeddings cannot: this run drops none'
+            )
 
 
 def settle_batch(draft: argparse.Namespace, has_gpu: bool) -> None:
@@ -457,7 +545,7 @@ def settle_data(draft: argparse.Namespace) -> None:
 
 def settle_precomputed_shapes(draft: argparse.Namespace, dataset: DatasetDescription) -> None:
     """The stored shapes must fit this UNet; the image size is the one the data was precomputed at."""
-    unet = unet_config(draft.model_dir)
+    unet = denoiser_config(draft.model_dir)
     channels, height, width = dataset.latent_shape
     if channels != unet['in_channels'] or dataset.embedding_width != unet['cross_attention_dim']:
         raise ConfigError(

@@ -13,6 +13,7 @@ adds 'sample_id' (the sample's position in the dataset) and 'bad_samples' (1 whe
 replaced), which the model ignores and `BadSampleCounter` logs.
 """
 
+import json
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -25,30 +26,48 @@ from torch.utils.data import Dataset, default_collate
 
 from dataset_checks import READ_TIMEOUT, RETRIES, SDXL_PRECOMPUTED_COLUMNS, DataError
 from images import MAX_IMAGE_PIXELS, BadSample, decode_image, size_conditions
-from model_folder import has_micro_conditioning, unet_config
+from model_folder import T5_CAPTION_LENGTH, denoiser_config, has_micro_conditioning, text_encoder_folders
 from streaming_fixes import CheckedStreamingDataset
-from tokenizer import CAPTION_LENGTH, CLIP_PAD_ID, CLIP_VOCAB_SIZE, CaptionTokenizer, caption_pad_ids
+from tokenizer import CAPTION_LENGTH, CLIP_PAD_ID, CLIP_VOCAB_SIZE, T5_VOCAB_SIZE, CaptionTokenizer, caption_pad_ids
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class CaptionInputs:
-    """What a model's batches carry beside the image: one column of caption token ids per text encoder, padded
-    with that encoder's pad id ('input_ids', 'input_ids_2'), and for SDXL 'time_ids' (size and crop)."""
+    """What a model's batches carry beside the image: one column of caption token ids per text encoder ('input_ids',
+    'input_ids_2', ...), each as long as that encoder reads (77 for CLIP, 256 or 300 for T5), padded with its pad
+    id and drawn (for synthetic captions) below its vocabulary size; and for SDXL 'time_ids' (size and crop)."""
 
     pad_ids: tuple[int, ...] = (CLIP_PAD_ID,)
     size_conditions: bool = False
+    lengths: tuple[int, ...] = (CAPTION_LENGTH,)
+    vocab_sizes: tuple[int, ...] = (CLIP_VOCAB_SIZE,)
 
     @property
     def id_columns(self) -> list[str]:
         return ['input_ids'] + [f'input_ids_{n}' for n in range(2, len(self.pad_ids) + 1)]
 
+    @property
+    def uses_t5(self) -> bool:
+        return T5_VOCAB_SIZE in self.vocab_sizes
+
 
 def caption_inputs(model_dir: Path) -> CaptionInputs:
     """What the batches of a model folder's model carry: a caption column per text encoder, with its pad id
-    (tokenizer.caption_pad_ids), and SDXL's time_ids where the UNet takes them."""
-    return CaptionInputs(caption_pad_ids(model_dir), has_micro_conditioning(unet_config(model_dir)))
+    (tokenizer.caption_pad_ids), length and vocabulary, and SDXL's time_ids where the UNet takes them."""
+    denoiser = denoiser_config(model_dir)
+    lengths, vocab_sizes = [], []
+    for name in text_encoder_folders(model_dir):
+        if json.loads((model_dir / name / 'config.json').read_text()).get('model_type') == 't5':
+            lengths.append(T5_CAPTION_LENGTH[denoiser['_class_name']])
+            vocab_sizes.append(T5_VOCAB_SIZE)
+        else:
+            lengths.append(CAPTION_LENGTH)
+            vocab_sizes.append(CLIP_VOCAB_SIZE)
+    return CaptionInputs(
+        caption_pad_ids(model_dir), has_micro_conditioning(denoiser), tuple(lengths), tuple(vocab_sizes)
+    )
 
 
 def synthetic_size_conditions(size: int, generator: torch.Generator) -> torch.Tensor:
@@ -78,28 +97,22 @@ class SyntheticDataset(Dataset):
 
 
 class SyntheticImageCaptionDataset(SyntheticDataset):
-    """Random images in [-1, 1] and random caption token ids, as in the published benchmark."""
+    """Random images in [-1, 1] and random caption token ids (each column's length, below its vocabulary size), as in
+    the published benchmark."""
 
     def __init__(
-        self,
-        image_size: int,
-        num_samples: int = 100_000,
-        seed: int = 17,
-        vocab_size: int = CLIP_VOCAB_SIZE,
-        caption_length: int = CAPTION_LENGTH,
-        inputs: CaptionInputs = CaptionInputs(),
+        self, image_size: int, num_samples: int = 100_000, seed: int = 17, inputs: CaptionInputs = CaptionInputs()
     ):
         super().__init__(num_samples, seed)
         self.image_size = image_size
-        self.vocab_size = vocab_size
-        self.caption_length = caption_length
         self.inputs = inputs
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         generator = self.generator(index)
         sample = {'image': torch.rand(3, self.image_size, self.image_size, generator=generator) * 2 - 1}
-        for column in self.inputs.id_columns:
-            sample[column] = torch.randint(0, self.vocab_size, (self.caption_length,), generator=generator)
+        inputs = self.inputs
+        for column, length, vocab_size in zip(inputs.id_columns, inputs.lengths, inputs.vocab_sizes, strict=True):
+            sample[column] = torch.randint(0, vocab_size, (length,), generator=generator)
         if self.inputs.size_conditions:
             sample['time_ids'] = synthetic_size_conditions(self.image_size, generator)
         return sample
@@ -119,11 +132,13 @@ class SyntheticLatentsDataset(SyntheticDataset):
         seed: int = 17,
         caption_length: int = CAPTION_LENGTH,
         pooled_dim: int | None = None,
+        size_conditions: bool = False,
     ):
         super().__init__(num_samples, seed)
         self.shape = (latent_channels, latent_size, latent_size)
         self.embedding_shape = (caption_length, embedding_dim)
-        self.pooled_dim = pooled_dim  # SDXL: its pooled text embedding's width, and size/crop conditioning
+        self.pooled_dim = pooled_dim  # SDXL, Flux, SD3: the pooled text embedding's width
+        self.size_conditions = size_conditions  # SDXL: the image's size and crop
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         generator = self.generator(index)
@@ -134,6 +149,7 @@ class SyntheticLatentsDataset(SyntheticDataset):
         sample = {'latent_mean': mean.half(), 'latent_logvar': logvar.half(), 'text_embedding': text_embedding.half()}
         if self.pooled_dim:
             sample['pooled_text_embedding'] = torch.randn(self.pooled_dim, generator=generator).half()
+        if self.size_conditions:
             sample['time_ids'] = synthetic_size_conditions(self.shape[-1] * 8, generator)
         return sample
 

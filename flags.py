@@ -221,7 +221,10 @@ def add_quality_flags(parser: argparse.ArgumentParser) -> None:
         metavar='DIR',
         help='after training, save a Diffusers StableDiffusionPipeline folder here (the EMA UNet with --use_ema)',
     )
-    stability = parser.add_argument_group('stability (off by default: the published run has none)')
+    stability = parser.add_argument_group(
+        "stability (off by default for the UNets: the published run has none; a diffusion transformer's recipe "
+        'sets its own, see docs/models.md)'
+    )
     stability.add_argument('--grad_clip_norm', type=float, default=None, help='clip the gradient norm to this')
     stability.add_argument(
         '--lr_warmup', default=None, help="linear learning-rate warmup from 0 over this time string (e.g. '1000ba')"
@@ -229,6 +232,23 @@ def add_quality_flags(parser: argparse.ArgumentParser) -> None:
     stability.add_argument(
         '--caption_dropout',
         type=float,
-        default=0.0,
-        help='train on the empty caption with this probability, for classifier-free guidance (default: 0)',
+        default=None,
+        help='train on the empty caption with this probability, for classifier-free guidance (default: 0, or the '
+        "diffusion transformer recipe's)",
+    )
+    flow = parser.add_argument_group("flow matching (Flux, SD3.5; default: the model's recipe, docs/models.md)")
+    flow.add_argument(
+        '--timestep_density',
+        choices=['uniform', 'logit_normal', 'mode'],
+        default=None,
+        help='how noise levels are drawn: uniformly, logit-normal (--logit_mean, --logit_std) or mode (--mode_scale)',
+    )
+    flow.add_argument('--logit_mean', type=float, default=None, help='mean of the logit-normal density (default: 0)')
+    flow.add_argument('--logit_std', type=float, default=None, help='std of the logit-normal density (default: 1)')
+    flow.add_argument('--mode_scale', type=float, default=None, help="the mode density's scale (default: 1.29)")
+    flow.add_argument(
+        '--loss_weighting',
+        choices=['none', 'sigma_sqrt', 'cosmap'],
+        default=None,
+        help="each sample's loss weight by its noise level, as Diffusers' SD3 training example (default: none)",
     )

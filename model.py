@@ -1,50 +1,54 @@
-"""Stable Diffusion as a Composer model, built from a model folder: its training loss, its validation loss (one
-per-sample MSE for both), and its training FLOPs.
+"""Stable Diffusion's UNets as a Composer model, built from a model folder: the training loss, the validation loss
+(one per-sample MSE for both), and the training FLOPs. `build_model` builds the model of any model folder: a
+UNet's here, a diffusion transformer's in transformer_model.py.
 
 `StableDiffusion` trains the UNet on the noise-prediction loss, with the VAE and CLIP text encoder(s) frozen.
 SD 1.5 and SD 2 condition the UNet on one text encoder's last hidden state; SDXL on two encoders' penultimate
 hidden states side by side, plus the second's pooled embedding and the image's size and crop
 ("micro-conditioning"), as Diffusers' SDXL pipeline does.
-`build_model` makes one from a folder in the Diffusers pipeline layout (a built-in config in `configs/`, or
-a folder a user gives): parts whose weights are in the folder load them, the rest are randomly initialized
-from their configs, which is right for training from scratch and never needs a download.
+Parts whose weights are in the folder (a built-in config in `configs/`, or a folder a user gives) load them, the
+rest are randomly initialized from their configs (model_parts.py).
 """
 
-import contextlib
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from composer.models import ComposerModel
 from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
-from torchmetrics import Metric
-from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
 from images import unit_range
-from model_folder import LATENT_DOWNSAMPLE, MICRO_CONDITIONS, has_micro_conditioning, has_weights, pooled_text_width
+from model_folder import (
+    LATENT_DOWNSAMPLE,
+    MICRO_CONDITIONS,
+    has_micro_conditioning,
+    is_transformer_folder,
+    pooled_text_width,
+)
+from model_parts import (
+    MODEL_PARTS,
+    VALIDATION_TIMESTEPS,
+    FrozenEncodersModel,
+    build_part,
+    describe_weights,
+    per_sample_mse,
+    standard_normal_like,
+)
 from tokenizer import CAPTION_LENGTH
+from transformer_model import DiffusionTransformer, Recipe, build_transformer_model
 
-MODEL_PARTS = {
-    'unet': UNet2DConditionModel,
-    'vae': AutoencoderKL,
-    'text_encoder': CLIPTextModel,
-    'text_encoder_2': CLIPTextModelWithProjection,  # SDXL's second encoder (OpenCLIP ViT-bigG/14)
-}
-# The validation loss averages each sample's loss over this many fixed, equidistant timesteps (validation_timesteps).
-VALIDATION_TIMESTEPS = 8
-
-
-def standard_normal_like(tensor: torch.Tensor) -> torch.Tensor:
-    """A Gaussian draw of tensor's shape, dtype and device, in the contiguous layout whatever tensor's. Not
-    torch.randn_like: it keeps a channels-last layout and fills memory in that order, so under --channels_last
-    (where convolutions return channels-last latents on a GPU) the same seed gave other noise than the plain
-    run, and the two steps could not be compared."""
-    return torch.randn(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+__all__ = [
+    'StableDiffusion',
+    'DiffusionTransformer',
+    'DiffusionModel',
+    'build_model',
+    'describe_weights',
+    'VALIDATION_TIMESTEPS',
+]
 
 
-class StableDiffusion(ComposerModel):
+class StableDiffusion(FrozenEncodersModel):
     """Trains the UNet to predict the noise added to VAE latents, conditioned on CLIP text embeddings.
 
     The VAE and text encoders are frozen: in eval mode, without gradients, outside the optimizer, and run
@@ -80,15 +84,36 @@ class StableDiffusion(ComposerModel):
         self.model_dir: Path | None = None  # set by build_model, with the parts whose weights it loaded
         self.weights_loaded: list[str] = []
 
-    def train(self, mode: bool = True):
-        # Composer calls model.train() every epoch; the frozen encoders must stay in eval mode.
-        super().train(mode)
-        for encoder in self.frozen_encoders():
-            encoder.eval()
-        return self
+    def denoiser(self) -> UNet2DConditionModel:
+        """The trained network (both model families have one)."""
+        return self.unet
+
+    def parts(self) -> dict[str, torch.nn.Module]:
+        """The model's parts by folder name, the frozen ones absent when the batches carry their outputs."""
+        named = {'unet': self.unet, 'vae': self.vae, 'text_encoder': self.text_encoder}
+        return {name: part for name, part in {**named, 'text_encoder_2': self.text_encoder_2}.items() if part}
 
     def frozen_encoders(self) -> list[torch.nn.Module]:
         return [part for part in (self.vae, self.text_encoder, self.text_encoder_2) if part is not None]
+
+    @property
+    def latent_channels(self) -> int:
+        return self.unet.config.in_channels
+
+    def fsdp_blocks(self) -> list[torch.nn.Module]:
+        """FSDP's units inside the UNet: one per resolution block."""
+        return [*self.unet.down_blocks, self.unet.mid_block, *self.unet.up_blocks]
+
+    def precomputed_shapes(self, latent_size: int) -> dict:
+        """What a precomputed sample holds at a latent size (data.SyntheticLatentsDataset's arguments)."""
+        config = self.unet.config
+        return {
+            'latent_channels': config.in_channels,
+            'latent_size': latent_size,
+            'embedding_dim': config.cross_attention_dim,
+            'pooled_dim': pooled_text_width(config),
+            'size_conditions': self.micro_conditioning,
+        }
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         latents, conditioning = self.encode(batch)
@@ -149,17 +174,6 @@ class StableDiffusion(ComposerModel):
     def loss(self, outputs, batch) -> torch.Tensor:
         return per_sample_mse(*outputs).mean()
 
-    # Evaluation (Composer's Evaluators, see evaluation.py): the validation loss, and sample images.
-    def eval_forward(self, batch: dict, outputs=None):
-        """The per-sample validation losses of a ValidationSplit batch. A sample-grid batch only marks that a grid
-        is due: evaluation.SampleGrid draws it (at EVAL_START, with the weights the evaluator runs on). Any other
-        batch gets the model's forward, as Composer's default."""
-        if 'sample_grid' in batch:
-            return None
-        if 'valid' in batch:
-            return self.validation_losses(batch)
-        return self(batch)
-
     def validation_losses(self, batch: dict) -> torch.Tensor:
         """Each sample's loss, the mean over VALIDATION_TIMESTEPS fixed timesteps with the sample's fixed draws
         (the batch's 'latent_noise' and 'noise', one per timestep)."""
@@ -170,13 +184,6 @@ class StableDiffusion(ComposerModel):
             outputs = self.predict(latents, conditioning, batch['noise'][:, k], timestep.expand(latents.shape[0]))
             losses.append(per_sample_mse(*outputs))
         return torch.stack(losses, dim=1).mean(dim=1)
-
-    def get_metrics(self, is_train: bool = False) -> dict:
-        return {} if is_train else {'ValidationLoss': ValidationLoss()}
-
-    def update_metric(self, batch: dict, outputs, metric) -> None:
-        if 'valid' in batch:  # a ValidationSplit batch: other evaluation data has no metric here
-            metric.update(outputs, batch['valid'])
 
     def flops_per_batch(self, batch: dict) -> int:
         """Training FLOPs of this batch, for Composer's SpeedMonitor (FLOP/s and MFU)."""
@@ -215,34 +222,9 @@ class StableDiffusion(ComposerModel):
         return self._forward_flops[key]
 
 
-def per_sample_mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Each sample's mean squared error, in fp32: the training loss is their mean, the validation loss their mean
-    over fixed timesteps."""
-    return F.mse_loss(prediction.float(), target.float(), reduction='none').flatten(1).mean(dim=1)
-
-
 def validation_timesteps(num_train_timesteps: int, count: int = VALIDATION_TIMESTEPS) -> torch.Tensor:
     """The midpoints of `count` equal bins of the schedule: 62, 187, ..., 937 of 1000 steps for count 8."""
     return (torch.arange(count) * 2 + 1) * num_train_timesteps // (2 * count)
-
-
-class ValidationLoss(Metric):
-    """The mean per-sample validation loss: sums and counts in float64, summed over ranks, then divided."""
-
-    full_state_update = False
-
-    def __init__(self):
-        super().__init__()
-        self.add_state('total', default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx='sum')
-        self.add_state('count', default=torch.tensor(0, dtype=torch.long), dist_reduce_fx='sum')
-
-    def update(self, losses: torch.Tensor, valid: torch.Tensor) -> None:
-        valid = valid.bool()
-        self.total += losses[valid].double().sum()
-        self.count += int(valid.sum())
-
-    def compute(self) -> torch.Tensor:
-        return self.total / self.count
 
 
 def count_forward_flops(
@@ -300,23 +282,6 @@ def encode_text(text_encoder, text_encoder_2, batch: dict) -> dict[str, torch.Te
     }
 
 
-def build_part(
-    model_dir: Path, part: str, init_device: torch.device | str | None = None
-) -> tuple[torch.nn.Module, bool]:
-    """One part of a model folder (a key of MODEL_PARTS) and whether its weights were loaded: they load
-    (on the CPU) where the folder has them, otherwise the part is randomly initialized from its config on
-    init_device (default: torch's default device, the CPU unless a caller set another)."""
-    model_class = MODEL_PARTS[part]
-    if has_weights(model_dir, part):
-        return model_class.from_pretrained(model_dir, subfolder=part), True
-    # SD2 base's 1.3B parameters take about 20 s of CPU time and 5 GB of host memory per rank to initialize
-    # (measured on 2 cores); built on the GPU the Trainer would move them to anyway, well under a second.
-    with contextlib.nullcontext() if init_device is None else torch.device(init_device):
-        if part.startswith('text_encoder'):  # Transformers' models take a config object
-            return model_class(CLIPTextConfig.from_pretrained(model_dir, subfolder=part)), False
-        return model_class.from_config(model_class.load_config(model_dir, subfolder=part)), False
-
-
 def build_encoders(
     model_dir: Path, encoders_bf16: bool = False, init_device: torch.device | str | None = None
 ) -> tuple[AutoencoderKL, CLIPTextModel, CLIPTextModelWithProjection | None, list[str]]:
@@ -333,15 +298,7 @@ def build_encoders(
     return (*parts, loaded)
 
 
-def describe_weights(parts: list[str], loaded: list[str]) -> str:
-    """'weights loaded: unet; random init: vae, text_encoder', either half left out when it names nothing."""
-    random_init = [part for part in parts if part not in loaded]
-    halves = []
-    if loaded:
-        halves.append(f'weights loaded: {", ".join(loaded)}')
-    if random_init:
-        halves.append(f'random init: {", ".join(random_init)}')
-    return '; '.join(halves)
+DiffusionModel = StableDiffusion | DiffusionTransformer
 
 
 def build_model(
@@ -351,12 +308,17 @@ def build_model(
     precomputed: bool = False,
     encoders_bf16: bool = False,
     init_device: torch.device | str | None = None,
-) -> StableDiffusion:
+    recipe: Recipe | None = None,
+) -> DiffusionModel:
     """The model of a model folder (model_folder.resolve_model_dir finds it from a name), with `model_dir` and
     `weights_loaded` (the parts whose weights the folder held) set. precomputed: the UNet alone (the batches
     carry the encoders' outputs); encoders_bf16: the frozen VAE and text encoder weights in bf16; init_device:
-    where the parts without weights are randomly initialized (see build_part)."""
+    where the parts without weights are randomly initialized (see build_part). A folder with a transformer/
+    instead of a unet/ gets transformer_model.py's model, trained by `recipe` (default: its family's);
+    prediction_type and attention are UNet options."""
     model_dir = Path(model_dir)
+    if is_transformer_folder(model_dir):
+        return build_transformer_model(model_dir, precomputed, encoders_bf16, init_device, recipe)
     unet, unet_loaded = build_part(model_dir, 'unet', init_device)  # first: the same init with or without encoders
     scheduler_config = DDPMScheduler.load_config(model_dir, subfolder='scheduler')
     if prediction_type is not None:

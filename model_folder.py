@@ -1,6 +1,7 @@
-"""What a model folder holds: the built-in configs, the Diffusers pipeline layout a folder must have, which parts
-carry weights, and what its UNet's config says about its inputs (SDXL's micro-conditioning, the pooled text
-width). Light on purpose: no torch, so that the flags (flags.py) answer --help at once.
+"""What a model folder holds: the built-in configs, the Diffusers pipeline layout a folder must have (a UNet's, or a
+diffusion transformer's), which parts carry weights, and what the denoiser's config says about its inputs (SDXL's
+micro-conditioning, the pooled text width, a transformer's text encoders and caption lengths). Light on purpose: no
+torch, so that the flags (flags.py) answer --help at once.
 """
 
 import json
@@ -15,12 +16,25 @@ BUILTIN_MODELS = sorted(path.name for path in CONFIGS_DIR.iterdir() if path.is_d
 # the second text encoder's that SDXL's adds (stabilityai/stable-diffusion-xl-base-1.0).
 CONFIG_FILES = ('unet/config.json', 'vae/config.json', 'text_encoder/config.json', 'scheduler/scheduler_config.json')
 SECOND_ENCODER_CONFIG = 'text_encoder_2/config.json'
+# A diffusion transformer's folder (black-forest-labs/FLUX.1-schnell, stabilityai/stable-diffusion-3.5-medium,
+# PixArt-alpha/PixArt-Sigma-XL-2-1024-MS): transformer/ in place of unet/, and the text encoders its class takes, in
+# the order its pipeline names them. T5's captions are longer than CLIP's 77 tokens: 256 for Flux.1-schnell (as
+# MLPerf's flux1 benchmark and Diffusers' pipeline) and SD3 (its pipeline's default), 300 for PixArt-Sigma.
+TRANSFORMER_CONFIG = 'transformer/config.json'
+TRANSFORMER_TEXT_ENCODERS = {
+    'FluxTransformer2DModel': ('text_encoder', 'text_encoder_2'),  # CLIP-L (pooled), T5-XXL
+    'SD3Transformer2DModel': ('text_encoder', 'text_encoder_2', 'text_encoder_3'),  # CLIP-L, CLIP-G, T5-XXL
+    'PixArtTransformer2DModel': ('text_encoder',),  # T5-XXL
+}
+T5_CAPTION_LENGTH = {'FluxTransformer2DModel': 256, 'SD3Transformer2DModel': 256, 'PixArtTransformer2DModel': 300}
 # Weight files of each part, as Diffusers and Transformers save them; a part without them is randomly initialized.
 WEIGHT_FILES = {
     'unet': ('diffusion_pytorch_model.safetensors', 'diffusion_pytorch_model.bin'),
+    'transformer': ('diffusion_pytorch_model.safetensors', 'diffusion_pytorch_model.bin'),
     'vae': ('diffusion_pytorch_model.safetensors', 'diffusion_pytorch_model.bin'),
     'text_encoder': ('model.safetensors', 'pytorch_model.bin'),
     'text_encoder_2': ('model.safetensors', 'pytorch_model.bin'),
+    'text_encoder_3': ('model.safetensors', 'pytorch_model.bin'),
 }
 LATENT_DOWNSAMPLE = 8  # SD's VAE: image pixels per latent pixel along each side
 # The values SDXL's UNet embeds beside the pooled text ('time_ids'): original height and width, crop top and
@@ -39,6 +53,9 @@ def resolve_model_dir(model_name: str) -> Path:
     path = Path(model_name).expanduser()
     if not path.is_dir():
         path = download_from_hub(model_name)
+    if (path / TRANSFORMER_CONFIG).is_file():
+        check_transformer_folder(model_name, path)
+        return path
     missing = [name for name in CONFIG_FILES if not (path / name).is_file()]
     if missing:
         raise ModelFolderError(
@@ -68,6 +85,36 @@ def resolve_model_dir(model_name: str) -> Path:
     return path
 
 
+def check_transformer_folder(model_name: str, path: Path) -> None:
+    """A diffusion transformer's folder: a transformer class this benchmark trains, and its configs."""
+    try:
+        class_name = json.loads((path / TRANSFORMER_CONFIG).read_text()).get('_class_name')
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ModelFolderError(f'--model_name {model_name!r}: {path / TRANSFORMER_CONFIG} is not valid JSON ({error})')
+    if class_name not in TRANSFORMER_TEXT_ENCODERS:
+        raise ModelFolderError(
+            f'--model_name {model_name!r}: {TRANSFORMER_CONFIG} names {class_name!r}; the diffusion transformers '
+            f'trained here are {", ".join(TRANSFORMER_TEXT_ENCODERS)}'
+        )
+    needed = [
+        TRANSFORMER_CONFIG,
+        'vae/config.json',
+        *(f'{encoder}/config.json' for encoder in TRANSFORMER_TEXT_ENCODERS[class_name]),
+        'scheduler/scheduler_config.json',
+    ]
+    missing = [name for name in needed if not (path / name).is_file()]
+    if missing:
+        raise ModelFolderError(
+            f'--model_name {model_name!r}: missing config file(s) {", ".join(missing)} in {path} '
+            f"(a {class_name}'s folder holds {', '.join(needed)})"
+        )
+    for name in needed:
+        try:
+            json.loads((path / name).read_text())
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ModelFolderError(f'--model_name {model_name!r}: {path / name} is not valid JSON ({error})')
+
+
 def download_from_hub(model_name: str) -> Path:
     """A hub id's configs and first weight file of each part, when the network is allowed (HF_HUB_OFFLINE unset)."""
     looks_like_hub_id = model_name.count('/') == 1 and not model_name.startswith(('.', '/', '~'))
@@ -89,6 +136,8 @@ def download_from_hub(model_name: str) -> Path:
             allow_patterns=[
                 *CONFIG_FILES,
                 SECOND_ENCODER_CONFIG,
+                TRANSFORMER_CONFIG,
+                'text_encoder_3/config.json',
                 *(f'{part}/{name}' for part, names in WEIGHT_FILES.items() for name in names[:1]),
             ],
         )
@@ -99,8 +148,22 @@ def has_weights(model_dir: Path, part: str) -> bool:
     return any((model_dir / part / name).is_file() for name in WEIGHT_FILES[part])
 
 
-def unet_config(model_dir: Path) -> dict:
+def is_transformer_folder(model_dir: Path) -> bool:
+    return (Path(model_dir) / TRANSFORMER_CONFIG).is_file()
+
+
+def denoiser_config(model_dir: Path) -> dict:
+    """The denoiser's config: the UNet's, or a diffusion transformer's (whose keys say what it takes)."""
+    if is_transformer_folder(model_dir):
+        return json.loads((Path(model_dir) / TRANSFORMER_CONFIG).read_text())
     return json.loads((model_dir / 'unet' / 'config.json').read_text())
+
+
+def text_encoder_folders(model_dir: Path) -> tuple[str, ...]:
+    """The folder of each text encoder, in the order the denoiser's pipeline names them."""
+    if is_transformer_folder(model_dir):
+        return TRANSFORMER_TEXT_ENCODERS[denoiser_config(model_dir)['_class_name']]
+    return tuple(name for name in ('text_encoder', 'text_encoder_2') if (Path(model_dir) / name).is_dir())
 
 
 def has_micro_conditioning(unet_config) -> bool:

@@ -24,7 +24,7 @@ from dataset_checks import DataError
 from ema import export_ema_unet
 from evaluation import ValidationReport
 from export import export_pipeline
-from model import MODEL_PARTS, StableDiffusion, build_model, describe_weights
+from model import DiffusionModel, build_model, describe_weights
 from results import Results, cpu_name, mfu, package_versions, peak_flops
 from stack import check_stack
 from streaming_fixes import clean_stale_shared_memory
@@ -60,6 +60,7 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
         config.precomputed_latents,
         config.encoders_bf16,
         init_device,
+        config.recipe,
     )
     announce(describe_model(config, model))
     if not config.use_synth_data:
@@ -69,7 +70,7 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
             for change in set_aside_incomplete(Path(config.save_folder)):
                 announce(f'warning: {change}')
         dist.barrier()  # every rank resumes from the folder as rank 0 left it
-        check_resumable(Path(config.save_folder), config, model.unet, dist.get_global_rank())
+        check_resumable(Path(config.save_folder), config, model, dist.get_global_rank())
     trainer = build_trainer(config, model, build_dataloader(config, model), callbacks)
     if trained_to_the_end(trainer):  # resumed from the last checkpoint of a finished run: Composer would raise
         announce(
@@ -133,15 +134,14 @@ def write_whole(path: Path, text: str) -> None:
         partial.unlink(missing_ok=True)
 
 
-def describe_model(config: RunConfig, model: StableDiffusion) -> str:
+def describe_model(config: RunConfig, model: DiffusionModel) -> str:
     where = f'model {config.model_name!r} from {config.model_dir}'
     if config.precomputed_latents:
         return (
-            f'{where}: UNet only ({"weights loaded" if model.weights_loaded else "random init"}); no VAE or '
-            'text encoder: the data holds their outputs'
+            f'{where}: {model.denoiser_name} only ({"weights loaded" if model.weights_loaded else "random init"}); '
+            'no VAE or text encoder: the data holds their outputs'
         )
-    parts = [name for name in MODEL_PARTS if getattr(model, name) is not None]
-    return f'{where}: {describe_weights(parts, model.weights_loaded)}'
+    return f'{where}: {describe_weights(list(model.parts()), model.weights_loaded)}'
 
 
 def announce(message: str) -> None:
@@ -168,7 +168,7 @@ def summarize(trainer: Trainer, config: RunConfig) -> Results:
         img_per_sec_per_device=median('throughput/device/samples_per_sec'),
         flops_per_image=model.flops_per_image(config.image_size, config.image_size),
         trained_flops_per_image=model.trained_flops_per_image(config.image_size, config.image_size),
-        trained_parameters=sum(p.numel() for p in model.unet.parameters()),
+        trained_parameters=sum(p.numel() for p in model.denoiser.parameters()),
         flops_per_sec=flops_per_sec,
         mfu=mfu(flops_per_sec, config.world_size, peak),
         throughput_windows=len(logged.get('throughput/samples_per_sec', [])),

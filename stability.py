@@ -10,7 +10,7 @@ from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 from composer.optim import ConstantScheduler, ConstantWithWarmupScheduler
 
-from tokenizer import CaptionTokenizer
+from tokenizer import T5_VOCAB_SIZE, CaptionTokenizer, empty_caption_ids
 
 
 class CaptionDropout(Algorithm):
@@ -22,7 +22,7 @@ class CaptionDropout(Algorithm):
 
     def __init__(self, probability: float, empty_captions: dict[str, torch.Tensor]):
         self.probability = probability
-        self.empty_captions = empty_captions  # caption column -> the 77 token ids of ''
+        self.empty_captions = empty_captions  # caption column -> the token ids of '', padded to the column's length
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_DATALOADER and self.probability > 0
@@ -40,9 +40,15 @@ def stability_algorithms(config) -> list[Algorithm]:
         algorithms.append(GradientClipping(clipping_type='norm', clipping_threshold=config.grad_clip_norm))
     if config.caption_dropout:
         inputs = config.caption_inputs
+        # With a T5 encoder beside them, --tokenizer names T5's tokenizer and the CLIP columns use the built-in one.
+        clip_tokenizer = None if inputs.uses_t5 else config.tokenizer
         empty = {
-            column: CaptionTokenizer(config.tokenizer, pad)('')
-            for column, pad in zip(inputs.id_columns, inputs.pad_ids)
+            column: empty_caption_ids(pad, length)
+            if vocab_size == T5_VOCAB_SIZE
+            else CaptionTokenizer(clip_tokenizer, pad)('')
+            for column, pad, length, vocab_size in zip(
+                inputs.id_columns, inputs.pad_ids, inputs.lengths, inputs.vocab_sizes, strict=True
+            )
         }
         algorithms.append(CaptionDropout(config.caption_dropout, empty))
     return algorithms

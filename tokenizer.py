@@ -20,6 +20,8 @@ import tokenizers
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from model_folder import text_encoder_folders
+
 # CLIP's text encoder has 77 positions (SD2 tokenizes every caption to exactly this length).
 CAPTION_LENGTH = 77
 # CLIP BPE vocabulary size; random ids are drawn below it so any CLIP text encoder accepts them.
@@ -28,6 +30,9 @@ CLIP_VOCAB_SIZE = 49408
 CLIP_PAD_ID = 0
 CLIP_START_ID, CLIP_END_ID = 49406, 49407  # <|startoftext|>, <|endoftext|>
 CLIP_START, CLIP_END = '<|startoftext|>', '<|endoftext|>'
+# T5's SentencePiece vocabulary (the diffusion transformers' long-caption encoder): ids 0 pad, 1 end of text.
+T5_VOCAB_SIZE = 32128
+T5_PAD_ID, T5_END_ID = 0, 1
 # CLIP's SimpleTokenizer splits cleaned text into words with this pattern (its special tokens aside).
 CLIP_WORDS = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
 TOKENIZER_CACHE = Path(__file__).resolve().parent / 'data' / 'clip-tokenizer-v2'  # bump when the build changes
@@ -120,15 +125,22 @@ def clip_tokenizer_folder(folder: Path = TOKENIZER_CACHE) -> Path:
 
 def caption_pad_ids(model_dir: Path) -> tuple[int, ...]:
     """The padding id of each text encoder of a model folder, from its config's pad_token_id: 0 for OpenCLIP's
-    encoders (SD 2, SDXL's second), the end-of-text token for OpenAI's CLIP (SD 1.5, SDXL's first). Configs
-    exported from OpenAI's CLIP carry a meaningless pad_token_id (1): CLIP's own end-of-text is used then."""
+    encoders (SD 2, SDXL's second) and for T5, the end-of-text token for OpenAI's CLIP (SD 1.5, SDXL's first).
+    Configs exported from OpenAI's CLIP carry a meaningless pad_token_id (1): CLIP's own end-of-text is used then."""
     pad_ids = []
-    for name in ('text_encoder', 'text_encoder_2'):
-        path = model_dir / name / 'config.json'
-        if path.is_file():
-            pad = json.loads(path.read_text()).get('pad_token_id')
+    for name in text_encoder_folders(model_dir):
+        config = json.loads((model_dir / name / 'config.json').read_text())
+        pad = config.get('pad_token_id')
+        if config.get('model_type') == 't5':
+            pad_ids.append(T5_PAD_ID)
+        else:
             pad_ids.append(pad if pad in (CLIP_PAD_ID, CLIP_END_ID) else CLIP_END_ID)
     return tuple(pad_ids)
+
+
+def empty_caption_ids(pad_id: int, length: int) -> torch.Tensor:
+    """T5's ids of the empty caption: its end-of-text token, then padding (T5's tokenizer adds nothing else)."""
+    return torch.tensor([T5_END_ID] + [pad_id] * (length - 1), dtype=torch.long)
 
 
 class CaptionTokenizer:

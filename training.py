@@ -28,8 +28,8 @@ from data import (
 from dataset_checks import DataError
 from ema import EMA
 from evaluation import build_evaluators, evaluation_callbacks
-from model import StableDiffusion
-from model_folder import LATENT_DOWNSAMPLE, pooled_text_width
+from model import DiffusionModel
+from model_folder import LATENT_DOWNSAMPLE
 from stability import lr_scheduler, stability_algorithms
 from tokenizer import TokenizerError
 
@@ -37,18 +37,14 @@ from tokenizer import TokenizerError
 COMPILE_CONFIG: dict = {}
 
 
-def build_dataloader(config: RunConfig, model: StableDiffusion) -> DataLoader:
+def build_dataloader(config: RunConfig, model: DiffusionModel) -> DataLoader:
     if not config.use_synth_data:
         return build_streaming_dataloader(config)
     if config.precomputed_latents:
-        unet = model.unet.config
         dataset = SyntheticLatentsDataset(
-            unet.in_channels,
-            config.image_size // LATENT_DOWNSAMPLE,
-            unet.cross_attention_dim,
+            **model.precomputed_shapes(config.image_size // LATENT_DOWNSAMPLE),
             num_samples=SYNTHETIC_SAMPLES,
             seed=config.seed,
-            pooled_dim=pooled_text_width(unet),
         )
     else:
         dataset = SyntheticImageCaptionDataset(
@@ -107,17 +103,21 @@ def build_streaming_dataloader(config: RunConfig) -> DataLoader:
     )
 
 
-def build_optimizer(config: RunConfig, model: StableDiffusion) -> torch.optim.Optimizer:
-    # The published optimizer. fused=True: one kernel for all parameters, the same update.
-    return torch.optim.AdamW(model.unet.parameters(), lr=1e-4, weight_decay=1e-3, fused=config.fused_adamw or None)
+def build_optimizer(config: RunConfig, model: DiffusionModel) -> torch.optim.Optimizer:
+    """The published optimizer for the UNets, a diffusion transformer's recipe's for it. fused=True: one kernel for
+    all parameters, the same update."""
+    settings = {'lr': 1e-4, 'weight_decay': 1e-3}
+    if config.recipe is not None:
+        recipe = config.recipe
+        settings = {'lr': recipe.learning_rate, 'betas': recipe.betas, 'weight_decay': recipe.weight_decay}
+    return torch.optim.AdamW(model.denoiser.parameters(), **settings, fused=config.fused_adamw or None)
 
 
-def mark_fsdp_units(model: StableDiffusion) -> None:
-    """Composer wraps each child module of the model (unet, vae, text_encoder) in FSDP, and inside it every
+def mark_fsdp_units(model: DiffusionModel) -> None:
+    """Composer wraps each child module of the model (the denoiser, vae, text encoders) in FSDP, and inside it every
     module marked _fsdp_wrap (a ComposerModel's own fsdp_wrap_fn is never consulted for its children)."""
-    unet = model.unet
-    for block in (*unet.down_blocks, unet.mid_block, *unet.up_blocks):
-        block._fsdp_wrap = True  # one unit per resolution block: full_shard gathers one block's weights at a time
+    for block in model.fsdp_blocks():
+        block._fsdp_wrap = True  # one unit per block: full_shard gathers one block's weights at a time
     for encoder in model.frozen_encoders():
         # The frozen encoders stay whole on every GPU (1.7 GB in fp32): FSDP gathers weights only in forward(),
         # which encode() never calls, and their weights have no gradients or optimizer state to shard.
@@ -126,7 +126,7 @@ def mark_fsdp_units(model: StableDiffusion) -> None:
             encoder.to(torch.device('cuda', torch.cuda.current_device()))
 
 
-def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoader, callbacks: tuple = ()) -> Trainer:
+def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoader, callbacks: tuple = ()) -> Trainer:
     optimizer = build_optimizer(config, model)
     if config.fsdp != 'none':
         mark_fsdp_units(model)
@@ -186,9 +186,9 @@ def build_trainer(config: RunConfig, model: StableDiffusion, dataloader: DataLoa
     return trainer
 
 
-def latent_shape(config: RunConfig, model: StableDiffusion) -> tuple[int, int, int]:
+def latent_shape(config: RunConfig, model: DiffusionModel) -> tuple[int, int, int]:
     side = config.image_size // LATENT_DOWNSAMPLE
-    return (model.unet.config.in_channels, side, side)
+    return (model.latent_channels, side, side)
 
 
 class RestoreRandomState(Callback):

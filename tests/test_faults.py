@@ -639,7 +639,7 @@ def test_autoresume_over_checkpoints_without_a_description_compares_the_unet(tmp
     monkeypatch.setattr(checkpoints, 'run_description', lambda config: {})
     main(parse_args([*TINY, '--max_duration', '2ba', '--save_folder', str(folder), '--run_name', 'r']))
     flags = ['--model_name', 'tiny-sdxl-base', '--use_synth_data', '--max_duration', '4ba']
-    with pytest.raises(ConfigError, match=r'UNet parameter\(s\) differ, e\.g\. .* there, .* here \(another model\?\)'):
+    with pytest.raises(ConfigError, match=r'unet parameter\(s\) differ, e\.g\. .* there, .* here \(another model\?\)'):
         main(parse_args([*flags, '--save_folder', str(folder), '--run_name', 'r', '--autoresume']))
 
 

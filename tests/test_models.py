@@ -124,7 +124,7 @@ def test_sdxl_batches_carry_both_caption_columns_and_the_size(tmp_path):
     height, width, top, left, *target = synthetic['time_ids'].tolist()
     assert 32 <= height <= 64 and 32 <= width <= 64 and target == [32, 32] and min(top, left) == 0
     assert set(SyntheticImageCaptionDataset(32)[3]) == {'image', 'input_ids'}
-    latents = SyntheticLatentsDataset(4, 4, 48, pooled_dim=32)[0]
+    latents = SyntheticLatentsDataset(4, 4, 48, pooled_dim=32, size_conditions=True)[0]
     assert latents['pooled_text_embedding'].shape == (32,) and latents['time_ids'][-1] == 32
 
 

@@ -18,8 +18,9 @@ from data import caption_inputs
 from evaluation import ValidationSplit, sample_draws
 from export import pipeline_tokenizer
 from flags import parse_args
-from model import ValidationLoss, build_model, validation_timesteps
+from model import build_model, validation_timesteps
 from model_folder import CONFIGS_DIR
+from model_parts import ValidationLoss
 from run import main
 from stability import CaptionDropout
 from tokenizer import CaptionTokenizer

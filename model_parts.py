@@ -1,0 +1,158 @@
+"""What the two model families share (model.py's UNets, transformer_model.py's diffusion transformers): each part of
+a model folder built as a module, the noise draw, the per-sample loss, the validation-loss metric, and the Composer
+model's frozen encoders and evaluation hooks (`FrozenEncodersModel`).
+
+A part loads its weights where the folder has them and is otherwise randomly initialized from its config, which is
+right for training from scratch and never needs a download. Its class comes from its config: Diffusers' configs name
+it (`_class_name`), Transformers' list it (`architectures`); a config naming neither gets the class SD's layout has
+under that folder name.
+"""
+
+import contextlib
+import json
+from pathlib import Path
+
+import diffusers
+import torch
+import torch.nn.functional as F
+from composer.models import ComposerModel
+from diffusers import AutoencoderKL, UNet2DConditionModel
+from torchmetrics import Metric
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+from model_folder import has_weights
+
+# The class of each part folder of SD's layout, where its config names none.
+MODEL_PARTS = {
+    'unet': UNet2DConditionModel,
+    'vae': AutoencoderKL,
+    'text_encoder': CLIPTextModel,
+    'text_encoder_2': CLIPTextModelWithProjection,  # SDXL's second encoder (OpenCLIP ViT-bigG/14)
+}
+# Diffusers classes a model folder may name (the denoisers and the VAE), and the text encoders with their configs.
+DIFFUSERS_PARTS = (
+    'UNet2DConditionModel',
+    'FluxTransformer2DModel',
+    'SD3Transformer2DModel',
+    'PixArtTransformer2DModel',
+    'AutoencoderKL',
+)
+TEXT_ENCODERS = {
+    'CLIPTextModel': (CLIPTextModel, CLIPTextConfig),
+    'CLIPTextModelWithProjection': (CLIPTextModelWithProjection, CLIPTextConfig),
+    'T5EncoderModel': (T5EncoderModel, T5Config),
+}
+# The validation loss averages each sample's loss over this many fixed timesteps (as MLPerf's stable_diffusion
+# and flux1 benchmarks do).
+VALIDATION_TIMESTEPS = 8
+
+
+def part_class(model_dir: Path, part: str) -> type:
+    """The module class of a part folder, from its config (see the module docstring)."""
+    config = json.loads((Path(model_dir) / part / 'config.json').read_text())
+    name = config.get('_class_name') or (config.get('architectures') or [None])[0]
+    if name in DIFFUSERS_PARTS:
+        return getattr(diffusers, name)
+    if name in TEXT_ENCODERS:
+        return TEXT_ENCODERS[name][0]
+    if config.get('model_type') == 't5':
+        return T5EncoderModel
+    return MODEL_PARTS[part]
+
+
+def build_part(
+    model_dir: Path, part: str, init_device: torch.device | str | None = None
+) -> tuple[torch.nn.Module, bool]:
+    """One part of a model folder ('unet', 'transformer', 'vae', 'text_encoder', ...) and whether its weights were
+    loaded: they load (on the CPU) where the folder has them, otherwise the part is randomly initialized from its
+    config on init_device (default: torch's default device, the CPU unless a caller set another)."""
+    model_class = part_class(model_dir, part)
+    if has_weights(model_dir, part):
+        return model_class.from_pretrained(model_dir, subfolder=part), True
+    # SD2 base's 1.3B parameters take about 20 s of CPU time and 5 GB of host memory per rank to initialize
+    # (measured on 2 cores); built on the GPU the Trainer would move them to anyway, well under a second.
+    with contextlib.nullcontext() if init_device is None else torch.device(init_device):
+        text_encoder = next((pair for pair in TEXT_ENCODERS.values() if pair[0] is model_class), None)
+        if text_encoder:  # Transformers' models take a config object
+            return model_class(text_encoder[1].from_pretrained(model_dir, subfolder=part)), False
+        return model_class.from_config(model_class.load_config(model_dir, subfolder=part)), False
+
+
+def describe_weights(parts: list[str], loaded: list[str]) -> str:
+    """'weights loaded: unet; random init: vae, text_encoder', either half left out when it names nothing."""
+    random_init = [part for part in parts if part not in loaded]
+    halves = []
+    if loaded:
+        halves.append(f'weights loaded: {", ".join(loaded)}')
+    if random_init:
+        halves.append(f'random init: {", ".join(random_init)}')
+    return '; '.join(halves)
+
+
+def standard_normal_like(tensor: torch.Tensor) -> torch.Tensor:
+    """A Gaussian draw of tensor's shape, dtype and device, in the contiguous layout whatever tensor's. Not
+    torch.randn_like: it keeps a channels-last layout and fills memory in that order, so under --channels_last
+    (where convolutions return channels-last latents on a GPU) the same seed gave other noise than the plain
+    run, and the two steps could not be compared."""
+    return torch.randn(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+
+
+def per_sample_mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Each sample's mean squared error, in fp32: the training loss is their mean, the validation loss their mean
+    over fixed timesteps."""
+    return F.mse_loss(prediction.float(), target.float(), reduction='none').flatten(1).mean(dim=1)
+
+
+class ValidationLoss(Metric):
+    """The mean per-sample validation loss: sums and counts in float64, summed over ranks, then divided."""
+
+    full_state_update = False
+
+    def __init__(self):
+        super().__init__()
+        self.add_state('total', default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx='sum')
+        self.add_state('count', default=torch.tensor(0, dtype=torch.long), dist_reduce_fx='sum')
+
+    def update(self, losses: torch.Tensor, valid: torch.Tensor) -> None:
+        valid = valid.bool()
+        self.total += losses[valid].double().sum()
+        self.count += int(valid.sum())
+
+    def compute(self) -> torch.Tensor:
+        return self.total / self.count
+
+
+class FrozenEncodersModel(ComposerModel):
+    """A trained denoiser beside frozen encoders, evaluated on the validation loss. Subclasses give
+    frozen_encoders() and validation_losses(batch)."""
+
+    def frozen_encoders(self) -> list[torch.nn.Module]:
+        raise NotImplementedError
+
+    def validation_losses(self, batch: dict) -> torch.Tensor:
+        raise NotImplementedError
+
+    def train(self, mode: bool = True):
+        # Composer calls model.train() every epoch; the frozen encoders must stay in eval mode.
+        super().train(mode)
+        for encoder in self.frozen_encoders():
+            encoder.eval()
+        return self
+
+    # Evaluation (Composer's Evaluators, see evaluation.py): the validation loss, and sample images.
+    def eval_forward(self, batch: dict, outputs=None):
+        """The per-sample validation losses of a ValidationSplit batch. A sample-grid batch only marks that a grid
+        is due: evaluation.SampleGrid draws it (at EVAL_START, with the weights the evaluator runs on). Any other
+        batch gets the model's forward, as Composer's default."""
+        if 'sample_grid' in batch:
+            return None
+        if 'valid' in batch:
+            return self.validation_losses(batch)
+        return self(batch)
+
+    def get_metrics(self, is_train: bool = False) -> dict:
+        return {} if is_train else {'ValidationLoss': ValidationLoss()}
+
+    def update_metric(self, batch: dict, outputs, metric) -> None:
+        if 'valid' in batch:  # a ValidationSplit batch: other evaluation data has no metric here
+            metric.update(outputs, batch['valid'])

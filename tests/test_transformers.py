@@ -1,0 +1,284 @@
+"""Tests for the diffusion transformers (Flux.1-schnell, SD3.5 medium, PixArt-Sigma) and their tiny CPU twins:
+parameter counts, structure, caption columns, FLOPs against MLPerf's figure, the training loss against the Diffusers
+recipe computed here independently, noise levels, validation levels, the flags' checks, and training each twin
+online and from precomputed latents."""
+
+import math
+
+import pytest
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
+from torch.utils.data import default_collate
+
+from arguments import ConfigError
+from config import resolve_config
+from data import SyntheticImageCaptionDataset, caption_inputs
+from flags import parse_args
+from images import unit_range
+from model import build_model
+from model_folder import CONFIGS_DIR, TRANSFORMER_TEXT_ENCODERS
+from run import main
+from tokenizer import CLIP_END_ID, CLIP_PAD_ID, CLIP_VOCAB_SIZE, T5_PAD_ID, T5_VOCAB_SIZE
+from transformer_model import FLUX, PIXART, SD3, Recipe, count_forward_flops
+
+T5_XXL_ENCODER = 4_762_310_656
+EXPECTED_PARAMETERS = {  # the public models' counts (Diffusers layout)
+    'flux-schnell': {'transformer': 11_891_178_560, 'vae': 83_819_683, 'text_encoder_2': T5_XXL_ENCODER},
+    'sd3.5-medium': {'transformer': 2_243_171_520, 'text_encoder_2': 694_659_840, 'text_encoder_3': T5_XXL_ENCODER},
+    'pixart-sigma': {'transformer': 610_856_096, 'vae': 83_653_863, 'text_encoder': T5_XXL_ENCODER},
+}
+TWINS = {'flux-schnell': 'tiny-flux-schnell', 'sd3.5-medium': 'tiny-sd3.5-medium', 'pixart-sigma': 'tiny-pixart-sigma'}
+# MLPerf Training's flux1 benchmark: 20.3 TFLOP per 256px image for the transformer's forward and backward.
+MLPERF_FLUX_TFLOP_PER_IMAGE = 20.3
+
+
+def meta_model(name, **kwargs):
+    with torch.device('meta'):
+        return build_model(CONFIGS_DIR / name, **kwargs)
+
+
+def count(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+def twin_batch(name, n=2, size=64, seed=0):
+    """A synthetic batch of a twin, with fixed draws."""
+    inputs = caption_inputs(CONFIGS_DIR / name)
+    batch = default_collate([SyntheticImageCaptionDataset(size, inputs=inputs)[i] for i in range(n)])
+    generator = torch.Generator().manual_seed(seed)
+    latent = (n, 16 if name != 'tiny-pixart-sigma' else 4, size // 8, size // 8)
+    batch['latent_noise'] = torch.randn(latent, generator=generator)
+    batch['noise'] = torch.randn(latent, generator=generator)
+    return batch
+
+
+@pytest.mark.parametrize('name', EXPECTED_PARAMETERS)
+def test_parameter_counts_of_the_public_models(name):
+    model = meta_model(name)
+    for part, expected in EXPECTED_PARAMETERS[name].items():
+        assert count(getattr(model, part)) == expected, part
+    assert model.text_encoder_names == TRANSFORMER_TEXT_ENCODERS[type(model.transformer).__name__]
+
+
+@pytest.mark.parametrize('name', TWINS)
+def test_each_twin_has_the_structure_of_its_model(name):
+    full, twin = meta_model(name), meta_model(TWINS[name])
+    assert type(full.transformer) is type(twin.transformer)
+    assert [type(e) for e in full.text_encoders] == [type(e) for e in twin.text_encoders]
+    assert (full.latent_channels, full.latent_shift, full.latent_scale) == (
+        twin.latent_channels,
+        twin.latent_shift,
+        twin.latent_scale,
+    )
+    assert type(full.noise_scheduler) is type(twin.noise_scheduler)
+    assert full.noise_scheduler.config.get('shift') == twin.noise_scheduler.config.get('shift')
+    assert caption_inputs(CONFIGS_DIR / name) == caption_inputs(CONFIGS_DIR / TWINS[name])
+    assert count(twin.transformer) < 100_000
+
+
+def test_caption_columns_follow_the_text_encoders():
+    flux = caption_inputs(CONFIGS_DIR / 'flux-schnell')
+    assert flux.lengths == (77, 256) and flux.vocab_sizes == (CLIP_VOCAB_SIZE, T5_VOCAB_SIZE)
+    assert flux.pad_ids == (CLIP_END_ID, T5_PAD_ID)  # OpenAI's CLIP-L pads with end of text
+    sd3 = caption_inputs(CONFIGS_DIR / 'sd3.5-medium')
+    assert sd3.lengths == (77, 77, 256) and sd3.pad_ids == (CLIP_END_ID, CLIP_PAD_ID, T5_PAD_ID)
+    pixart = caption_inputs(CONFIGS_DIR / 'pixart-sigma')
+    assert pixart.lengths == (300,) and pixart.id_columns == ['input_ids'] and pixart.uses_t5
+    sample = SyntheticImageCaptionDataset(32, inputs=sd3)[0]
+    assert [sample[c].shape[0] for c in sd3.id_columns] == [77, 77, 256]
+    assert int(sample['input_ids_3'].max()) < T5_VOCAB_SIZE
+
+
+def test_flux_flops_per_256px_image_match_mlperf():
+    model = meta_model('flux-schnell')
+    parts = count_forward_flops(model.transformer, model.vae, model.text_encoders, 256, 256, 256, 16)
+    trained = 3 * parts['transformer'] / 1e12
+    assert trained == pytest.approx(MLPERF_FLUX_TFLOP_PER_IMAGE, rel=0.01)
+    assert parts['text_encoder_2'] > 10 * parts['text_encoder']  # T5-XXL dwarfs CLIP-L
+
+
+def flux_loss_by_hand(model, batch, sigmas):
+    """Diffusers' Flux training example, written out: normalize, pack 2x2, noise, predict, unpack, MSE to noise - x."""
+    vae, (clip, t5) = model.vae, model.text_encoders
+    with torch.no_grad():
+        dist = vae.encode(unit_range(batch['image'])).latent_dist
+        x = (dist.mean + dist.std * batch['latent_noise'] - vae.config.shift_factor) * vae.config.scaling_factor
+        pooled = clip(batch['input_ids']).pooler_output
+        states = t5(batch['input_ids_2'])[0]
+    n, c, h, w = x.shape
+    s = sigmas.view(-1, 1, 1, 1)
+    noisy = (1 - s) * x + s * batch['noise']
+    prediction = model.transformer(
+        hidden_states=FluxPipeline._pack_latents(noisy, n, c, h, w),
+        timestep=sigmas,
+        pooled_projections=pooled,
+        encoder_hidden_states=states,
+        txt_ids=torch.zeros(states.shape[1], 3),
+        img_ids=FluxPipeline._prepare_latent_image_ids(n, h // 2, w // 2, x.device, x.dtype),
+    ).sample
+    prediction = FluxPipeline._unpack_latents(prediction, h * 8, w * 8, 8)
+    return ((prediction - (batch['noise'] - x)) ** 2).mean()
+
+
+def sd3_loss_by_hand(model, batch, sigmas):
+    """Diffusers' SD3 training example: both CLIPs' penultimate states padded to T5's width, then T5's tokens."""
+    vae, (clip_l, clip_g, t5) = model.vae, model.text_encoders
+    with torch.no_grad():
+        dist = vae.encode(unit_range(batch['image'])).latent_dist
+        x = (dist.mean + dist.std * batch['latent_noise'] - vae.config.shift_factor) * vae.config.scaling_factor
+        first = clip_l(batch['input_ids'], output_hidden_states=True)
+        second = clip_g(batch['input_ids_2'], output_hidden_states=True)
+        t5_states = t5(batch['input_ids_3'])[0]
+        clip_states = torch.cat([first.hidden_states[-2], second.hidden_states[-2]], dim=-1)
+        clip_states = torch.nn.functional.pad(clip_states, (0, t5_states.shape[-1] - clip_states.shape[-1]))
+        pooled = torch.cat([first.text_embeds, second.text_embeds], dim=-1)
+    s = sigmas.view(-1, 1, 1, 1)
+    prediction = model.transformer(
+        hidden_states=(1 - s) * x + s * batch['noise'],
+        timestep=sigmas * 1000,
+        encoder_hidden_states=torch.cat([clip_states, t5_states], dim=-2),
+        pooled_projections=pooled,
+    ).sample
+    return ((prediction - (batch['noise'] - x)) ** 2).mean()
+
+
+def pixart_loss_by_hand(model, batch, timesteps):
+    """Diffusers' PixArt example: DDPM noise on scaled latents, T5 with its padding masked, the first half of the
+    output channels against the noise."""
+    vae, (t5,) = model.vae, model.text_encoders
+    with torch.no_grad():
+        dist = vae.encode(unit_range(batch['image'])).latent_dist
+        x = (dist.mean + dist.std * batch['latent_noise']) * vae.config.scaling_factor
+        mask = (batch['input_ids'] != 0).long()
+        states = t5(batch['input_ids'], attention_mask=mask)[0]
+    noisy = model.noise_scheduler.add_noise(x, batch['noise'], timesteps)
+    prediction = model.transformer(
+        noisy,
+        encoder_hidden_states=states,
+        encoder_attention_mask=mask,
+        timestep=timesteps,
+        added_cond_kwargs={'resolution': None, 'aspect_ratio': None},
+    ).sample
+    return ((prediction.chunk(2, dim=1)[0] - batch['noise']) ** 2).mean()
+
+
+@pytest.mark.parametrize(
+    'name, by_hand, levels',
+    [
+        ('tiny-flux-schnell', flux_loss_by_hand, ('sigmas', torch.tensor([0.25, 0.9]))),
+        ('tiny-sd3.5-medium', sd3_loss_by_hand, ('sigmas', torch.tensor([0.5, 0.05]))),
+        ('tiny-pixart-sigma', pixart_loss_by_hand, ('timesteps', torch.tensor([10, 900]))),
+    ],
+)
+def test_training_loss_equals_the_diffusers_recipe(name, by_hand, levels):
+    torch.manual_seed(0)
+    model = build_model(CONFIGS_DIR / name)
+    batch = {**twin_batch(name), levels[0]: levels[1]}
+    loss = model.loss(model(batch), batch)
+    expected = by_hand(model, batch, levels[1])
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert loss.item() > 0.1  # a real difference, not zero against zero
+
+
+def test_noise_levels_come_from_the_density_on_the_shifted_grid():
+    model = build_model(CONFIGS_DIR / 'tiny-sd3.5-medium')  # shift 3, logit-normal
+    torch.manual_seed(1)
+    sigmas = model.draw_sigmas(4000)
+    grid = FlowMatchEulerDiscreteScheduler(shift=3.0).sigmas
+    assert torch.isin(sigmas, grid.float()).all()  # on the scheduler's grid
+    # Logit-normal u around 0.5, shifted by 3: sigma = 3u / (1 + 2u) has its median at 0.75.
+    assert sigmas.median().item() == pytest.approx(0.75, abs=0.03)
+    flux = build_model(CONFIGS_DIR / 'tiny-flux-schnell')  # uniform, no shift: MLPerf's
+    torch.manual_seed(1)
+    uniform = flux.draw_sigmas(4000)
+    assert uniform.mean().item() == pytest.approx(0.5, abs=0.02) and uniform.min() > 0 and uniform.max() <= 1
+
+
+def test_loss_weighting_multiplies_each_samples_loss():
+    torch.manual_seed(0)
+    model = build_model(CONFIGS_DIR / 'tiny-sd3.5-medium', recipe=Recipe(loss_weighting='cosmap'))
+    sigmas = torch.tensor([0.2, 0.7])
+    batch = {**twin_batch('tiny-sd3.5-medium'), 'sigmas': sigmas}
+    prediction, target, weights = model(batch)
+    cosmap = 2 / (math.pi * (1 - 2 * sigmas + 2 * sigmas**2))
+    assert torch.allclose(weights, cosmap)
+    per_sample = ((prediction - target) ** 2).flatten(1).mean(1)
+    assert model.loss((prediction, target, weights), batch).item() == pytest.approx((cosmap * per_sample).mean().item())
+
+
+def test_validation_loss_is_the_mean_over_mlperfs_eight_levels():
+    torch.manual_seed(0)
+    model = build_model(CONFIGS_DIR / 'tiny-flux-schnell').eval()
+    assert model.validation_levels('cpu').tolist() == [k / 8 for k in range(8)]
+    batch = twin_batch('tiny-flux-schnell')
+    batch['noise'] = torch.randn(2, 8, 16, 8, 8)
+    losses = model.validation_losses(batch)
+    by_level = []
+    for k in range(8):
+        single = {**batch, 'noise': batch['noise'][:, k], 'sigmas': torch.full((2,), k / 8)}
+        by_level.append(((lambda p, t, w: ((p - t) ** 2).flatten(1).mean(1))(*model(single))))
+    assert torch.allclose(losses, torch.stack(by_level, 1).mean(1), rtol=1e-5)
+    pixart = build_model(CONFIGS_DIR / 'tiny-pixart-sigma')
+    assert pixart.validation_levels('cpu').tolist() == [62, 187, 312, 437, 562, 687, 812, 937]
+
+
+def test_fsdp_units_are_the_transformer_blocks():
+    flux = meta_model('flux-schnell')
+    assert len(flux.fsdp_blocks()) == 19 + 38
+    assert len(meta_model('sd3.5-medium').fsdp_blocks()) == 24
+
+
+@pytest.mark.parametrize(
+    'flags, message',
+    [
+        (['--model_name', 'tiny-flux-schnell'], r'^tiny-flux-schnell: training a diffusion transformer on a dataset'),
+        (['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--prediction_type', 'epsilon'], r'UNet option'),
+        (['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--image_size', '72'], r'multiples of 16'),
+        (['--model_name', 'tiny-sd3.5-medium', '--use_synth_data', '--image_size', '512'], r'at most 256px'),
+        (['--model_name', 'tiny-pixart-sigma', '--use_synth_data', '--loss_weighting', 'cosmap'], r'predicts DDPM'),
+        (['--model_name', 'tiny', '--use_synth_data', '--timestep_density', 'mode'], r'is a UNet \(DDPM\)'),
+        (['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--logit_std', '0'], r'must be positive'),
+        (['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--sample_interval', '2ba'], r'not built yet'),
+    ],
+)
+def test_flags_a_transformer_cannot_take_are_refused_in_one_line(flags, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        resolve_config(parse_args(flags))
+    assert '\n' not in str(error.value)
+
+
+def test_the_recipe_sets_the_defaults_and_flags_override_it():
+    config = resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data']))
+    assert (config.grad_clip_norm, config.caption_dropout, config.timestep_density) == (1.0, 0.1, 'uniform')
+    assert config.recipe.betas == (0.9, 0.95) and config.recipe.weight_decay == 0.1
+    flags = ['--model_name', 'tiny-sd3.5-medium', '--use_synth_data', '--timestep_density', 'mode', '--mode_scale', '2']
+    config = resolve_config(parse_args([*flags, '--caption_dropout', '0.2']))
+    assert (config.recipe.timestep_density, config.recipe.mode_scale, config.caption_dropout) == ('mode', 2.0, 0.2)
+    precomputed = resolve_config(
+        parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--precomputed_latents'])
+    )
+    assert precomputed.caption_dropout == 0.0 and any('drops none' in note for note in precomputed.notes)
+    unet = resolve_config(parse_args(['--model_name', 'tiny', '--use_synth_data']))
+    assert unet.recipe is None and unet.caption_dropout == 0.0 and unet.grad_clip_norm is None
+
+
+@pytest.mark.parametrize('name', TWINS.values())
+@pytest.mark.parametrize('precomputed', [False, True])
+def test_each_twin_trains(name, precomputed):
+    flags = ['--model_name', name, '--use_synth_data', '--max_duration', '3ba', '--batch_size', '4']
+    trainer = main(parse_args([*flags, *(['--precomputed_latents'] if precomputed else [])]))
+    model = trainer.state.model
+    assert trainer.state.timestamp.batch.value == 3
+    assert (model.vae is None) == precomputed and len(model.text_encoders) == (
+        0 if precomputed else len(TRANSFORMER_TEXT_ENCODERS[type(model.transformer).__name__])
+    )
+    assert all(not p.requires_grad for encoder in model.frozen_encoders() for p in encoder.parameters())
+    optimized = {id(p) for group in trainer.state.optimizers[0].param_groups for p in group['params']}
+    assert optimized == {id(p) for p in model.transformer.parameters()}
+    assert math.isfinite(float(trainer.state.loss))
+    assert model.flops_per_image(64, 64) > model.trained_flops_per_image(64, 64) or precomputed
+
+
+def test_families_are_told_apart_by_their_transformer_class():
+    assert {type(meta_model(name).transformer).__name__ for name in TWINS.values()} == {FLUX, SD3, PIXART}

@@ -1,0 +1,427 @@
+"""Diffusion transformers as a Composer model: Flux.1, SD3.5 and PixArt-Sigma, built from a model folder with a
+transformer/ in place of a UNet, trained as Diffusers' training examples train each family, with their training
+FLOPs.
+
+Flux and SD3 learn a flow: latents normalized with the VAE's shift and scale, a noise level sigma in [0, 1] drawn
+from a timestep density (uniform, logit-normal or "mode") on the scheduler's shifted grid, noisy latents
+`(1 - sigma) x + sigma noise`, and the target `noise - x`, the loss optionally weighted per sigma. Flux reads its
+latents as a sequence of 2x2 patches with (0, row, column) position ids and its text as T5 tokens beside a pooled
+CLIP embedding; SD3 reads CLIP-L and CLIP-G penultimate states (side by side, zero-padded to T5's width) followed by
+T5's tokens, and both CLIPs' pooled embeddings. PixArt-Sigma predicts DDPM noise (epsilon) from T5 tokens with
+their padding masked, of which the loss takes the first half of the output channels (the rest is the learned
+variance, left untrained as in Diffusers' PixArt example); where its config asks for it (PixArt-alpha's 1024px
+models) it is also conditioned on the image's resolution and aspect ratio.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from diffusers import AutoencoderKL, DDPMScheduler, FlowMatchEulerDiscreteScheduler
+from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
+from diffusers.training_utils import compute_density_for_timestep_sampling, compute_loss_weighting_for_sd3
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from images import unit_range
+from model_folder import LATENT_DOWNSAMPLE, T5_CAPTION_LENGTH, TRANSFORMER_TEXT_ENCODERS
+from model_parts import (
+    VALIDATION_TIMESTEPS,
+    FrozenEncodersModel,
+    build_part,
+    per_sample_mse,
+    standard_normal_like,
+)
+from tokenizer import CAPTION_LENGTH, T5_PAD_ID
+
+FLUX, SD3, PIXART = 'FluxTransformer2DModel', 'SD3Transformer2DModel', 'PixArtTransformer2DModel'
+TIMESTEP_DENSITIES = ('uniform', 'logit_normal', 'mode')
+LOSS_WEIGHTINGS = ('none', 'sigma_sqrt', 'cosmap')
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a family trains by default: the noise levels drawn, the loss weighting, AdamW and the stability options
+    (each a flag's default when the flag is not given)."""
+
+    timestep_density: str = 'uniform'  # flow matching only; PixArt draws DDPM timesteps uniformly
+    logit_mean: float = 0.0
+    logit_std: float = 1.0
+    mode_scale: float = 1.29
+    loss_weighting: str = 'none'
+    learning_rate: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 1e-4
+    grad_clip_norm: float = 1.0
+    caption_dropout: float = 0.0
+
+
+RECIPES = {
+    # MLPerf Training's flux1 reference: uniform timesteps, no shift (the scheduler's shift is 1), AdamW with beta2
+    # 0.95 and weight decay 0.1, gradient norm clipped to 1, captions dropped with probability 0.1.
+    FLUX: Recipe(betas=(0.9, 0.95), weight_decay=0.1, caption_dropout=0.1),
+    # Diffusers' SD3 training example: logit-normal noise levels (mean 0, std 1) on the shift-3 grid, its AdamW.
+    SD3: Recipe(timestep_density='logit_normal'),
+    # Diffusers' PixArt example: DDPM timesteps uniformly, its AdamW.
+    PIXART: Recipe(),
+}
+
+
+def is_flow_matching(class_name: str) -> bool:
+    return class_name in (FLUX, SD3)
+
+
+class DiffusionTransformer(FrozenEncodersModel):
+    """Trains a diffusion transformer on its family's objective (see the module docstring), with the VAE and text
+    encoders frozen: in eval mode, without gradients, outside the optimizer, and run online every step. Without them
+    (precomputed) it trains from batches of 'latent_mean', 'latent_logvar', 'text_embedding' (what the transformer
+    reads as encoder_hidden_states), for Flux and SD3 'pooled_text_embedding', and for PixArt optionally
+    'text_mask'. A batch may carry 'noise', 'latent_noise' and 'sigmas' (flow matching) or 'timesteps' (PixArt) to
+    make a step deterministic; otherwise each is drawn at random.
+    """
+
+    denoiser_name = 'transformer'
+
+    def __init__(
+        self,
+        transformer: torch.nn.Module,
+        vae: AutoencoderKL | None,
+        text_encoders: list[torch.nn.Module],
+        noise_scheduler,
+        vae_config: dict,
+        recipe: Recipe | None = None,
+    ):
+        super().__init__()
+        self.transformer = transformer
+        self.family = type(transformer).__name__
+        self.recipe = recipe or RECIPES[self.family]
+        self.vae = None if vae is None else vae.requires_grad_(False).eval()
+        # Registered as submodules (moved, cast and checkpointed with the model) under their folder names.
+        self.text_encoder_names = TRANSFORMER_TEXT_ENCODERS[self.family][: len(text_encoders)]
+        for name, encoder in zip(self.text_encoder_names, text_encoders):
+            setattr(self, name, encoder.requires_grad_(False).eval())
+        self.noise_scheduler = noise_scheduler
+        self.latent_channels = vae_config['latent_channels']
+        self.latent_shift = vae_config.get('shift_factor') or 0.0
+        self.latent_scale = vae_config['scaling_factor']
+        self._forward_flops: dict[tuple, dict[str, int]] = {}
+        self.model_dir: Path | None = None  # set by build_transformer_model, with the parts whose weights it loaded
+        self.weights_loaded: list[str] = []
+
+    @property
+    def denoiser(self) -> torch.nn.Module:
+        return self.transformer
+
+    @property
+    def text_encoders(self) -> list[torch.nn.Module]:
+        return [getattr(self, name) for name in self.text_encoder_names]
+
+    def parts(self) -> dict[str, torch.nn.Module]:
+        named = {'transformer': self.transformer, 'vae': self.vae}
+        named.update(zip(self.text_encoder_names, self.text_encoders))
+        return {name: part for name, part in named.items() if part is not None}
+
+    def frozen_encoders(self) -> list[torch.nn.Module]:
+        return ([self.vae] if self.vae is not None else []) + self.text_encoders
+
+    def fsdp_blocks(self) -> list[torch.nn.Module]:
+        """FSDP's units inside the transformer: one per block (Flux: its double- and single-stream blocks)."""
+        return [*self.transformer.transformer_blocks, *getattr(self.transformer, 'single_transformer_blocks', [])]
+
+    def precomputed_shapes(self, latent_size: int) -> dict:
+        """What a precomputed sample holds at a latent size (data.SyntheticLatentsDataset's arguments)."""
+        shapes = text_shapes(self.family, self.transformer.config, T5_CAPTION_LENGTH[self.family])
+        (caption_length, embedding_dim) = shapes['text_embedding']
+        pooled = shapes.get('pooled_text_embedding')
+        return {
+            'latent_channels': self.latent_channels,
+            'latent_size': latent_size,
+            'embedding_dim': embedding_dim,
+            'caption_length': caption_length,
+            'pooled_dim': pooled[0] if pooled else None,
+        }
+
+    def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        latents, text = self.encode(batch)
+        noise = batch.get('noise')
+        if noise is None:
+            noise = standard_normal_like(latents)
+        if is_flow_matching(self.family):
+            sigmas = batch.get('sigmas')
+            if sigmas is None:
+                sigmas = self.draw_sigmas(latents.shape[0]).to(latents.device)
+            return self.predict(latents, text, noise, sigmas)
+        timesteps = batch.get('timesteps')
+        if timesteps is None:  # uniform over all training steps
+            steps = self.noise_scheduler.config.num_train_timesteps
+            timesteps = torch.randint(0, steps, (latents.shape[0],), device=latents.device)
+        return self.predict(latents, text, noise, timesteps)
+
+    def draw_sigmas(self, count: int) -> torch.Tensor:
+        """Noise levels from the recipe's timestep density, on the scheduler's (shifted) grid of training sigmas,
+        as Diffusers' Flux and SD3 training examples draw them."""
+        recipe = self.recipe
+        u = compute_density_for_timestep_sampling(
+            recipe.timestep_density, count, recipe.logit_mean, recipe.logit_std, recipe.mode_scale
+        )
+        steps = self.noise_scheduler.config.num_train_timesteps
+        indices = (u * steps).long().clamp(max=steps - 1)
+        return self.noise_scheduler.sigmas[indices].float()
+
+    def predict(
+        self, latents: torch.Tensor, text: dict, noise: torch.Tensor, levels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The transformer's prediction for latents noised to `levels` (sigmas for flow matching, DDPM timesteps for
+        PixArt), its training target, and each sample's loss weight."""
+        if is_flow_matching(self.family):
+            sigma = levels.view(-1, 1, 1, 1)
+            noisy = (1 - sigma) * latents + sigma * noise
+            target = noise - latents
+            weights = compute_loss_weighting_for_sd3(self.recipe.loss_weighting, levels).float()
+            timesteps = levels * self.noise_scheduler.config.num_train_timesteps
+        else:
+            noisy = self.noise_scheduler.add_noise(latents, noise, levels)
+            target = noise
+            weights = torch.ones_like(levels, dtype=torch.float32)
+            timesteps = levels
+        prediction = run_transformer(self.transformer, noisy, timesteps, text)
+        return prediction, target, weights
+
+    @torch.no_grad()
+    def encode(self, batch: dict) -> tuple[torch.Tensor, dict]:
+        """Normalized latents sampled from the VAE's latent distribution, and the text conditioning: computed by the
+        frozen encoders, or read from a precomputed batch. In fp32, whatever the encoders hold."""
+        if 'latent_mean' in batch:
+            mean = batch['latent_mean'].float()
+            std = torch.exp(0.5 * batch['latent_logvar'].float())  # as Diffusers' DiagonalGaussianDistribution
+            text = {name: batch[name].float() for name in ('text_embedding', 'pooled_text_embedding') if name in batch}
+            if 'text_mask' in batch:
+                text['text_mask'] = batch['text_mask']
+        else:
+            if self.vae is None:
+                raise ValueError(
+                    'this model has no VAE or text encoder (precomputed latents): the batch needs '
+                    "'latent_mean', 'latent_logvar' and 'text_embedding'"
+                )
+            latent_dist = self.vae.encode(unit_range(batch['image']).to(self.vae.dtype)).latent_dist
+            mean, std = latent_dist.mean.float(), latent_dist.std.float()
+            text = encode_text(self.family, self.text_encoders, batch)
+        latent_noise = batch.get('latent_noise')
+        if latent_noise is None:
+            latent_noise = standard_normal_like(mean)
+        return (mean + std * latent_noise - self.latent_shift) * self.latent_scale, text
+
+    def loss(self, outputs, batch) -> torch.Tensor:
+        prediction, target, weights = outputs
+        return (per_sample_mse(prediction, target) * weights).mean()
+
+    # ------------------------------------------------------------------------------------------- evaluation
+
+    def validation_levels(self, device) -> torch.Tensor:
+        """Flow matching: MLPerf flux1's 8 equidistant timesteps 0, 1/8, ..., 7/8 as sigmas. PixArt: the midpoints
+        of 8 equal bins of its DDPM schedule, as the UNets'."""
+        if is_flow_matching(self.family):
+            return torch.arange(VALIDATION_TIMESTEPS, device=device) / VALIDATION_TIMESTEPS
+        steps = self.noise_scheduler.config.num_train_timesteps
+        return ((torch.arange(VALIDATION_TIMESTEPS) * 2 + 1) * steps // (2 * VALIDATION_TIMESTEPS)).to(device)
+
+    def validation_losses(self, batch: dict) -> torch.Tensor:
+        """Each sample's loss, the mean over the fixed noise levels with the sample's fixed draws (the batch's
+        'latent_noise' and 'noise', one per level), unweighted."""
+        latents, text = self.encode(batch)
+        losses = []
+        for k, level in enumerate(self.validation_levels(latents.device)):
+            prediction, target, _ = self.predict(latents, text, batch['noise'][:, k], level.expand(latents.shape[0]))
+            losses.append(per_sample_mse(prediction, target))
+        return torch.stack(losses, dim=1).mean(dim=1)
+
+    def flops_per_batch(self, batch: dict) -> int:
+        """Training FLOPs of this batch, for Composer's SpeedMonitor (FLOP/s and MFU)."""
+        if 'latent_mean' in batch:
+            latents = batch['latent_mean']
+            count, height, width = latents.shape[0], *(LATENT_DOWNSAMPLE * side for side in latents.shape[-2:])
+        else:
+            count, height, width = batch['image'].shape[0], *batch['image'].shape[-2:]
+        return count * self.flops_per_image(height, width)
+
+    def flops_per_image(self, height: int, width: int, caption_length: int | None = None) -> int:
+        """Training FLOPs per image: the transformer's forward and backward (3x its forward) and the frozen
+        encoders' forward. caption_length: T5's (the family's by default)."""
+        parts = self.forward_flops(height, width, caption_length)
+        return 3 * parts['transformer'] + sum(flops for part, flops in parts.items() if part != 'transformer')
+
+    def trained_flops_per_image(self, height: int, width: int, caption_length: int | None = None) -> int:
+        return 3 * self.forward_flops(height, width, caption_length)['transformer']
+
+    def forward_flops(self, height: int, width: int, caption_length: int | None = None) -> dict[str, int]:
+        key = (height, width, caption_length or T5_CAPTION_LENGTH[self.family])
+        if key not in self._forward_flops:
+            self._forward_flops[key] = count_forward_flops(
+                self.transformer, self.vae, self.text_encoders, *key, self.latent_channels
+            )
+        return self._forward_flops[key]
+
+
+# ----------------------------------------------------------------------------------- the families' inputs
+
+
+def encode_text(family: str, text_encoders: list[torch.nn.Module], batch: dict) -> dict[str, torch.Tensor]:
+    """What each family's transformer reads, from caption token ids (one column per encoder, in folder order):
+    'text_embedding' (its encoder_hidden_states), 'pooled_text_embedding' (Flux: CLIP-L's pooled output; SD3: both
+    CLIPs' projected ones side by side) and for PixArt 'text_mask' (T5's padding masked)."""
+    if family == FLUX:
+        clip, t5 = text_encoders
+        return {
+            'text_embedding': t5(batch['input_ids_2'])[0].float(),
+            'pooled_text_embedding': clip(batch['input_ids']).pooler_output.float(),
+        }
+    if family == SD3:
+        clip_l, clip_g, t5 = text_encoders
+        first = clip_l(batch['input_ids'], output_hidden_states=True)
+        second = clip_g(batch['input_ids_2'], output_hidden_states=True)
+        t5_states = t5(batch['input_ids_3'])[0].float()
+        clip_states = torch.cat([first.hidden_states[-2], second.hidden_states[-2]], dim=-1).float()
+        clip_states = torch.nn.functional.pad(clip_states, (0, t5_states.shape[-1] - clip_states.shape[-1]))
+        return {
+            'text_embedding': torch.cat([clip_states, t5_states], dim=-2),
+            'pooled_text_embedding': torch.cat([first.text_embeds, second.text_embeds], dim=-1).float(),
+        }
+    (t5,) = text_encoders
+    mask = (batch['input_ids'] != T5_PAD_ID).long()
+    return {'text_embedding': t5(batch['input_ids'], attention_mask=mask)[0].float(), 'text_mask': mask}
+
+
+def run_transformer(transformer, noisy: torch.Tensor, timesteps: torch.Tensor, text: dict) -> torch.Tensor:
+    """The transformer's output for noisy latents (batch, channels, height, width), in the same layout."""
+    family = type(transformer).__name__
+    batch, channels, height, width = noisy.shape
+    if family == FLUX:
+        # Flux reads 2x2 latent patches as a sequence, with (0, row, column) position ids, and timesteps in [0, 1].
+        packed = FluxPipeline._pack_latents(noisy, batch, channels, height, width)
+        image_ids = FluxPipeline._prepare_latent_image_ids(batch, height // 2, width // 2, noisy.device, noisy.dtype)
+        text_states = text['text_embedding']
+        text_ids = torch.zeros(text_states.shape[1], 3, device=noisy.device, dtype=noisy.dtype)
+        output = transformer(
+            hidden_states=packed,
+            timestep=timesteps / 1000,
+            pooled_projections=text['pooled_text_embedding'],
+            encoder_hidden_states=text_states,
+            txt_ids=text_ids,
+            img_ids=image_ids,
+            return_dict=False,
+        )[0]
+        pixels = (height * LATENT_DOWNSAMPLE, width * LATENT_DOWNSAMPLE)
+        return FluxPipeline._unpack_latents(output, *pixels, LATENT_DOWNSAMPLE)
+    if family == SD3:
+        return transformer(
+            hidden_states=noisy,
+            timestep=timesteps,
+            encoder_hidden_states=text['text_embedding'],
+            pooled_projections=text['pooled_text_embedding'],
+            return_dict=False,
+        )[0]
+    size = (height * LATENT_DOWNSAMPLE, width * LATENT_DOWNSAMPLE)
+    conditions = {'resolution': None, 'aspect_ratio': None}
+    if transformer.use_additional_conditions:  # PixArt-alpha's 1024px models: the image's size and aspect ratio
+        conditions = {
+            'resolution': torch.tensor([size], dtype=noisy.dtype, device=noisy.device).expand(batch, 2),
+            'aspect_ratio': torch.tensor([[size[0] / size[1]]], dtype=noisy.dtype, device=noisy.device).expand(
+                batch, 1
+            ),
+        }
+    output = transformer(
+        noisy,
+        encoder_hidden_states=text['text_embedding'],
+        encoder_attention_mask=text.get('text_mask'),
+        timestep=timesteps,
+        added_cond_kwargs=conditions,
+        return_dict=False,
+    )[0]
+    if output.shape[1] == 2 * channels:  # learned variance beside the noise: the loss takes the noise
+        output = output[:, :channels]
+    return output
+
+
+# ----------------------------------------------------------------------------------- FLOPs
+
+
+def text_shapes(family: str, transformer_config, t5_length: int) -> dict[str, tuple[int, ...]]:
+    """The shapes of one sample's text conditioning, from the transformer's config."""
+    width = transformer_config['caption_channels' if family == PIXART else 'joint_attention_dim']
+    length = CAPTION_LENGTH + t5_length if family == SD3 else t5_length  # SD3: the CLIPs' 77 tokens, then T5's
+    shapes = {'text_embedding': (length, width)}
+    if family != PIXART:
+        shapes['pooled_text_embedding'] = (transformer_config['pooled_projection_dim'],)
+    return shapes
+
+
+def count_forward_flops(
+    transformer: torch.nn.Module,
+    vae: AutoencoderKL | None,
+    text_encoders: list[torch.nn.Module],
+    height: int,
+    width: int,
+    t5_length: int,
+    latent_channels: int,
+) -> dict[str, int]:
+    """Forward FLOPs per image of each part ('transformer', 'vae_encoder', 'text_encoder', ...): matmuls,
+    attention included, counted by PyTorch's FlopCounterMode on meta-device copies of the given parts (no memory,
+    no compute) with the math attention kernel, as model.count_forward_flops counts the UNets'. Without a VAE
+    (precomputed) the transformer alone."""
+    counts = {}
+    family = type(transformer).__name__
+    with torch.device('meta'), sdpa_kernel(SDPBackend.MATH):
+        if vae is not None:
+            meta_vae = AutoencoderKL.from_config(vae.config)
+            with FlopCounterMode(display=False) as counter:
+                meta_vae.encode(torch.empty(1, vae.config.in_channels, height, width))
+            counts['vae_encoder'] = counter.get_total_flops()
+            for name, encoder in zip(TRANSFORMER_TEXT_ENCODERS[family], text_encoders):
+                meta_encoder = type(encoder)(encoder.config)
+                length = t5_length if encoder.config.model_type == 't5' else CAPTION_LENGTH
+                with FlopCounterMode(display=False) as counter:
+                    meta_encoder(torch.zeros(1, length, dtype=torch.long))
+                counts[name] = counter.get_total_flops()
+        meta_transformer = type(transformer).from_config(transformer.config)
+        latents = torch.empty(1, latent_channels, height // LATENT_DOWNSAMPLE, width // LATENT_DOWNSAMPLE)
+        text = {
+            name: torch.empty(1, *shape) for name, shape in text_shapes(family, transformer.config, t5_length).items()
+        }
+        with FlopCounterMode(display=False) as counter:
+            run_transformer(meta_transformer, latents, torch.tensor([500.0]), text)
+        counts['transformer'] = counter.get_total_flops()
+    return counts
+
+
+# ----------------------------------------------------------------------------------- building
+
+
+def build_transformer_model(
+    model_dir: Path,
+    precomputed: bool = False,
+    encoders_bf16: bool = False,
+    init_device: torch.device | str | None = None,
+    recipe: Recipe | None = None,
+) -> DiffusionTransformer:
+    """The model of a diffusion transformer's folder (see model.build_model, which calls this for one), trained by
+    `recipe` (default: its family's, RECIPES)."""
+    model_dir = Path(model_dir)
+    transformer, transformer_loaded = build_part(model_dir, 'transformer', init_device)  # first: the same init
+    family = type(transformer).__name__
+    scheduler_class = FlowMatchEulerDiscreteScheduler if is_flow_matching(family) else DDPMScheduler
+    noise_scheduler = scheduler_class.from_config(scheduler_class.load_config(model_dir, subfolder='scheduler'))
+    vae_config = AutoencoderKL.load_config(model_dir, subfolder='vae')
+    vae, text_encoders, loaded = None, [], []
+    if not precomputed:
+        for part in ('vae', *TRANSFORMER_TEXT_ENCODERS[family]):
+            module, weights = build_part(model_dir, part, init_device)
+            module = module.to(torch.bfloat16) if encoders_bf16 else module
+            if part == 'vae':
+                vae = module
+            else:
+                text_encoders.append(module)
+            loaded += [part] * weights
+    model = DiffusionTransformer(transformer, vae, text_encoders, noise_scheduler, vae_config, recipe)
+    model.model_dir = model_dir
+    model.weights_loaded = ['transformer'] * transformer_loaded + loaded
+    return model
