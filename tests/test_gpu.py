@@ -65,10 +65,11 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def unet_tensors(model, pick) -> dict[str, torch.Tensor]:
-    """{parameter name: pick(parameter)} of the UNet, on the CPU in fp32, under names without FSDP's wrappers."""
+    """{parameter name: pick(parameter)} of the trained network (the UNet, or a transformer), on the CPU in fp32,
+    under names without FSDP's wrappers."""
     return {
         name.replace('_fsdp_wrapped_module.', ''): pick(p).detach().float().cpu().clone()
-        for name, p in unwrap(model).unet.named_parameters()
+        for name, p in unwrap(model).denoiser.named_parameters()
         if pick(p) is not None
     }
 
@@ -245,6 +246,45 @@ def test_other_models_train_two_batches_at_256px(tmp_path, name):
     assert run.results['model_name'] == name
     assert run.results['trained_parameters'] == sum(p.numel() for p in model.unet.parameters())
     assert run.results['peak_gpu_memory_gb'] > 0
+
+
+@pytest.mark.parametrize('flags', [['--precomputed_latents'], ['--encoders_bf16']], ids=['precomputed', 'online'])
+@pytest.mark.parametrize('name', ['sd3.5-medium', 'pixart-sigma'])
+def test_diffusion_transformers_train_two_batches_at_256px(tmp_path, name, flags):
+    """SD3.5 medium and PixArt-Sigma at full size in bf16 on one GPU, unsharded: from precomputed latents, and with
+    the encoders online (T5-XXL in bf16)."""
+    run = train(
+        tmp_path,
+        *['--model_name', name, '--use_synth_data', '--image_size', '256', '--batch_size', '2'],
+        *['--device_train_microbatch_size', '1', '--max_duration', '2ba', *flags],
+    )
+    model = unwrap(run.trainer.state.model)
+    assert len(run.losses) == 2 and all(math.isfinite(loss) for loss in run.losses)
+    assert {p.device.type for p in model.parameters()} == {'cuda'}
+    assert run.results['trained_parameters'] == sum(p.numel() for p in model.transformer.parameters())
+    assert run.results['mfu'] > 0 and run.results['peak_gpu_memory_gb'] > 0
+
+
+def test_flux_transformer_steps_at_256px_in_bf16():
+    """Flux.1-schnell's 11.9B-parameter transformer, forward and backward of one 256px image in bf16 on one GPU
+    (its fp32 training state needs FSDP over 8 GPUs of 80 GB, docs/models.md): the kernels run and the gradient is
+    finite."""
+    torch.manual_seed(0)
+    model = build_model(CONFIGS_DIR / 'flux-schnell', precomputed=True, init_device='cuda')
+    model.transformer.to(torch.bfloat16)
+    shapes = model.precomputed_shapes(256 // 8)
+    batch = {
+        'latent_mean': torch.randn(1, 16, 32, 32, device='cuda'),
+        'latent_logvar': torch.full((1, 16, 32, 32), -10.0, device='cuda'),
+        'text_embedding': torch.randn(1, shapes['caption_length'], shapes['embedding_dim'], device='cuda'),
+        'pooled_text_embedding': torch.randn(1, shapes['pooled_dim'], device='cuda'),
+    }
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+        loss = model.loss(model(batch), batch)
+    loss.backward()
+    assert math.isfinite(loss.item())
+    gradient = torch.cat([p.grad.float().flatten() for p in model.transformer.parameters() if p.grad is not None])
+    assert torch.isfinite(gradient).all() and gradient.norm() > 0
 
 
 # ------------------------------------------------------------------------------------------ speed flags
