@@ -10,6 +10,7 @@ read the configuration.
 import argparse
 import dataclasses
 import importlib.util
+import json
 import shutil
 import tempfile
 import time
@@ -36,13 +37,14 @@ from ema import parse_half_life
 from evaluation import SAMPLE_PROMPTS
 from model_folder import (
     LATENT_DOWNSAMPLE,
+    T5_CAPTION_LENGTH,
     denoiser_config,
     is_transformer_folder,
     pooled_text_width,
     resolve_model_dir,
 )
-from tokenizer import CaptionTokenizer
-from transformer_model import RECIPES, Recipe, is_flow_matching
+from tokenizer import T5_END_ID, T5_PAD_ID, T5_VOCAB_SIZE, CaptionTokenizer
+from transformer_model import RECIPES, Recipe, is_flow_matching, text_shapes
 
 SYNTHETIC_SAMPLES = 100_000  # one synthetic "epoch"; runs are normally bounded in batches instead
 
@@ -246,16 +248,18 @@ def settle_recipe(draft: argparse.Namespace) -> None:
             raise ConfigError(f'--{flag}: a UNet option ({why}); {draft.model_name} is a diffusion transformer')
     if draft.attention != 'sdpa':
         raise ConfigError(f'--attention {draft.attention}: the diffusion transformers run PyTorch SDPA attention only')
-    if not draft.use_synth_data:
+    reads_captions = not (draft.use_synth_data or draft.precomputed_latents)
+    if reads_captions and draft.caption_inputs.uses_t5 and draft.tokenizer is None:
         raise ConfigError(
-            f'{draft.model_name}: training a diffusion transformer on a dataset (--remote/--local, or the sample '
-            'dataset) is not built yet: its T5 captions need precompute.py and a T5 tokenizer; pass --use_synth_data'
+            f'--tokenizer: {draft.model_name} reads captions with T5, whose tokenizer no package here ships: pass '
+            "--tokenizer DIR, a local folder of T5's tokenizer (e.g. FLUX.1-schnell's tokenizer_2), or "
+            '--use_synth_data'
         )
-    for flag in ('eval_local', 'eval_remote', 'sample_interval', 'export_pipeline'):
+    for flag in ('sample_interval', 'export_pipeline'):
         if getattr(draft, flag):
             raise ConfigError(
-                f'--{flag}: validation, sample images and pipeline exports are not built yet for the diffusion '
-                f'transformers ({draft.model_name}); leave it out'
+                f'--{flag}: sample images and pipeline exports are not built yet for the diffusion transformers '
+                f'({draft.model_name}); leave it out (the validation loss, --eval_interval, works)'
             )
     patch = LATENT_DOWNSAMPLE * 2  # Flux's 2x2 latent packing, SD3's and PixArt's 2x2 patches
     if draft.image_size % patch:
@@ -508,7 +512,7 @@ def settle_data(draft: argparse.Namespace) -> None:
             '--tokenizer: precomputed captions are already embeddings (choose the tokenizer in precompute.py)'
         )
     if draft.tokenizer is not None:
-        check_tokenizer(draft.tokenizer)
+        check_tokenizer(draft.tokenizer, draft.caption_inputs)
     draft.sample_data = not (draft.use_synth_data or draft.remote or draft.local)
     draft.epoch_size = None
     if draft.use_synth_data:
@@ -544,24 +548,33 @@ def settle_data(draft: argparse.Namespace) -> None:
 
 
 def settle_precomputed_shapes(draft: argparse.Namespace, dataset: DatasetDescription) -> None:
-    """The stored shapes must fit this UNet; the image size is the one the data was precomputed at."""
-    unet = denoiser_config(draft.model_dir)
+    """The stored shapes must fit this model's denoiser; the image size is the one the data was precomputed at."""
+    denoiser = denoiser_config(draft.model_dir)
+    if is_transformer_folder(draft.model_dir):
+        family = denoiser['_class_name']
+        shapes = text_shapes(family, denoiser, T5_CAPTION_LENGTH[family])
+        expected_channels = json.loads((draft.model_dir / 'vae' / 'config.json').read_text())['latent_channels']
+        expected_length, expected_width = shapes['text_embedding']
+        pooled = shapes.get('pooled_text_embedding', [None])[0]
+        kind = 'transformer'
+    else:
+        expected_channels, expected_width = denoiser['in_channels'], denoiser['cross_attention_dim']
+        expected_length, pooled, kind = dataset.embedding_length, pooled_text_width(denoiser), 'UNet'
     channels, height, width = dataset.latent_shape
-    if channels != unet['in_channels'] or dataset.embedding_width != unet['cross_attention_dim']:
+    stored = (channels, dataset.embedding_length, dataset.embedding_width)
+    if stored != (expected_channels, expected_length, expected_width):
         raise ConfigError(
             f'{dataset.location}: precomputed latents with {channels} channels and text embeddings of '
-            f"width {dataset.embedding_width}, but {draft.model_name}'s UNet takes "
-            f'{unet["in_channels"]} and {unet["cross_attention_dim"]}: precompute it with the same '
-            '--model_name'
+            f"{dataset.embedding_length} x {dataset.embedding_width}, but {draft.model_name}'s {kind} takes "
+            f'{expected_channels} and {expected_length} x {expected_width}: precompute it with the same --model_name'
         )
-    pooled = pooled_text_width(unet)
     if pooled != dataset.pooled_width:
         raise ConfigError(
             f'{dataset.location}: '
             + (
-                f"no pooled text embedding of width {pooled}, which {draft.model_name}'s UNet (SDXL) takes"
+                f"no pooled text embedding of width {pooled}, which {draft.model_name}'s {kind} takes"
                 if dataset.pooled_width is None
-                else f"a pooled text embedding (SDXL's), which {draft.model_name}'s UNet does not take"
+                else f"a pooled text embedding, which {draft.model_name}'s {kind} does not take"
             )
             + ': precompute it with the same --model_name'
         )
@@ -669,12 +682,20 @@ def parse_interval(flag: str, text: str | None) -> str | None:
     return text
 
 
-def check_tokenizer(folder: str) -> None:
-    """Loads the tokenizer once now, so that a folder without one fails here rather than in every loader worker."""
+def check_tokenizer(folder: str, inputs: CaptionInputs) -> None:
+    """Loads the tokenizer once now, so that a folder without one fails here rather than in every loader worker; for
+    a model with a T5 encoder, the folder must give T5's ids (below its vocabulary, ending in its end of text)."""
     if not Path(folder).is_dir():
         raise ConfigError(f'--tokenizer {folder}: no such folder')
     try:
-        CaptionTokenizer(folder)('a photo')
+        ids = CaptionTokenizer(folder, length=max(inputs.lengths))('a photo')
     except Exception as error:  # Transformers raises several kinds (OSError, ValueError, TypeError, ...)
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ConfigError(f'--tokenizer {folder}: no tokenizer Transformers can load ({reason})')
+    if inputs.uses_t5:
+        ids = ids[ids != T5_PAD_ID].tolist()
+        if not ids or max(ids) >= T5_VOCAB_SIZE or ids[-1] != T5_END_ID:
+            raise ConfigError(
+                f"--tokenizer {folder}: gives ids {ids[:8]} for 'a photo', not T5's (below {T5_VOCAB_SIZE}, ending "
+                f"in </s> = {T5_END_ID}); this model's --tokenizer is its T5 encoder's"
+            )

@@ -28,7 +28,7 @@ from dataset_checks import READ_TIMEOUT, RETRIES, SDXL_PRECOMPUTED_COLUMNS, Data
 from images import MAX_IMAGE_PIXELS, BadSample, decode_image, size_conditions
 from model_folder import T5_CAPTION_LENGTH, denoiser_config, has_micro_conditioning, text_encoder_folders
 from streaming_fixes import CheckedStreamingDataset
-from tokenizer import CAPTION_LENGTH, CLIP_PAD_ID, CLIP_VOCAB_SIZE, T5_VOCAB_SIZE, CaptionTokenizer, caption_pad_ids
+from tokenizer import CAPTION_LENGTH, CLIP_PAD_ID, CLIP_VOCAB_SIZE, T5_VOCAB_SIZE, caption_pad_ids, column_tokenizers
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +168,7 @@ class ImageCaptionSample:
         max_image_pixels: int = MAX_IMAGE_PIXELS,
     ):
         self.image_size, self.inputs, self.max_image_pixels = image_size, inputs, max_image_pixels
-        self.tokenizers = {
-            column: CaptionTokenizer(tokenizer, pad_id) for column, pad_id in zip(inputs.id_columns, inputs.pad_ids)
-        }
+        self.tokenizers = column_tokenizers(tokenizer, inputs)
 
     def __call__(self, raw: dict) -> dict:
         caption = raw.get('caption')
@@ -279,11 +277,12 @@ class StreamingLAIONDataset(CheckedStreamingDataset):
 
 class PrecomputedLatentsDataset(CheckedStreamingDataset):
     """MDS shards written by precompute.py, streamed like StreamingLAIONDataset (same remotes, caches,
-    resumption). Samples: 'latent_mean', 'latent_logvar' (C, H/8, W/8) and 'text_embedding' (77, D), fp16;
-    for SDXL also 'pooled_text_embedding' (D2,) and 'time_ids' (6,)."""
+    resumption). Samples: 'latent_mean', 'latent_logvar' (C, H/8, W/8) and 'text_embedding' (tokens, D), fp16;
+    for SDXL also 'pooled_text_embedding' (D2,) and 'time_ids' (6,); for Flux and SD3 'pooled_text_embedding', for
+    PixArt 'text_mask' (tokens,)."""
 
     precomputed = True
-    COLUMNS = ('latent_mean', 'latent_logvar', 'text_embedding', *SDXL_PRECOMPUTED_COLUMNS)
+    COLUMNS = ('latent_mean', 'latent_logvar', 'text_embedding', *SDXL_PRECOMPUTED_COLUMNS, 'text_mask')
 
     def get_item(self, sample_id: int, retry: int = 7) -> dict:
         raw = super().get_item(sample_id, retry)

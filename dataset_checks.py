@@ -30,6 +30,8 @@ PRECOMPUTED_COLUMNS = {
     'caption': 'str',
 }
 SDXL_PRECOMPUTED_COLUMNS = {'pooled_text_embedding': 'ndarray:float16', 'time_ids': 'ndarray:float32'}
+# The diffusion transformers': Flux's and SD3's pooled embedding, PixArt's mask of T5's padding.
+TRANSFORMER_PRECOMPUTED_COLUMNS = {'pooled_text_embedding': 'ndarray:float16', 'text_mask': 'ndarray:uint8'}
 
 
 class DataError(RuntimeError):
@@ -141,6 +143,7 @@ class DatasetDescription:
     num_samples: int
     latent_shape: tuple[int, int, int] | None = None  # precomputed latents: (C, H/8, W/8) of the first sample
     embedding_width: int | None = None  # precomputed latents: the text embedding's width
+    embedding_length: int | None = None  # precomputed latents: the text embedding's tokens
     pooled_width: int | None = None  # precomputed latents for SDXL: the pooled text embedding's width
 
 
@@ -190,7 +193,8 @@ def describe_dataset(
     return DatasetDescription(
         location,
         num_samples,
-        tuple(sample['latent_mean'].shape),
-        sample['text_embedding'].shape[-1],
-        None if pooled is None else pooled.shape[-1],
+        latent_shape=tuple(sample['latent_mean'].shape),
+        embedding_width=sample['text_embedding'].shape[-1],
+        embedding_length=sample['text_embedding'].shape[-2],
+        pooled_width=None if pooled is None else pooled.shape[-1],
     )

@@ -59,7 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         '--tokenizer',
         default=None,
         help='local tokenizer folder (Transformers layout) for the captions '
-        "(default: SD2's CLIP BPE, ids as OpenCLIP's, padded with 0)",
+        "(default: SD2's CLIP BPE, ids as OpenCLIP's, padded with 0); for a model with a T5 encoder (flux-schnell, "
+        "sd3.5-medium, pixart-sigma) T5's tokenizer, which it needs to read captions",
     )
     data.add_argument(
         '--image_size', type=int, default=None, help='training resolution in pixels (preset: 512; tiny: 64)'

@@ -22,6 +22,7 @@ from images import unit_range
 from model_folder import (
     LATENT_DOWNSAMPLE,
     MICRO_CONDITIONS,
+    denoiser_config,
     has_micro_conditioning,
     is_transformer_folder,
     pooled_text_width,
@@ -30,13 +31,16 @@ from model_parts import (
     MODEL_PARTS,
     VALIDATION_TIMESTEPS,
     FrozenEncodersModel,
+    build_frozen_encoders,
     build_part,
     describe_weights,
     per_sample_mse,
     standard_normal_like,
+    validation_timesteps,
 )
 from tokenizer import CAPTION_LENGTH
 from transformer_model import DiffusionTransformer, Recipe, build_transformer_model
+from transformer_model import encode_text as encode_transformer_text
 
 __all__ = [
     'StableDiffusion',
@@ -84,6 +88,9 @@ class StableDiffusion(FrozenEncodersModel):
         self.model_dir: Path | None = None  # set by build_model, with the parts whose weights it loaded
         self.weights_loaded: list[str] = []
 
+    denoiser_name = 'unet'
+
+    @property
     def denoiser(self) -> UNet2DConditionModel:
         """The trained network (both model families have one)."""
         return self.unet
@@ -222,11 +229,6 @@ class StableDiffusion(FrozenEncodersModel):
         return self._forward_flops[key]
 
 
-def validation_timesteps(num_train_timesteps: int, count: int = VALIDATION_TIMESTEPS) -> torch.Tensor:
-    """The midpoints of `count` equal bins of the schedule: 62, 187, ..., 937 of 1000 steps for count 8."""
-    return (torch.arange(count) * 2 + 1) * num_train_timesteps // (2 * count)
-
-
 def count_forward_flops(
     unet_config, vae_config, text_configs: list, height: int, width: int, caption_length: int
 ) -> dict[str, int]:
@@ -285,17 +287,18 @@ def encode_text(text_encoder, text_encoder_2, batch: dict) -> dict[str, torch.Te
 def build_encoders(
     model_dir: Path, encoders_bf16: bool = False, init_device: torch.device | str | None = None
 ) -> tuple[AutoencoderKL, CLIPTextModel, CLIPTextModelWithProjection | None, list[str]]:
-    """The VAE and text encoder(s) of a model folder (the second None but for SDXL), and the names of those whose
-    weights were loaded."""
-    parts, loaded = [], []
-    for part in ('vae', 'text_encoder', 'text_encoder_2'):
-        if part == 'text_encoder_2' and not (model_dir / part).is_dir():
-            parts.append(None)
-            continue
-        module, weights = build_part(model_dir, part, init_device)
-        parts.append(module.to(torch.bfloat16) if encoders_bf16 else module)
-        loaded += [part] * weights
-    return (*parts, loaded)
+    """The VAE and text encoder(s) of a UNet's model folder (the second None but for SDXL), and the names of those
+    whose weights were loaded."""
+    vae, text_encoders, loaded = build_frozen_encoders(model_dir, encoders_bf16, init_device)
+    return vae, text_encoders[0], text_encoders[1] if len(text_encoders) > 1 else None, loaded
+
+
+def encode_captions(model_dir: Path, text_encoders: list[torch.nn.Module], batch: dict) -> dict[str, torch.Tensor]:
+    """What a model folder's denoiser is conditioned on, from caption token ids (precompute.py's text columns):
+    encode_text here for the UNets, transformer_model.encode_text for a transformer."""
+    if is_transformer_folder(model_dir):
+        return encode_transformer_text(denoiser_config(model_dir)['_class_name'], text_encoders, batch)
+    return encode_text(text_encoders[0], text_encoders[1] if len(text_encoders) > 1 else None, batch)
 
 
 DiffusionModel = StableDiffusion | DiffusionTransformer

@@ -20,7 +20,7 @@ from diffusers import AutoencoderKL, UNet2DConditionModel
 from torchmetrics import Metric
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-from model_folder import has_weights
+from model_folder import has_weights, text_encoder_folders
 
 # The class of each part folder of SD's layout, where its config names none.
 MODEL_PARTS = {
@@ -78,6 +78,19 @@ def build_part(
         return model_class.from_config(model_class.load_config(model_dir, subfolder=part)), False
 
 
+def build_frozen_encoders(
+    model_dir: Path, encoders_bf16: bool = False, init_device: torch.device | str | None = None
+) -> tuple[AutoencoderKL, list[torch.nn.Module], list[str]]:
+    """The VAE and every text encoder of a model folder (in the order its pipeline names them), and the names of
+    the parts whose weights were loaded."""
+    modules, loaded = [], []
+    for part in ('vae', *text_encoder_folders(model_dir)):
+        module, weights = build_part(model_dir, part, init_device)
+        modules.append(module.to(torch.bfloat16) if encoders_bf16 else module)
+        loaded += [part] * weights
+    return modules[0], modules[1:], loaded
+
+
 def describe_weights(parts: list[str], loaded: list[str]) -> str:
     """'weights loaded: unet; random init: vae, text_encoder', either half left out when it names nothing."""
     random_init = [part for part in parts if part not in loaded]
@@ -101,6 +114,11 @@ def per_sample_mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tens
     """Each sample's mean squared error, in fp32: the training loss is their mean, the validation loss their mean
     over fixed timesteps."""
     return F.mse_loss(prediction.float(), target.float(), reduction='none').flatten(1).mean(dim=1)
+
+
+def validation_timesteps(num_train_timesteps: int, count: int = VALIDATION_TIMESTEPS) -> torch.Tensor:
+    """The midpoints of `count` equal bins of the schedule: 62, 187, ..., 937 of 1000 steps for count 8."""
+    return (torch.arange(count) * 2 + 1) * num_train_timesteps // (2 * count)
 
 
 class ValidationLoss(Metric):

@@ -37,10 +37,18 @@ from arguments import ConfigError
 from config import PRESETS, SD2_BASE
 from convert import SAMPLE_DATASET, ensure_sample_dataset
 from data import StreamingLAIONDataset, caption_inputs, collate
-from dataset_checks import PRECOMPUTED_COLUMNS, SDXL_PRECOMPUTED_COLUMNS, DataError, describe_dataset, s3_client
+from dataset_checks import (
+    PRECOMPUTED_COLUMNS,
+    SDXL_PRECOMPUTED_COLUMNS,
+    TRANSFORMER_PRECOMPUTED_COLUMNS,
+    DataError,
+    describe_dataset,
+    s3_client,
+)
 from images import unit_range
-from model import build_encoders, describe_weights, encode_text
-from model_folder import resolve_model_dir
+from model import describe_weights, encode_captions
+from model_folder import denoiser_config, is_transformer_folder, resolve_model_dir, text_encoder_folders
+from model_parts import build_frozen_encoders
 from stack import check_stack
 from streaming_fixes import clean_stale_shared_memory
 from tokenizer import TokenizerError
@@ -68,7 +76,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         'benchmark.py (default: sd2-base on a GPU, tiny without one)',
     )
     parser.add_argument('--image_size', type=int, default=None, help='resolution in pixels (default: the model preset)')
-    parser.add_argument('--tokenizer', default=None, help="local tokenizer folder (default: SD2's CLIP BPE)")
+    parser.add_argument(
+        '--tokenizer',
+        default=None,
+        help="local tokenizer folder (default: SD2's CLIP BPE; for a model with a T5 encoder, T5's, which it needs)",
+    )
     parser.add_argument(
         '--batch_size',
         type=int,
@@ -245,19 +257,31 @@ def without_streaming_notices():
 
 
 @torch.no_grad()
-def encode(vae, text_encoders: tuple, batch: dict, device: torch.device) -> dict[str, np.ndarray]:
+def encode(model_dir: Path, vae, text_encoders: list, batch: dict, device: torch.device) -> dict[str, np.ndarray]:
     """The columns precompute.py writes for a batch: the latent distribution's mean and log-variance and the text
-    embedding(s) as fp16, exactly what StableDiffusion.encode samples from online (the log-variance is
-    Diffusers' clamped one); SDXL's size and crop conditioning as the loader made it."""
+    embedding(s) as fp16, exactly what the model's encode samples from online (the log-variance is Diffusers'
+    clamped one); SDXL's size and crop conditioning as the loader made it; PixArt's mask of T5's padding."""
     images = unit_range(batch['image'].to(device)).to(vae.dtype)
     latent_dist = vae.encode(images).latent_dist
     token_ids = {name: ids.to(device) for name, ids in batch.items() if name.startswith('input_ids')}
     columns = {'latent_mean': latent_dist.mean, 'latent_logvar': latent_dist.logvar}
-    columns.update(encode_text(*text_encoders, token_ids))
-    columns = {name: tensor.half() for name, tensor in columns.items()}
+    columns.update(encode_captions(model_dir, text_encoders, token_ids))
+    columns = {
+        name: tensor.to(torch.uint8 if name == 'text_mask' else torch.float16) for name, tensor in columns.items()
+    }
     if 'time_ids' in batch:
         columns['time_ids'] = batch['time_ids'].float()
     return {name: tensor.cpu().numpy() for name, tensor in columns.items()}
+
+
+def output_columns(model_dir: Path) -> dict[str, str]:
+    """The MDS columns of a model's precomputed dataset."""
+    if is_transformer_folder(model_dir):
+        family = denoiser_config(model_dir)['_class_name']
+        extra = ['text_mask'] if family == 'PixArtTransformer2DModel' else ['pooled_text_embedding']
+        return PRECOMPUTED_COLUMNS | {name: TRANSFORMER_PRECOMPUTED_COLUMNS[name] for name in extra}
+    sdxl = (model_dir / 'text_encoder_2').is_dir()
+    return PRECOMPUTED_COLUMNS | (SDXL_PRECOMPUTED_COLUMNS if sdxl else {})
 
 
 def precompute_part(dataset, indices: range, out: str, vae, text_encoders, device, args, progress) -> tuple[int, int]:
@@ -270,10 +294,9 @@ def precompute_part(dataset, indices: range, out: str, vae, text_encoders, devic
         pin_memory=device.type == 'cuda',
     )
     written = bad = 0
-    columns = PRECOMPUTED_COLUMNS | (SDXL_PRECOMPUTED_COLUMNS if text_encoders[1] is not None else {})
-    with MDSWriter(out=out, columns=columns, exist_ok=True) as writer:
+    with MDSWriter(out=out, columns=output_columns(args.model_dir), exist_ok=True) as writer:
         for batch in loader:
-            encoded = encode(vae, text_encoders, batch, device)
+            encoded = encode(args.model_dir, vae, text_encoders, batch, device)
             for row, replaced in enumerate(batch['bad_samples'].tolist()):
                 # A bad sample was replaced by the next good one, which has its own position too: keep it once.
                 if replaced:
@@ -315,15 +338,15 @@ def main(argv=None) -> dict:
     dist.barrier()
 
     reproducibility.seed_all(args.seed)  # every rank, and every rerun, gets the same encoders
-    # The encoders alone: the UNet's weights (3.5 GB for SD2 base) are never read.
-    vae, *text_encoders, loaded = build_encoders(args.model_dir, init_device=device._device)
+    # The encoders alone: the denoiser's weights (3.5 GB for SD2 base, 48 GB for Flux) are never read.
+    vae, text_encoders, loaded = build_frozen_encoders(args.model_dir, init_device=device._device)
     dtype = torch.bfloat16 if args.precision == 'bf16' else torch.float32
     vae = vae.to(device._device, dtype)
-    text_encoders = tuple(None if encoder is None else encoder.to(device._device, dtype) for encoder in text_encoders)
+    text_encoders = [encoder.to(device._device, dtype) for encoder in text_encoders]
     num_parts = -(-num_samples // args.part_size)
     mine = [part for part in range(rank, num_parts, world_size)]
     todo = [part for part in mine if args.overwrite or read_text(part_out(args.out, part), 'index.json') is None]
-    encoder_names = ['vae', 'text_encoder'] + ['text_encoder_2'] * (text_encoders[1] is not None)
+    encoder_names = ['vae', *text_encoder_folders(args.model_dir)]
     if rank == 0:
         print(
             f'precompute: {num_samples} samples of {args.remote or args.local} in {num_parts} part(s) of '

@@ -1,8 +1,11 @@
-"""Captions -> CLIP token ids, as SD2's text encoder (OpenCLIP's ViT-H/14 text tower) was trained on them.
+"""Captions -> token ids: CLIP's, as SD2's text encoder (OpenCLIP's ViT-H/14 text tower) was trained on them, and
+T5's for the diffusion transformers.
 
-The built-in tokenizer is a `tokenizers` BPE built from the merges clip-anytorch ships (no download) with CLIP's
-own split pattern and byte symbols, checked against CLIP's ids when it loads; `--tokenizer` loads a local
-folder with Transformers' AutoTokenizer instead.
+The built-in CLIP tokenizer is a `tokenizers` BPE built from the merges clip-anytorch ships (no download) with
+CLIP's own split pattern and byte symbols, checked against CLIP's ids when it loads; `--tokenizer` loads a local
+folder with Transformers' AutoTokenizer instead. No package here ships T5's SentencePiece vocabulary: a model with
+a T5 encoder reads real captions only with `--tokenizer` naming a local folder of T5's tokenizer (its CLIP
+columns keep the built-in one).
 """
 
 import gzip
@@ -49,10 +52,11 @@ class TokenizerError(ValueError):
     """A tokenizer that cannot be used: a missing folder, a missing vocabulary, or ids that differ from CLIP's."""
 
 
-def clean_caption(text: str) -> str:
-    """CLIP's text cleaning (its SimpleTokenizer): fix mojibake, unescape HTML twice, collapse whitespace, lowercase."""
-    text = html.unescape(html.unescape(ftfy.fix_text(text)))
-    return regex.sub(r'\s+', ' ', text).strip().lower()
+def clean_caption(text: str, lowercase: bool = True) -> str:
+    """CLIP's text cleaning (its SimpleTokenizer): fix mojibake, unescape HTML twice, collapse whitespace, lowercase.
+    T5 is cased: its captions keep their case (lowercase False)."""
+    text = regex.sub(r'\s+', ' ', html.unescape(html.unescape(ftfy.fix_text(text)))).strip()
+    return text.lower() if lowercase else text
 
 
 @cache
@@ -144,19 +148,23 @@ def empty_caption_ids(pad_id: int, length: int) -> torch.Tensor:
 
 
 class CaptionTokenizer:
-    """Caption -> 77 CLIP token ids: <|startoftext|>, tokens, <|endoftext|> kept last when truncating, then padding.
+    """Caption -> `length` token ids (77 for CLIP): the tokenizer's special tokens, the end-of-text one kept last when
+    truncating (CLIP's <|startoftext|> ... <|endoftext|>, T5's ... </s>), then padding.
 
     Built-in: ids equal OpenAI/OpenCLIP's SimpleTokenizer, padded with `pad_id` (default 0, as SD2's OpenCLIP
     encoder was trained; see caption_pad_ids). A folder (`--tokenizer`) is loaded with AutoTokenizer and pads
     with its own pad token. Loads lazily, so that each dataloader worker builds its own after the fork.
     """
 
-    def __init__(self, folder: str | None = None, pad_id: int = CLIP_PAD_ID):
+    def __init__(
+        self, folder: str | None = None, pad_id: int = CLIP_PAD_ID, length: int = CAPTION_LENGTH, lowercase: bool = True
+    ):
         if folder is not None and not Path(folder).is_dir():
             raise TokenizerError(f'--tokenizer {folder}: no such folder')
         self.folder = str(clip_tokenizer_folder()) if folder is None else folder
         self.builtin = folder is None
         self.builtin_pad_id = pad_id
+        self.length, self.lowercase = length, lowercase
         self._encode = None
 
     def __getstate__(self) -> dict:
@@ -172,11 +180,11 @@ class CaptionTokenizer:
             tokenizer = AutoTokenizer.from_pretrained(self.folder)
             self.pad_id = self.builtin_pad_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
             if not tokenizer.is_fast:
-                self._encode = lambda text: tokenizer(text, truncation=True, max_length=CAPTION_LENGTH).input_ids
+                self._encode = lambda text: tokenizer(text, truncation=True, max_length=self.length).input_ids
                 return
             backend = tokenizer.backend_tokenizer  # the Rust tokenizer: half the time of the Python wrapper
         backend.no_padding()
-        backend.enable_truncation(CAPTION_LENGTH)  # keeps room for the special tokens, so <|endoftext|> stays
+        backend.enable_truncation(self.length)  # keeps room for the special tokens, so the end-of-text one stays
         self._encode = lambda text: backend.encode(text).ids
         if self.builtin:
             for text, expected in TOKENIZER_CHECKS.items():
@@ -191,5 +199,25 @@ class CaptionTokenizer:
     def __call__(self, caption: str) -> torch.Tensor:
         if self._encode is None:
             self.load()
-        ids = self._encode(clean_caption(caption))
-        return torch.tensor(ids + [self.pad_id] * (CAPTION_LENGTH - len(ids)), dtype=torch.long)
+        ids = self._encode(clean_caption(caption, self.lowercase))
+        return torch.tensor(ids + [self.pad_id] * (self.length - len(ids)), dtype=torch.long)
+
+
+def column_tokenizers(folder: str | None, inputs) -> dict[str, CaptionTokenizer]:
+    """A tokenizer for each caption column of data.CaptionInputs `inputs`. `folder` (--tokenizer) is T5's where the
+    model has a T5 encoder (its CLIP columns use the built-in tokenizer), CLIP's otherwise. T5's captions keep their
+    case, as its pipelines give them."""
+    tokenizers_by_column = {}
+    for column, pad, length, vocab_size in zip(
+        inputs.id_columns, inputs.pad_ids, inputs.lengths, inputs.vocab_sizes, strict=True
+    ):
+        if vocab_size == T5_VOCAB_SIZE:
+            if folder is None:
+                raise TokenizerError(
+                    '--tokenizer: this model reads captions with T5, whose tokenizer no package here ships: pass '
+                    "--tokenizer DIR, a local folder of T5's tokenizer (e.g. FLUX.1-schnell's tokenizer_2)"
+                )
+            tokenizers_by_column[column] = CaptionTokenizer(folder, pad, length, lowercase=False)
+        else:
+            tokenizers_by_column[column] = CaptionTokenizer(None if inputs.uses_t5 else folder, pad, length)
+    return tokenizers_by_column

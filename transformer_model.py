@@ -28,9 +28,11 @@ from model_folder import LATENT_DOWNSAMPLE, T5_CAPTION_LENGTH, TRANSFORMER_TEXT_
 from model_parts import (
     VALIDATION_TIMESTEPS,
     FrozenEncodersModel,
+    build_frozen_encoders,
     build_part,
     per_sample_mse,
     standard_normal_like,
+    validation_timesteps,
 )
 from tokenizer import CAPTION_LENGTH, T5_PAD_ID
 
@@ -141,6 +143,8 @@ class DiffusionTransformer(FrozenEncodersModel):
             'pooled_dim': pooled[0] if pooled else None,
         }
 
+    # ------------------------------------------------------------------------------------------- training
+
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         latents, text = self.encode(batch)
         noise = batch.get('noise')
@@ -222,8 +226,7 @@ class DiffusionTransformer(FrozenEncodersModel):
         of 8 equal bins of its DDPM schedule, as the UNets'."""
         if is_flow_matching(self.family):
             return torch.arange(VALIDATION_TIMESTEPS, device=device) / VALIDATION_TIMESTEPS
-        steps = self.noise_scheduler.config.num_train_timesteps
-        return ((torch.arange(VALIDATION_TIMESTEPS) * 2 + 1) * steps // (2 * VALIDATION_TIMESTEPS)).to(device)
+        return validation_timesteps(self.noise_scheduler.config.num_train_timesteps).to(device)
 
     def validation_losses(self, batch: dict) -> torch.Tensor:
         """Each sample's loss, the mean over the fixed noise levels with the sample's fixed draws (the batch's
@@ -234,6 +237,8 @@ class DiffusionTransformer(FrozenEncodersModel):
             prediction, target, _ = self.predict(latents, text, batch['noise'][:, k], level.expand(latents.shape[0]))
             losses.append(per_sample_mse(prediction, target))
         return torch.stack(losses, dim=1).mean(dim=1)
+
+    # ------------------------------------------------------------------------------------------- FLOPs
 
     def flops_per_batch(self, batch: dict) -> int:
         """Training FLOPs of this batch, for Composer's SpeedMonitor (FLOP/s and MFU)."""
@@ -413,14 +418,7 @@ def build_transformer_model(
     vae_config = AutoencoderKL.load_config(model_dir, subfolder='vae')
     vae, text_encoders, loaded = None, [], []
     if not precomputed:
-        for part in ('vae', *TRANSFORMER_TEXT_ENCODERS[family]):
-            module, weights = build_part(model_dir, part, init_device)
-            module = module.to(torch.bfloat16) if encoders_bf16 else module
-            if part == 'vae':
-                vae = module
-            else:
-                text_encoders.append(module)
-            loaded += [part] * weights
+        vae, text_encoders, loaded = build_frozen_encoders(model_dir, encoders_bf16, init_device)
     model = DiffusionTransformer(transformer, vae, text_encoders, noise_scheduler, vae_config, recipe)
     model.model_dir = model_dir
     model.weights_loaded = ['transformer'] * transformer_loaded + loaded

@@ -115,6 +115,28 @@ def fixed_batch(n=4, image_size=64, model_name='tiny'):
     }
 
 
+def write_t5_tokenizer(folder) -> str:
+    """A small tokenizer folder that gives ids as T5's does (a SentencePiece unigram model: <pad> 0, </s> 1 appended
+    to every caption, <unk> 2, words below T5's vocabulary), for tests of --tokenizer with the T5 models: T5's own
+    vocabulary ships in no package here."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = 'a photo of the cat dog on red blue green small large'.split()
+    pieces = [('<pad>', 0.0), ('</s>', 0.0), ('<unk>', 0.0)]
+    pieces += [(f'\u2581{word}', -float(i)) for i, word in enumerate(words)]  # '\u2581' starts a word
+    pieces += [(letter, -20.0) for letter in 'abcdefghijklmnopqrstuvwxyz'] + [('\u2581', -25.0)]
+    tokenizer = Tokenizer(models.Unigram(pieces, unk_id=2))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    tokenizer.post_processor = processors.TemplateProcessing(single='$A </s>', special_tokens=[('</s>', 1)])
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token='<pad>', eos_token='</s>', unk_token='<unk>'
+    )
+    wrapped.save_pretrained(folder)
+    return str(folder)
+
+
 # ------------------------------------------------------------------------------------- processes
 
 

@@ -42,14 +42,15 @@ def online_and_precomputed_models(model_name='tiny'):
 
 
 def precomputed_from(online, batch, dtype=torch.float16):
-    text_encoders = (online.text_encoder, online.text_encoder_2)
+    text_encoders = [encoder for encoder in (online.text_encoder, online.text_encoder_2) if encoder is not None]
     if dtype == torch.float16:  # as precompute.py stores them
-        columns = precompute.encode(online.vae, text_encoders, batch, torch.device('cpu'))
+        columns = precompute.encode(online.model_dir, online.vae, text_encoders, batch, torch.device('cpu'))
         columns = {name: torch.from_numpy(array) for name, array in columns.items()}
     else:  # the same values before fp16 storage rounds them
         with torch.no_grad():
             dist = online.vae.encode(unit_range(batch['image'])).latent_dist
-            columns = {'latent_mean': dist.mean, 'latent_logvar': dist.logvar, **encode_text(*text_encoders, batch)}
+            text = encode_text(online.text_encoder, online.text_encoder_2, batch)
+            columns = {'latent_mean': dist.mean, 'latent_logvar': dist.logvar, **text}
         if 'time_ids' in batch:
             columns['time_ids'] = batch['time_ids']
     keep = ('noise', 'latent_noise', 'timesteps')
@@ -137,7 +138,7 @@ def test_precompute_writes_aligned_samples_resumes_and_trains(source, tmp_path, 
     reader = PrecomputedLatentsDataset(local=str(out), shuffle=False, batch_size=1)
     for k in (0, 13, 37):
         batch = default_collate([good[k]])
-        encoded = precompute.encode(vae, (text_encoder, None), batch, torch.device('cpu'))
+        encoded = precompute.encode(CONFIGS_DIR / 'tiny', vae, [text_encoder], batch, torch.device('cpu'))
         assert sorted(encoded) == ['latent_logvar', 'latent_mean', 'text_embedding']
         # Encoded in batches of 16 there, of 1 here: equal up to fp16 rounding of reassociated sums.
         for name, expected in encoded.items():
@@ -188,7 +189,7 @@ def test_precomputed_data_must_fit_the_unet(source, tmp_path):
     config = json.loads((other / 'unet' / 'config.json').read_text())
     config['cross_attention_dim'] = 48
     (other / 'unet' / 'config.json').write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match='text embeddings of width 32, but .* takes 4 and 48'):
+    with pytest.raises(ConfigError, match='text embeddings of 77 x 32, but .* takes 4 and 77 x 48'):
         main(
             parse_args(['--model_name', str(other), '--precomputed_latents', '--local', str(out), '--batch_size', '8'])
         )

@@ -1,25 +1,38 @@
 """Tests for the diffusion transformers (Flux.1-schnell, SD3.5 medium, PixArt-Sigma) and their tiny CPU twins:
 parameter counts, structure, caption columns, FLOPs against MLPerf's figure, the training loss against the Diffusers
 recipe computed here independently, noise levels, validation levels, the flags' checks, and training each twin
-online and from precomputed latents."""
+online and from precomputed latents, and on real captions with a local T5 tokenizer, online and precomputed."""
 
+import json
 import math
 
 import pytest
 import torch
+from conftest import good_samples, write_dataset, write_t5_tokenizer
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
 from torch.utils.data import default_collate
 
+import precompute
 from arguments import ConfigError
 from config import resolve_config
-from data import SyntheticImageCaptionDataset, caption_inputs
+from data import PrecomputedLatentsDataset, StreamingLAIONDataset, SyntheticImageCaptionDataset, caption_inputs
 from flags import parse_args
 from images import unit_range
 from model import build_model
 from model_folder import CONFIGS_DIR, TRANSFORMER_TEXT_ENCODERS
 from run import main
-from tokenizer import CLIP_END_ID, CLIP_PAD_ID, CLIP_VOCAB_SIZE, T5_PAD_ID, T5_VOCAB_SIZE
+from tokenizer import (
+    CLIP_END_ID,
+    CLIP_PAD_ID,
+    CLIP_START_ID,
+    CLIP_VOCAB_SIZE,
+    T5_END_ID,
+    T5_PAD_ID,
+    T5_VOCAB_SIZE,
+    clip_tokenizer_folder,
+    column_tokenizers,
+)
 from transformer_model import FLUX, PIXART, SD3, Recipe, count_forward_flops
 
 T5_XXL_ENCODER = 4_762_310_656
@@ -232,7 +245,7 @@ def test_fsdp_units_are_the_transformer_blocks():
 @pytest.mark.parametrize(
     'flags, message',
     [
-        (['--model_name', 'tiny-flux-schnell'], r'^tiny-flux-schnell: training a diffusion transformer on a dataset'),
+        (['--model_name', 'tiny-flux-schnell'], r'^--tokenizer: tiny-flux-schnell reads captions with T5'),
         (['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--prediction_type', 'epsilon'], r'UNet option'),
         (['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--image_size', '72'], r'multiples of 16'),
         (['--model_name', 'tiny-sd3.5-medium', '--use_synth_data', '--image_size', '512'], r'at most 256px'),
@@ -282,3 +295,112 @@ def test_each_twin_trains(name, precomputed):
 
 def test_families_are_told_apart_by_their_transformer_class():
     assert {type(meta_model(name).transformer).__name__ for name in TWINS.values()} == {FLUX, SD3, PIXART}
+
+
+# ------------------------------------------------------------------------------------- real captions
+
+
+@pytest.fixture(scope='module')
+def t5_tokenizer(tmp_path_factory):
+    return write_t5_tokenizer(tmp_path_factory.mktemp('t5-tokenizer'))
+
+
+@pytest.fixture(scope='module')
+def captions(tmp_path_factory):
+    """12 JPEGs with captions, as convert.py writes them ('photo number 0', ...)."""
+    return write_dataset(tmp_path_factory.mktemp('captions') / 'mds', good_samples(12))
+
+
+def test_t5_columns_read_the_local_tokenizer_and_clip_columns_the_builtin_one(t5_tokenizer):
+    inputs = caption_inputs(CONFIGS_DIR / 'tiny-sd3.5-medium')
+    tokenizers = column_tokenizers(t5_tokenizer, inputs)
+    clip_l, clip_g, t5 = (tokenizers[column]('a photo of the cat') for column in inputs.id_columns)
+    assert clip_l[0] == clip_g[0] == CLIP_START_ID and len(clip_l) == len(clip_g) == 77
+    assert t5.tolist() == [3, 4, 5, 6, 7, T5_END_ID] + [T5_PAD_ID] * 250  # SD3's 256 T5 tokens
+    # CLIP's captions are lowercased, as CLIP was trained; T5 is cased, and its captions keep their case.
+    clip_column, _, t5_column = (tokenizers[column] for column in inputs.id_columns)
+    assert torch.equal(clip_column('A CAT'), clip_column('a cat'))
+    assert not torch.equal(t5_column('A CAT'), t5_column('a cat'))
+    pixart = column_tokenizers(t5_tokenizer, caption_inputs(CONFIGS_DIR / 'tiny-pixart-sigma'))['input_ids']
+    long_caption = pixart(' '.join(['cat'] * 400))
+    assert len(long_caption) == 300 and long_caption[-1] == T5_END_ID  # truncated, </s> kept last
+
+
+@pytest.mark.parametrize(
+    'tokenizer, message',
+    [
+        (None, r'^--tokenizer: tiny-pixart-sigma reads captions with T5'),
+        (str(clip_tokenizer_folder()), r"not T5's \(below 32128, ending in </s> = 1\)"),
+    ],
+)
+def test_a_t5_model_reading_captions_needs_a_t5_tokenizer(captions, tokenizer, message):
+    flags = ['--model_name', 'tiny-pixart-sigma', '--local', captions]
+    flags += ['--tokenizer', tokenizer] if tokenizer else []
+    with pytest.raises(ConfigError, match=message) as error:
+        resolve_config(parse_args(flags))
+    assert '\n' not in str(error.value)
+
+
+def test_flux_trains_on_captions_and_validates(captions, t5_tokenizer, tmp_path):
+    results = tmp_path / 'results.json'
+    flags = ['--model_name', 'tiny-flux-schnell', '--local', captions, '--tokenizer', t5_tokenizer]
+    flags += ['--image_size', '32', '--batch_size', '4', '--max_duration', '2ba']
+    trainer = main(
+        parse_args([*flags, '--eval_local', captions, '--eval_interval', '2ba', '--results_json', str(results)])
+    )
+    assert trainer.state.timestamp.batch.value == 2 and math.isfinite(float(trainer.state.loss))
+    curve = json.loads(results.read_text())['val_loss_curve']
+    assert [samples for samples, _ in curve] == [0, 8] and all(math.isfinite(loss) for _, loss in curve)
+
+
+@pytest.mark.parametrize('name', ['tiny-flux-schnell', 'tiny-pixart-sigma'])
+def test_precomputed_captions_give_the_online_loss_and_train(name, captions, t5_tokenizer, tmp_path):
+    out = tmp_path / 'latents'
+    flags = ['--local', captions, '--out', str(out), '--model_name', name, '--image_size', '32']
+    summary = precompute.main([*flags, '--tokenizer', t5_tokenizer])
+    assert summary['encoded'] == 12 and summary['bad'] == 0
+    stored = PrecomputedLatentsDataset(local=str(out), shuffle=False, batch_size=1)
+    first = stored[0]
+    t5_length = 256 if name == 'tiny-flux-schnell' else 300
+    assert first['text_embedding'].shape[0] == t5_length and first['text_embedding'].dtype == torch.float16
+    if name == 'tiny-pixart-sigma':  # 'photo number 0': three words and </s>, the rest T5's padding
+        assert 'pooled_text_embedding' not in first and int(first['text_mask'].sum()) == len(
+            column_tokenizers(t5_tokenizer, caption_inputs(CONFIGS_DIR / name))['input_ids']('photo number 0').nonzero()
+        )
+    else:
+        assert first['pooled_text_embedding'].shape == (32,) and 'text_mask' not in first
+
+    trainer = main(
+        parse_args(
+            ['--model_name', name, '--precomputed_latents', '--local', str(out), '--batch_size', '4']
+            + ['--max_duration', '2ba']
+        )
+    )
+    assert trainer.state.timestamp.batch.value == 2 and math.isfinite(float(trainer.state.loss))
+
+
+@pytest.mark.parametrize('name', TWINS.values())
+def test_the_precomputed_step_equals_the_online_step_on_captions(name, captions, t5_tokenizer):
+    """precompute.py's columns (fp16) give the loss of the images and captions they came from."""
+    torch.manual_seed(0)
+    online = build_model(CONFIGS_DIR / name)
+    without_encoders = build_model(CONFIGS_DIR / name, precomputed=True)
+    without_encoders.transformer.load_state_dict(online.transformer.state_dict())
+    inputs = caption_inputs(CONFIGS_DIR / name)
+    images = StreamingLAIONDataset(
+        local=captions, image_size=32, tokenizer=t5_tokenizer, inputs=inputs, shuffle=False, batch_size=1
+    )
+    batch = default_collate([images[i] for i in range(2)])
+    channels = 4 if name == 'tiny-pixart-sigma' else 16
+    generator = torch.Generator().manual_seed(1)
+    draws = {'latent_noise': torch.randn(2, channels, 4, 4, generator=generator)}
+    draws['noise'] = torch.randn(2, channels, 4, 4, generator=generator)
+    draws['sigmas' if name != 'tiny-pixart-sigma' else 'timesteps'] = (
+        torch.tensor([0.25, 0.75]) if name != 'tiny-pixart-sigma' else torch.tensor([250, 750])
+    )
+    stored = precompute.encode(online.model_dir, online.vae, online.text_encoders, batch, torch.device('cpu'))
+    stored = {column: torch.from_numpy(array) for column, array in stored.items()}
+    with torch.no_grad():
+        expected = online.loss(online({**batch, **draws}), batch)
+        got = without_encoders.loss(without_encoders({**stored, **draws}), stored)
+    torch.testing.assert_close(got, expected, rtol=5e-3, atol=0)
