@@ -255,12 +255,12 @@ def settle_recipe(draft: argparse.Namespace) -> None:
             "--tokenizer DIR, a local folder of T5's tokenizer (e.g. FLUX.1-schnell's tokenizer_2), or "
             '--use_synth_data'
         )
-    for flag in ('sample_interval', 'export_pipeline'):
-        if getattr(draft, flag):
-            raise ConfigError(
-                f'--{flag}: sample images and pipeline exports are not built yet for the diffusion transformers '
-                f'({draft.model_name}); leave it out (the validation loss, --eval_interval, works)'
-            )
+    drawing = [flag for flag in ('sample_interval', 'export_pipeline') if getattr(draft, flag)]
+    if drawing and draft.caption_inputs.uses_t5 and draft.tokenizer is None:
+        raise ConfigError(
+            f"--{drawing[0]}: {draft.model_name}'s pipeline reads prompts with T5, whose tokenizer no package here "
+            "ships: pass --tokenizer DIR, a local folder of T5's tokenizer (e.g. FLUX.1-schnell's tokenizer_2)"
+        )
     patch = LATENT_DOWNSAMPLE * 2  # Flux's 2x2 latent packing, SD3's and PixArt's 2x2 patches
     if draft.image_size % patch:
         raise ConfigError(f'--image_size {draft.image_size}: {draft.model_name} takes multiples of {patch}')
@@ -593,7 +593,8 @@ def settle_quality(draft: argparse.Namespace) -> None:
     settle_validation_split(draft)
     draft.sample_interval = parse_interval('--sample_interval', draft.sample_interval)
     needs_encoders = [flag for flag in ('sample_interval', 'export_pipeline') if getattr(draft, flag)]
-    if needs_encoders and (draft.model_dir / 'text_encoder_2').is_dir():
+    sdxl = (draft.model_dir / 'text_encoder_2').is_dir() and not is_transformer_folder(draft.model_dir)
+    if needs_encoders and sdxl:
         raise ConfigError(
             f"--{needs_encoders[0]}: sample images and pipeline exports use Diffusers' StableDiffusionPipeline, "
             f'which takes one text encoder; {draft.model_name} (SDXL) has two. The validation loss '

@@ -198,7 +198,8 @@ class SampleGrid(Callback):
 
     def __init__(self, config):
         self.config = config
-        self.tokenize = CaptionTokenizer(config.tokenizer, config.caption_inputs.pad_ids[0])
+        # The UNets' prompts are tokenized here, as training does; a diffusion transformer's pipeline tokenizes its own.
+        self.tokenize = None if config.recipe else CaptionTokenizer(config.tokenizer, config.caption_inputs.pad_ids[0])
         self.saved: list[Path] = []
 
     def eval_start(self, state: State, logger: Logger) -> None:

@@ -1,11 +1,15 @@
-"""A trained model as a Diffusers StableDiffusionPipeline: for the sample grids (evaluation.py), for generate.py,
-and saved whole by `--export_pipeline DIR`, so that `StableDiffusionPipeline.from_pretrained(DIR)` loads it offline.
+"""A trained model as a Diffusers pipeline: for the sample grids (evaluation.py), for generate.py, and saved whole by
+`--export_pipeline DIR`, so that the pipeline's class loads it offline: StableDiffusionPipeline for the UNets (one
+text encoder), FluxPipeline, StableDiffusion3Pipeline and PixArtSigmaPipeline for the diffusion transformers
+(`DiffusionPipeline.from_pretrained(DIR)` picks the class from the folder).
 
 An exported pipeline's tokenizer gives the ids the model was trained on (tokenizer.CaptionTokenizer): the built-in
 CLIP tokenizer with CLIP's caption cleaning moved inside it (lowercase, whitespace collapsed: prompts arrive raw)
 and OpenCLIP's padding id 0, or the run's --tokenizer folder. One difference, as in SD2's own tokenizer folder:
 its padding token is '!', so a '!' in a prompt reads as padding. `generate` encodes prompts with CaptionTokenizer
-itself, as in training.
+itself, as in training. A diffusion transformer's pipeline holds the built-in CLIP tokenizer the same way for its
+CLIP encoders and the run's T5 tokenizer folder (--tokenizer) for T5; `generate` cleans prompts as training cleans
+captions and lets the pipeline tokenize them.
 """
 
 import contextlib
@@ -13,12 +17,22 @@ from pathlib import Path
 
 import torch
 from composer.utils import dist
-from diffusers import DDIMScheduler, EulerDiscreteScheduler, StableDiffusionPipeline
+from diffusers import (
+    DDIMScheduler,
+    DiffusionPipeline,
+    EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    FluxPipeline,
+    PixArtSigmaPipeline,
+    StableDiffusion3Pipeline,
+    StableDiffusionPipeline,
+)
 from tokenizers import Regex, normalizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from ema import EMA, full_unet
-from model import StableDiffusion
+from model import DiffusionModel, StableDiffusion
+from model_folder import T5_CAPTION_LENGTH
 from tokenizer import (
     CAPTION_LENGTH,
     CLIP_END,
@@ -27,7 +41,9 @@ from tokenizer import (
     CaptionTokenizer,
     build_clip_tokenizer,
     caption_pad_ids,
+    clean_caption,
 )
+from transformer_model import FLUX, SD3, DiffusionTransformer, is_flow_matching
 
 # Samplers by flag name, built from the training noise schedule (betas, prediction type).
 SCHEDULERS = {'ddim': DDIMScheduler, 'euler': EulerDiscreteScheduler}
@@ -58,22 +74,56 @@ def pipeline_tokenizer(folder: str | None = None, pad_id: int = CLIP_PAD_ID):
 
 
 def build_pipeline(
-    model: StableDiffusion, scheduler: str = 'ddim', tokenizer: str | None = None, unet=None
-) -> StableDiffusionPipeline:
-    """The model's parts in a pipeline (sharing their weights; `unet` replaces the model's), with a sampler
-    `scheduler` of its noise schedule."""
+    model: DiffusionModel, scheduler: str = 'ddim', tokenizer: str | None = None, denoiser=None
+) -> DiffusionPipeline:
+    """The model's parts in a pipeline (sharing their weights; `denoiser` replaces the model's UNet or transformer),
+    with a sampler `scheduler` of its DDPM noise schedule (the flow-matching models sample with their own)."""
     if model.vae is None:
         raise ValueError('a pipeline needs the VAE and text encoder: this model trains on precomputed latents')
+    if isinstance(model, DiffusionTransformer):
+        return transformer_pipeline(model, scheduler, tokenizer, denoiser)
     return StableDiffusionPipeline(
         vae=model.vae,
         text_encoder=model.text_encoder,
         tokenizer=pipeline_tokenizer(tokenizer, model_pad_id(model)),
-        unet=model.unet if unet is None else unet,
+        unet=model.unet if denoiser is None else denoiser,
         scheduler=SCHEDULERS[scheduler].from_config(model.noise_scheduler.config),
         safety_checker=None,
         feature_extractor=None,
         requires_safety_checker=False,
     )
+
+
+def transformer_pipeline(
+    model: DiffusionTransformer, scheduler: str, t5_tokenizer: str | None, transformer=None
+) -> DiffusionPipeline:
+    """Flux's, SD3's or PixArt-Sigma's pipeline: CLIP tokenizers as the UNets' (the training ids, each with its
+    encoder's padding), T5's from the run's --tokenizer folder, cut at the length T5 was trained on."""
+    if t5_tokenizer is None:
+        raise ValueError("a diffusion transformer's pipeline needs T5's tokenizer: pass its folder (--tokenizer)")
+    t5 = AutoTokenizer.from_pretrained(t5_tokenizer)
+    t5.model_max_length = T5_CAPTION_LENGTH[model.family]
+    clip_pads = caption_pad_ids(model.model_dir)
+    transformer = model.transformer if transformer is None else transformer
+    if is_flow_matching(model.family):
+        sampler = FlowMatchEulerDiscreteScheduler.from_config(model.noise_scheduler.config)
+    else:
+        sampler = SCHEDULERS[scheduler].from_config(model.noise_scheduler.config)
+    parts = dict(vae=model.vae, transformer=transformer, scheduler=sampler)
+    if model.family == FLUX:
+        clip_l, t5_encoder = model.text_encoders
+        tokenizers = dict(tokenizer=pipeline_tokenizer(None, clip_pads[0]), tokenizer_2=t5)
+        return FluxPipeline(text_encoder=clip_l, text_encoder_2=t5_encoder, **tokenizers, **parts)
+    if model.family == SD3:
+        clip_l, clip_g, t5_encoder = model.text_encoders
+        tokenizers = dict(
+            tokenizer=pipeline_tokenizer(None, clip_pads[0]), tokenizer_2=pipeline_tokenizer(None, clip_pads[1])
+        )
+        return StableDiffusion3Pipeline(
+            text_encoder=clip_l, text_encoder_2=clip_g, text_encoder_3=t5_encoder, tokenizer_3=t5, **tokenizers, **parts
+        )
+    (t5_encoder,) = model.text_encoders
+    return PixArtSigmaPipeline(text_encoder=t5_encoder, tokenizer=t5, **parts)
 
 
 def model_pad_id(model: StableDiffusion) -> int:
@@ -83,17 +133,20 @@ def model_pad_id(model: StableDiffusion) -> int:
 
 @torch.no_grad()
 def generate(
-    pipeline: StableDiffusionPipeline,
+    pipeline: DiffusionPipeline,
     prompts: list[str],
     seeds: list[int],
     steps: int,
     guidance_scale: float,
     image_size: int,
-    tokenizer: CaptionTokenizer,
+    tokenizer: CaptionTokenizer | None = None,
 ) -> torch.Tensor:
     """Images (N, 3, H, W) in [0, 1], one per prompt and seed: prompts encoded with the training tokenizer and
     the pipeline's text encoder, initial latents drawn from each seed, so an image depends on its prompt and seed
-    only."""
+    only. Classifier-free guidance against the empty prompt (`guidance_scale` above 1). A diffusion transformer's
+    pipeline tokenizes the prompts itself (`tokenizer` unused)."""
+    if not isinstance(pipeline, StableDiffusionPipeline):
+        return transformer_images(pipeline, prompts, seeds, steps, guidance_scale, image_size)
     device = pipeline.unet.device
     encoder = pipeline.text_encoder
 
@@ -112,13 +165,53 @@ def generate(
     ).images
 
 
-def export_pipeline(trainer, out_dir: str | Path, scheduler: str = 'ddim', tokenizer: str | None = None) -> Path:
-    """Saves the trained model as a pipeline folder (rank 0), with the averaged UNet when the run has an EMA."""
+def transformer_images(
+    pipeline: DiffusionPipeline, prompts: list[str], seeds: list[int], steps: int, guidance_scale: float, size: int
+) -> torch.Tensor:
+    """generate() for Flux's, SD3's and PixArt-Sigma's pipelines: the prompts cleaned as training cleans captions,
+    T5 reading as many tokens as in training. Flux-schnell's transformer has no guidance embedding: its guidance is
+    the true classifier-free kind (`true_cfg_scale`)."""
+    denoiser = pipeline.transformer
+    arguments = dict(
+        prompt=[clean_caption(prompt, lowercase=False) for prompt in prompts],
+        negative_prompt=[''] * len(prompts),
+        height=size,
+        width=size,
+        num_inference_steps=steps,
+        generator=[torch.Generator(denoiser.device).manual_seed(seed) for seed in seeds],
+        output_type='pt',
+    )
+    if isinstance(pipeline, FluxPipeline):
+        arguments.update(true_cfg_scale=guidance_scale, max_sequence_length=pipeline.tokenizer_2.model_max_length)
+    elif isinstance(pipeline, StableDiffusion3Pipeline):
+        arguments.update(guidance_scale=guidance_scale, max_sequence_length=pipeline.tokenizer_3.model_max_length)
+    else:  # PixArt: T5's mask as in training; no resizing to its aspect-ratio bins, no caption rewriting
+        max_length = pipeline.tokenizer.model_max_length
+        arguments.update(
+            guidance_scale=guidance_scale,
+            max_sequence_length=max_length,
+            use_resolution_binning=False,
+            clean_caption=False,
+        )
+    return pipeline(**arguments).images
+
+
+def export_pipeline(trainer, out_dir: str | Path, scheduler: str = 'ddim', tokenizer: str | None = None) -> str:
+    """Saves the trained model as a pipeline folder (rank 0), with the averaged denoiser when the run has an EMA;
+    returns the pipeline's class name."""
     model = trainer.state.model.module if hasattr(trainer.state.model, 'module') else trainer.state.model
     ema = next((a for a in trainer.state.algorithms if isinstance(a, EMA)), None)
     with ema.ema_weights() if ema is not None else contextlib.nullcontext():
-        unet = full_unet(model.unet)  # a collective under FSDP
-        if unet is not None:
-            build_pipeline(model, scheduler, tokenizer, unet).save_pretrained(out_dir, safe_serialization=True)
+        denoiser = full_unet(model.denoiser)  # a collective under FSDP
+        if denoiser is not None:
+            pipeline = build_pipeline(model, scheduler, tokenizer, denoiser)
+            pipeline.save_pretrained(out_dir, safe_serialization=True)
     dist.barrier()
-    return Path(out_dir)
+    return pipeline_class(model)
+
+
+def pipeline_class(model: DiffusionModel) -> str:
+    """The Diffusers pipeline class of a model's exports."""
+    if isinstance(model, StableDiffusion):
+        return StableDiffusionPipeline.__name__
+    return {FLUX: FluxPipeline, SD3: StableDiffusion3Pipeline}.get(model.family, PixArtSigmaPipeline).__name__

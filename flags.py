@@ -211,7 +211,12 @@ def add_quality_flags(parser: argparse.ArgumentParser) -> None:
     quality.add_argument(
         '--sample_prompts', default=None, metavar='FILE', help='prompts for the grid, one a line (default: 4 built in)'
     )
-    quality.add_argument('--sample_scheduler', choices=['ddim', 'euler'], default='ddim', help='sampler (%(default)s)')
+    quality.add_argument(
+        '--sample_scheduler',
+        choices=['ddim', 'euler'],
+        default='ddim',
+        help="sampler of the DDPM models (%(default)s); Flux and SD3.5 sample with their flow's Euler sampler",
+    )
     quality.add_argument('--sample_steps', type=int, default=25, help='sampling steps (default: %(default)s)')
     quality.add_argument(
         '--guidance_scale', type=float, default=7.5, help='classifier-free guidance scale (default: %(default)s)'
@@ -220,7 +225,8 @@ def add_quality_flags(parser: argparse.ArgumentParser) -> None:
         '--export_pipeline',
         default=None,
         metavar='DIR',
-        help='after training, save a Diffusers StableDiffusionPipeline folder here (the EMA UNet with --use_ema)',
+        help='after training, save a Diffusers pipeline folder here (StableDiffusionPipeline, FluxPipeline, '
+        'StableDiffusion3Pipeline or PixArtSigmaPipeline; the EMA weights with --use_ema)',
     )
     stability = parser.add_argument_group(
         "stability (off by default for the UNets: the published run has none; a diffusion transformer's recipe "

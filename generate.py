@@ -1,5 +1,6 @@
 """Prompts to images, offline: from a Composer checkpoint of benchmark.py, or from a pipeline folder that
-`benchmark.py --export_pipeline` (or Diffusers) saved.
+`benchmark.py --export_pipeline` (or Diffusers) saved: Stable Diffusion's (one text encoder), Flux's, SD3's or
+PixArt-Sigma's. A T5 model's checkpoint needs its T5 tokenizer folder (--tokenizer); its pipeline folder holds it.
 
     python generate.py --checkpoint runs/ckpt/latest-rank0.pt --model_name tiny --prompt 'a red circle' --out out/
     python generate.py --pipeline results/pipeline --prompts prompts.txt --out out/ --batch_size 8
@@ -18,7 +19,7 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')  # never the network: every part is
 
 import torch  # noqa: E402
 from composer.utils import reproducibility  # noqa: E402
-from diffusers import StableDiffusionPipeline  # noqa: E402
+from diffusers import DiffusionPipeline, StableDiffusionPipeline  # noqa: E402
 from PIL import Image  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -27,8 +28,9 @@ from arguments import ConfigError  # noqa: E402
 from evaluation import ValidationSplit  # noqa: E402
 from export import SCHEDULERS, build_pipeline, generate  # noqa: E402
 from model import build_model  # noqa: E402
-from model_folder import LATENT_DOWNSAMPLE, resolve_model_dir  # noqa: E402
+from model_folder import LATENT_DOWNSAMPLE, is_transformer_folder, resolve_model_dir  # noqa: E402
 from tokenizer import CaptionTokenizer, caption_pad_ids  # noqa: E402
+from transformer_model import DiffusionTransformer, is_flow_matching  # noqa: E402
 
 FID_WEIGHTS_NEEDED = (
     "FID: not computed; it needs --fid_weights FILE (torchvision's Inception v3 weights, "
@@ -45,10 +47,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = arguments.ArgumentParser(description='Generate images from a trained model, offline and seeded.')
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument('--checkpoint', help="a Composer checkpoint file of benchmark.py (e.g. 'latest-rank0.pt')")
-    source.add_argument('--pipeline', help='a Diffusers StableDiffusionPipeline folder (--export_pipeline)')
+    source.add_argument('--pipeline', help="a Diffusers pipeline folder (--export_pipeline's)")
     parser.add_argument('--model_name', help="with --checkpoint: the run's --model_name (a built-in or a folder)")
     parser.add_argument('--prediction_type', choices=['epsilon', 'v_prediction'], help="with --checkpoint: the run's")
-    parser.add_argument('--tokenizer', help="with --checkpoint: the run's --tokenizer folder")
+    parser.add_argument('--tokenizer', help="with --checkpoint: the run's --tokenizer folder (T5's for a T5 model)")
     parser.add_argument('--ema', action='store_true', help="with --checkpoint: the run's EMA weights (--use_ema)")
     parser.add_argument('--prompt', action='append', default=[], help='a prompt (repeat the flag for more)')
     parser.add_argument('--prompts', help='a file of prompts, one a line')
@@ -57,8 +59,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--batch_size', type=int, default=4, help='images per pipeline call (default: %(default)s)')
     parser.add_argument('--steps', type=int, default=25, help='sampling steps (default: %(default)s)')
     parser.add_argument('--guidance_scale', type=float, default=7.5, help='(default: %(default)s)')
-    parser.add_argument('--scheduler', choices=sorted(SCHEDULERS), help="sampler (default: ddim, or the folder's)")
-    parser.add_argument('--image_size', type=int, help="pixels per side (default: the UNet's sample size x 8)")
+    parser.add_argument(
+        '--scheduler',
+        choices=sorted(SCHEDULERS),
+        help="sampler of a DDPM model (default: ddim, or the folder's); Flux and SD3.5 sample with their flow's",
+    )
+    parser.add_argument('--image_size', type=int, help="pixels per side (default: the model's sample size)")
     parser.add_argument('--clip_model', metavar='DIR', help='print the CLIP score with this local CLIP model')
     parser.add_argument('--fid_reference', metavar='DIR', help='print the FID against this MDS split of images')
     parser.add_argument('--fid_weights', metavar='FILE', help="torchvision's Inception v3 weights file, for the FID")
@@ -85,6 +91,13 @@ def check_args(args: argparse.Namespace) -> list[str]:
             args.model_dir = resolve_model_dir(args.model_name)  # once, for the model and its tokenizer's padding
         except ConfigError as error:
             raise GenerateError(str(error))
+        if is_transformer_folder(args.model_dir):
+            if args.tokenizer is None:
+                raise GenerateError(
+                    f"--tokenizer: {args.model_name} reads prompts with T5: pass the run's --tokenizer folder (T5's)"
+                )
+            if args.prediction_type:
+                raise GenerateError(f'--prediction_type: a UNet option; {args.model_name} is a diffusion transformer')
     else:
         if not (Path(args.pipeline) / 'model_index.json').is_file():
             raise GenerateError(f'--pipeline {args.pipeline}: no model_index.json there (not a pipeline folder)')
@@ -113,19 +126,29 @@ def check_args(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
-def load_pipeline(args: argparse.Namespace) -> StableDiffusionPipeline:
+def load_pipeline(args: argparse.Namespace) -> DiffusionPipeline:
     if args.pipeline:
-        pipeline = StableDiffusionPipeline.from_pretrained(args.pipeline, local_files_only=True)
+        pipeline = DiffusionPipeline.from_pretrained(args.pipeline, local_files_only=True)
         if args.scheduler:
+            if 'FlowMatch' in type(pipeline.scheduler).__name__:
+                raise GenerateError(
+                    f'--scheduler {args.scheduler}: {args.pipeline} holds a flow-matching model, which samples with '
+                    'its own Euler sampler'
+                )
             pipeline.scheduler = SCHEDULERS[args.scheduler].from_config(pipeline.scheduler.config)
         return pipeline
     model_dir = args.model_dir
-    if (model_dir / 'text_encoder_2').is_dir():
+    if (model_dir / 'text_encoder_2').is_dir() and not is_transformer_folder(model_dir):
         raise GenerateError(
             f"--model_name {args.model_name}: SDXL's two text encoders need Diffusers' StableDiffusionXLPipeline, "
             'which generate.py does not build'
         )
     model = build_model(model_dir, args.prediction_type)
+    if args.scheduler and isinstance(model, DiffusionTransformer) and is_flow_matching(model.family):
+        raise GenerateError(
+            f'--scheduler {args.scheduler}: {args.model_name} is a flow-matching model, which samples with its own '
+            'Euler sampler'
+        )
     state = torch.load(args.checkpoint, map_location='cpu', weights_only=False)['state']
     try:
         model.load_state_dict(state['model'])
@@ -148,11 +171,13 @@ def main(args: argparse.Namespace) -> torch.Tensor:
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     pipeline.to(device)
     pipeline.set_progress_bar_config(disable=True)
-    if args.checkpoint:  # the training tokenizer, padded as the model's text encoder was trained
+    if not isinstance(pipeline, StableDiffusionPipeline):
+        tokenizer = None  # a diffusion transformer's pipeline holds the training tokenizers and uses them
+    elif args.checkpoint:  # the training tokenizer, padded as the model's text encoder was trained
         tokenizer = CaptionTokenizer(args.tokenizer, caption_pad_ids(args.model_dir)[0])
     else:
         tokenizer = CaptionTokenizer(str(Path(args.pipeline) / 'tokenizer'))
-    size = args.image_size or pipeline.unet.config.sample_size * pipeline.vae_scale_factor
+    size = args.image_size or default_image_size(pipeline)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     images = []
@@ -169,6 +194,14 @@ def main(args: argparse.Namespace) -> torch.Tensor:
     print(clip_score(images, prompts, args.clip_model) if args.clip_model else CLIP_WEIGHTS_NEEDED)
     print(fid(images, args.fid_reference, args.fid_weights, size) if args.fid_weights else FID_WEIGHTS_NEEDED)
     return images
+
+
+def default_image_size(pipeline: DiffusionPipeline) -> int:
+    """The size the pipeline draws when given none: its denoiser's sample size in latents, times the VAE's 8."""
+    if isinstance(pipeline, StableDiffusionPipeline):
+        return pipeline.unet.config.sample_size * pipeline.vae_scale_factor
+    latents = getattr(pipeline, 'default_sample_size', None) or pipeline.transformer.config.sample_size
+    return latents * pipeline.vae_scale_factor
 
 
 def clip_score(images: torch.Tensor, prompts: list[str], folder: str) -> str:

@@ -96,8 +96,8 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
         export_ema_unet(trainer, config.export_ema_unet)
         announce(f'EMA UNet saved to {config.export_ema_unet}')
     if config.export_pipeline:
-        export_pipeline(trainer, config.export_pipeline, config.sample_scheduler, config.tokenizer)
-        announce(f'pipeline saved to {config.export_pipeline} (StableDiffusionPipeline.from_pretrained loads it)')
+        pipeline = export_pipeline(trainer, config.export_pipeline, config.sample_scheduler, config.tokenizer)
+        announce(f'pipeline saved to {config.export_pipeline} ({pipeline}.from_pretrained loads it)')
     return trainer
 
 

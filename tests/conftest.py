@@ -119,7 +119,7 @@ def write_t5_tokenizer(folder) -> str:
     """A small tokenizer folder that gives ids as T5's does (a SentencePiece unigram model: <pad> 0, </s> 1 appended
     to every caption, <unk> 2, words below T5's vocabulary), for tests of --tokenizer with the T5 models: T5's own
     vocabulary ships in no package here."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     words = 'a photo of the cat dog on red blue green small large'.split()
@@ -127,6 +127,7 @@ def write_t5_tokenizer(folder) -> str:
     pieces += [(f'\u2581{word}', -float(i)) for i, word in enumerate(words)]  # '\u2581' starts a word
     pieces += [(letter, -20.0) for letter in 'abcdefghijklmnopqrstuvwxyz'] + [('\u2581', -25.0)]
     tokenizer = Tokenizer(models.Unigram(pieces, unk_id=2))
+    tokenizer.normalizer = normalizers.Replace(Regex(' {2,}'), ' ')  # as T5's own tokenizer.json
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
     tokenizer.post_processor = processors.TemplateProcessing(single='$A </s>', special_tokens=[('</s>', 1)])

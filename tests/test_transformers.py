@@ -9,10 +9,11 @@ import math
 import pytest
 import torch
 from conftest import good_samples, write_dataset, write_t5_tokenizer
-from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
 from torch.utils.data import default_collate
 
+import generate
 import precompute
 from arguments import ConfigError
 from config import resolve_config
@@ -252,7 +253,7 @@ def test_fsdp_units_are_the_transformer_blocks():
         (['--model_name', 'tiny-pixart-sigma', '--use_synth_data', '--loss_weighting', 'cosmap'], r'predicts DDPM'),
         (['--model_name', 'tiny', '--use_synth_data', '--timestep_density', 'mode'], r'is a UNet \(DDPM\)'),
         (['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--logit_std', '0'], r'must be positive'),
-        (['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--sample_interval', '2ba'], r'not built yet'),
+        (['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--sample_interval', '2ba'], r'prompts with T5'),
     ],
 )
 def test_flags_a_transformer_cannot_take_are_refused_in_one_line(flags, message):
@@ -404,3 +405,76 @@ def test_the_precomputed_step_equals_the_online_step_on_captions(name, captions,
         expected = online.loss(online({**batch, **draws}), batch)
         got = without_encoders.loss(without_encoders({**stored, **draws}), stored)
     torch.testing.assert_close(got, expected, rtol=5e-3, atol=0)
+
+
+# ------------------------------------------------------------------------------------- pipelines
+
+# The arguments that make a plain call of each exported pipeline draw what generate.py draws (--guidance_scale 7.5).
+PLAIN_CALL = {
+    'tiny-flux-schnell': dict(negative_prompt='', true_cfg_scale=7.5, max_sequence_length=256),
+    'tiny-sd3.5-medium': dict(guidance_scale=7.5),
+    'tiny-pixart-sigma': dict(guidance_scale=7.5, use_resolution_binning=False, clean_caption=False),
+}
+
+
+@pytest.mark.parametrize('name', TWINS.values())
+def test_the_exported_pipeline_draws_the_images_of_the_checkpoint(name, captions, t5_tokenizer, tmp_path):
+    pipe, samples, checkpoints = tmp_path / 'pipe', tmp_path / 'samples', tmp_path / 'ckpt'
+    flags = ['--model_name', name, '--local', captions, '--tokenizer', t5_tokenizer, '--image_size', '32']
+    flags += ['--batch_size', '4', '--max_duration', '2ba', '--use_ema', '--ema_half_life', '1ba']
+    flags += ['--sample_interval', '2ba', '--sample_steps', '2', '--sample_dir', str(samples)]
+    flags += ['--export_pipeline', str(pipe), '--save_folder', str(checkpoints), '--save_interval', '2ba']
+    main(parse_args(flags))
+    assert sorted(path.name for path in samples.iterdir()) == [
+        'samples-ba000000.png',
+        'samples-ba000002.png',
+        'samples-ema-ba000000.png',
+        'samples-ema-ba000002.png',
+    ]
+
+    # generate.py from the folder and from the checkpoint's EMA weights: the same images; not the training weights'.
+    prompts = ['a red circle', 'A yellow  square']
+    common = ['--prompt', prompts[0], '--prompt', prompts[1], '--steps', '2', '--batch_size', '1', '--image_size', '32']
+    from_folder = generate.main(generate.parse_args([*common, '--pipeline', str(pipe), '--out', str(tmp_path / 'g1')]))
+    checkpoint = [
+        '--checkpoint',
+        str(checkpoints / 'latest-rank0.pt'),
+        '--model_name',
+        name,
+        '--tokenizer',
+        t5_tokenizer,
+    ]
+    from_ema = generate.main(generate.parse_args([*common, *checkpoint, '--ema', '--out', str(tmp_path / 'g2')]))
+    from_trained = generate.main(generate.parse_args([*common, *checkpoint, '--out', str(tmp_path / 'g3')]))
+    assert from_folder.shape == (2, 3, 32, 32)
+    torch.testing.assert_close(from_folder, from_ema, atol=1e-5, rtol=0)
+    assert (from_folder - from_trained).abs().max() > 1e-3
+
+    # The pipeline's own class loads the folder offline, and a plain call draws generate.py's image for its seed.
+    pipeline = DiffusionPipeline.from_pretrained(pipe, local_files_only=True)
+    assert type(pipeline).__name__ == {FLUX: 'FluxPipeline', SD3: 'StableDiffusion3Pipeline'}.get(
+        type(pipeline.transformer).__name__, 'PixArtSigmaPipeline'
+    )
+    pipeline.set_progress_bar_config(disable=True)
+    generator = torch.Generator().manual_seed(1)  # image 1 of generate.py is drawn from seed 0 + 1
+    image = pipeline(
+        prompts[1],
+        height=32,
+        width=32,
+        num_inference_steps=2,
+        generator=generator,
+        output_type='pt',
+        **PLAIN_CALL[name],
+    ).images[0]
+    torch.testing.assert_close(image, from_folder[1], atol=1e-5, rtol=0)
+
+
+def test_pipeline_flags_of_a_t5_model_need_its_tokenizer(tmp_path):
+    flags = ['--model_name', 'tiny-sd3.5-medium', '--use_synth_data', '--export_pipeline', str(tmp_path / 'pipe')]
+    with pytest.raises(ConfigError, match=r"^--export_pipeline: tiny-sd3.5-medium's pipeline reads prompts with T5"):
+        resolve_config(parse_args(flags))
+    checkpoint = tmp_path / 'ckpt.pt'
+    checkpoint.write_bytes(b'')
+    args = ['--checkpoint', str(checkpoint), '--model_name', 'tiny-flux-schnell', '--prompt', 'a', '--out', 'o']
+    with pytest.raises(generate.GenerateError, match=r'^--tokenizer: tiny-flux-schnell reads prompts with T5'):
+        generate.check_args(generate.parse_args(args))
