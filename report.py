@@ -1,5 +1,5 @@
-"""Time-and-cost report: days, GPU-hours and dollars to train SD2 from scratch at each cluster size, as tables,
-CSV and a plot.
+"""Time-and-cost report: days, GPU-hours and dollars to train SD2 (or any model benchmark.py runs) from scratch at
+each cluster size, as tables, CSV and a plot.
 
 Reads throughputs measured by `benchmark.py --results_json` and/or given by hand, fits a scaling
 model to them, extrapolates to larger clusters, and prints a Markdown table (also written as CSV)
@@ -717,12 +717,18 @@ def main(args):
         if tiny:
             notes.append(
                 f'{label}: measured on the {tiny[0]!r} smoke-test model, not a real one: these days and costs '
-                "are that model's, not what training Stable Diffusion takes"
+                "are that model's, not what training the real model takes"
+            )
+        others = sorted({p.model for p in pts if p.model and not p.model.startswith('tiny')} - {'sd2-base'})
+        if others and args.samples == [str(PUBLISHED_SAMPLES)]:
+            notes.append(
+                f"{label}: the budget is SD2 base's published {PUBLISHED_SAMPLES:,} samples, not {others[0]}'s own "
+                'schedule: pass --samples for that'
             )
         if any(p.precomputed for p in pts):
             notes.append(
-                f'{label}: measured from precomputed latents (the UNet alone): add the one-off pass of '
-                'precompute.py (the VAE and text encoder over the data once) to the cost'
+                f'{label}: measured from precomputed latents (the denoiser alone): add the one-off pass of '
+                'precompute.py (the VAE and text encoders over the data once) to the cost'
             )
         curve = None
         if models:  # days against GPUs through the predicted counts

@@ -625,7 +625,10 @@ def describe_prediction(
                 'all-reduced per step, '
                 + ("overlapped with the last microbatch's backward" if a.overlap else 'not overlapped')
                 if w.fsdp == 'none'
-                else f'FSDP {w.fsdp}: per microbatch, parameter gathers and a gradient reduce-scatter'
+                else f'FSDP {w.fsdp}: per microbatch, {2 if w.fsdp == "full_shard" else 1} gather(s) of '
+                f'{w.param_bytes * w.trained_parameters / 1e9:.2f} GB of parameters and a reduce-scatter of '
+                f'{w.gradient_bytes / 1e9:.2f} GB of {GRADIENT_DTYPES[w.gradient_value_bytes]} gradients '
+                f'({w.trained_parameters:,} parameters)'
             ),
             f'- fixed work per step (optimizer step and EMA): {1000 * fixed:.1f} ms'
             + (

@@ -41,6 +41,7 @@ import torch  # noqa: E402
 
 from benchmarks import profile_summary  # noqa: E402
 from config import PRESETS, SD2_BASE  # noqa: E402
+from model_folder import is_transformer_folder, resolve_model_dir  # noqa: E402
 from results import load_results  # noqa: E402
 from results import mfu as results_mfu  # noqa: E402
 
@@ -178,11 +179,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def skip_reason(path: SpeedPath, mode: str, has_gpu: bool) -> str | None:
+def skip_reason(path: SpeedPath, mode: str, has_gpu: bool, transformer: bool = False) -> str | None:
     if path.gpu_only and not has_gpu:
         return 'needs a GPU'
     if path.online_only and mode == 'precomputed':
         return 'no encoders in a precomputed run'
+    if '--attention' in path.flags and transformer:
+        return 'the diffusion transformers run PyTorch SDPA attention only'
     if '--attention' in path.flags:
         try:
             import xformers  # noqa: F401
@@ -300,6 +303,10 @@ def sweep(args, rows: list[dict], profiles: list[str], report) -> None:
         report_progress(row)
         report()
 
+    try:
+        transformer = is_transformer_folder(resolve_model_dir(args.model_name))
+    except Exception:  # a bad --model_name: every row's benchmark.py says why
+        transformer = False
     for size in args.sizes:
         microbatch = args.microbatch or DEFAULT_MICROBATCH.get(size, 8)
         for mode in args.modes:
@@ -313,7 +320,7 @@ def sweep(args, rows: list[dict], profiles: list[str], report) -> None:
                     'flags': ' '.join(path.flags),
                     'microbatch': microbatch,
                 }
-                reason = skip_reason(path, mode, has_gpu)
+                reason = skip_reason(path, mode, has_gpu, transformer)
                 if reason:
                     add({**row, 'skipped': reason})
                     continue

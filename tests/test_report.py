@@ -127,7 +127,7 @@ def test_hand_given_unet_only_throughput_counts_the_unets_flops(tmp_path, capsys
     unet_only = rows_by_kind(run_report(tmp_path, [*argv, '--unet_only']), 'measured')[8]
     assert online['mfu'] == pytest.approx(1104 * 3.58e12 / (8 * 989e12))  # 50.0%
     assert unet_only['mfu'] == pytest.approx(1104 * 2.41e12 / (8 * 989e12))  # 33.6%
-    assert 'measured from precomputed latents (the UNet alone)' in capsys.readouterr().out
+    assert 'measured from precomputed latents (the denoiser alone)' in capsys.readouterr().out
     with pytest.raises(SystemExit):
         report.parse_args(['--unet_only'])  # results files say what they trained
 
@@ -550,3 +550,44 @@ def test_models_side_by_side(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith('# sd2-base, sdxl-base: training time and cost')
     assert '## H100 sd2-base' in out and '## H100 sdxl-base' in out
+
+
+def test_a_diffusion_transformer_is_costed_with_its_own_flops_parameters_and_sharding(tmp_path, capsys):
+    """Flux at 256px, as its results file says it ran: FSDP full_shard over 16 GPUs, its FLOPs and parameters."""
+    flux_flops, flux_trained_flops, flux_parameters = 23.10e12, 20.42e12, 11_891_178_560
+    config = {'batch_size': 1024, 'device_train_microbatch_size': 8, 'fsdp': 'full_shard'}
+    flux = results_file(
+        tmp_path / 'flux.json',
+        model_name='flux-schnell',
+        image_size=256,
+        num_devices=16,
+        world_size=16,
+        img_per_sec=320.0,
+        flops_per_image=flux_flops,
+        flops_per_sec=320.0 * flux_flops,
+        mfu=320.0 * flux_flops / (16 * 989e12),
+        trained_flops_per_image=flux_trained_flops,
+        trained_parameters=flux_parameters,
+        config=config,
+    )
+    tables = run_report(tmp_path, [flux, '--predict', '64', '256', '--global_batch', '1024', '--samples', '1e9'])
+    out = capsys.readouterr().out
+    measured = rows_by_kind(tables, 'measured')[16]
+    assert measured['mfu'] == pytest.approx(320.0 * flux_flops / (16 * 989e12))
+    assert measured['days'] == pytest.approx(1e9 / 320.0 / 86_400)
+    # bf16 parameters gathered twice, fp32 gradients reduce-scattered: 23.8 and 47.6 GB per microbatch.
+    assert (
+        'FSDP full_shard: per microbatch, 2 gather(s) of 23.78 GB of parameters and a reduce-scatter of 47.56 GB '
+        f'of fp32 gradients ({flux_parameters:,} parameters)'
+    ) in out
+    predicted = rows_by_kind(tables, 'predicted')
+    assert predicted[64]['img_per_sec'] <= 4 * 320.0 * 1.0001
+    assert predicted[256]['img_per_sec'] < 0.9 * 4 * predicted[64]['img_per_sec']  # the gathers show at 4 per GPU
+    assert "budget is SD2 base's published" not in out  # --samples given
+    # Beside SD2 with --per_model: one table each, and the default budget is said to be SD2's.
+    sd2 = results_file(tmp_path / 'sd2.json', model_name='sd2-base')
+    tables = run_report(tmp_path, [sd2, flux, '--per_model'])
+    assert [label for label, *_ in tables] == ['H100 sd2-base', 'H100 flux-schnell']
+    out = capsys.readouterr().out
+    assert "H100 flux-schnell: the budget is SD2 base's published 2,867,200,000 samples, not flux-schnell's" in out
+    assert 'H100 sd2-base: the budget' not in out

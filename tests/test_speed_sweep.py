@@ -129,3 +129,20 @@ def test_default_sizes_follow_the_model():
     assert speed_sweep.parse_args(['--model_name', 'sdxl-base']).sizes == [1024]
     assert speed_sweep.parse_args(['--model_name', 'tiny-sdxl-base']).sizes == [64]
     assert speed_sweep.parse_args(['--model_name', 'tiny-sd2-768-v', '--sizes', '32']).sizes == [32]
+    assert speed_sweep.parse_args(['--model_name', 'flux-schnell']).sizes == [256]  # MLPerf's flux1 size
+    assert speed_sweep.parse_args(['--model_name', 'pixart-sigma']).sizes == [512]
+
+
+@pytest.mark.slow
+def test_a_diffusion_transformer_is_swept_with_the_paths_it_takes(tmp_path):
+    sweep = ['--model_name', 'tiny-flux-schnell', '--sizes', '32', '--modes', 'online', '--microbatch', '2']
+    sweep += ['--accumulation', '2', '--batches', '4', '--out', str(tmp_path), '--paths', 'xformers', 'encoders_bf16']
+    by_name = {row['name']: row for row in speed_sweep.main(sweep)}
+    assert by_name['xformers']['skipped'] == 'needs a GPU'  # on a GPU: SDPA only, as the last line checks
+    for name in ('baseline', 'encoders_bf16'):
+        results = by_name[name]['results']
+        assert results['model_name'] == 'tiny-flux-schnell' and results['img_per_sec_per_device'] > 0
+        assert results['config']['encoders_bf16'] == (name == 'encoders_bf16')
+    assert speed_sweep.skip_reason(speed_sweep.SPEED_PATHS['xformers'], 'online', True, transformer=True) == (
+        'the diffusion transformers run PyTorch SDPA attention only'
+    )
