@@ -188,7 +188,7 @@ class DiffusionTransformer(FrozenEncodersModel):
             target = noise
             weights = torch.ones_like(levels, dtype=torch.float32)
             timesteps = levels
-        prediction = run_transformer(self.transformer, noisy, timesteps, text)
+        prediction = run_transformer(self.transformer, self.family, noisy, timesteps, text)
         return prediction, target, weights
 
     @torch.no_grad()
@@ -296,9 +296,9 @@ def encode_text(family: str, text_encoders: list[torch.nn.Module], batch: dict) 
     return {'text_embedding': t5(batch['input_ids'], attention_mask=mask)[0].float(), 'text_mask': mask}
 
 
-def run_transformer(transformer, noisy: torch.Tensor, timesteps: torch.Tensor, text: dict) -> torch.Tensor:
-    """The transformer's output for noisy latents (batch, channels, height, width), in the same layout."""
-    family = type(transformer).__name__
+def run_transformer(transformer, family: str, noisy: torch.Tensor, timesteps: torch.Tensor, text: dict) -> torch.Tensor:
+    """The output of a transformer of `family` for noisy latents (batch, channels, height, width), in the same
+    layout. The family is given: under FSDP the module is a FullyShardedDataParallel wrapper."""
     batch, channels, height, width = noisy.shape
     if family == FLUX:
         # Flux reads 2x2 latent patches as a sequence, with (0, row, column) position ids, and timesteps in [0, 1].
@@ -374,6 +374,7 @@ def count_forward_flops(
     no compute) with the math attention kernel, as model.count_forward_flops counts the UNets'. Without a VAE
     (precomputed) the transformer alone."""
     counts = {}
+    transformer = getattr(transformer, 'module', transformer)  # under FSDP, the model its wrapper holds
     family = type(transformer).__name__
     with torch.device('meta'), sdpa_kernel(SDPBackend.MATH):
         if vae is not None:
@@ -393,7 +394,7 @@ def count_forward_flops(
             name: torch.empty(1, *shape) for name, shape in text_shapes(family, transformer.config, t5_length).items()
         }
         with FlopCounterMode(display=False) as counter:
-            run_transformer(meta_transformer, latents, torch.tensor([500.0]), text)
+            run_transformer(meta_transformer, family, latents, torch.tensor([500.0]), text)
         counts['transformer'] = counter.get_total_flops()
     return counts
 

@@ -221,6 +221,30 @@ def test_fsdp_shards_the_unet_by_block_and_trains_with_ema_as_ddp_does(tmp_path)
             torch.testing.assert_close(with_fsdp[kind][name], tensor, rtol=1e-4, atol=1e-6, msg=f'{kind} {name}')
 
 
+@pytest.mark.slow
+def test_flux_twin_full_shard_is_sharded_per_block_and_trains_as_ddp(tmp_path):
+    """Flux's twin under full_shard: one unit per double- and single-stream block, the frozen CLIP and T5 left
+    whole, and training with EMA ends with the weights and average that DDP gives."""
+    base = ['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--image_size', '32', '--batch_size', '8']
+    flags = ('--max_duration', '3ba', '--use_ema', '--ema_half_life', '2ba')
+    run, ddp = launch(tmp_path, 'ddp', *flags, base=base)
+    assert run.returncode == 0, run.stderr[-3000:]
+    run, sharded = launch(tmp_path, 'sharded', *flags, '--fsdp', 'full_shard', cpu_fsdp=True, base=base)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    units = {name.replace('_fsdp_wrapped_module.', '') for name in sharded[0]['fsdp_units']}
+    assert units == {
+        'transformer',
+        'transformer.transformer_blocks.0',
+        *(f'transformer.single_transformer_blocks.{i}' for i in range(2)),
+    }
+    assert sharded[0]['unet'] == sharded[1]['unet'] and sharded[0]['samples'] == 3 * 8
+    with_fsdp, with_ddp = (torch.load(tmp_path / name / 'rank0.pt') for name in ('sharded', 'ddp'))
+    for kind in ('unet', 'ema'):
+        assert with_fsdp[kind].keys() == with_ddp[kind].keys()
+        for name, tensor in with_ddp[kind].items():
+            torch.testing.assert_close(with_fsdp[kind][name], tensor, rtol=1e-4, atol=1e-6, msg=f'{kind} {name}')
+
+
 FSDP_EMA = ('--fsdp', 'full_shard', '--use_ema', '--ema_half_life', '2ba')
 
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 from composer.core import Callback
-from conftest import TINY, final_weights
+from conftest import TINY, final_weights, good_samples, write_dataset, write_t5_tokenizer
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import config
+import generate
 import precompute
 from config import resolve_config
 from convert import ensure_sample_dataset
@@ -371,3 +372,26 @@ def test_precompute_on_the_gpu_then_training_from_its_output(tmp_path):
     run = train(tmp_path, *flags, '--batch_size', '8', '--max_duration', '4ba')
     assert len(run.losses) == 4 and all(math.isfinite(loss) for loss in run.losses)
     assert unwrap(run.trainer.state.model).vae is None
+
+
+# ------------------------------------------------------------------------------------------ pipelines
+
+
+@pytest.mark.parametrize('name', ['tiny', 'tiny-flux-schnell', 'tiny-sd3.5-medium', 'tiny-pixart-sigma'])
+def test_sample_grids_and_the_exported_pipeline_on_the_gpu(tmp_path, name):
+    """Each model's Diffusers pipeline on CUDA: sample grids under bf16 autocast during training, the export, and
+    generate.py, whose images from the folder and from the checkpoint agree."""
+    samples, pipe, checkpoints = tmp_path / 'samples', tmp_path / 'pipe', tmp_path / 'ckpt'
+    flags = ['--model_name', name, '--local', write_dataset(tmp_path / 'mds', good_samples(8)), '--image_size', '32']
+    flags += ['--batch_size', '4', '--max_duration', '2ba', '--sample_interval', '2ba', '--sample_steps', '2']
+    flags += ['--sample_dir', str(samples), '--export_pipeline', str(pipe)]
+    flags += ['--save_folder', str(checkpoints), '--save_interval', '2ba']
+    tokenizer = [] if name == 'tiny' else ['--tokenizer', write_t5_tokenizer(tmp_path / 't5')]
+    main(parse_args([*flags, *tokenizer]))
+    assert sorted(path.name for path in samples.iterdir()) == ['samples-ba000000.png', 'samples-ba000002.png']
+    common = ['--prompt', 'a red circle', '--steps', '2', '--image_size', '32']
+    from_folder = generate.main(generate.parse_args([*common, '--pipeline', str(pipe), '--out', str(tmp_path / 'a')]))
+    checkpoint = ['--checkpoint', str(checkpoints / 'latest-rank0.pt'), '--model_name', name, *tokenizer]
+    from_checkpoint = generate.main(generate.parse_args([*common, *checkpoint, '--out', str(tmp_path / 'b')]))
+    assert from_folder.shape == (1, 3, 32, 32) and torch.isfinite(from_folder).all()
+    torch.testing.assert_close(from_folder, from_checkpoint, atol=2e-3, rtol=0)

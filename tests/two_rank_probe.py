@@ -113,9 +113,9 @@ def kill_while_writing_checkpoint(number: int) -> None:
     checkpoint._write_checkpoint_file = write_then_die
 
 
-def full_weights(unet) -> dict[str, torch.Tensor]:
-    """The UNet's full weights on every rank (gathered under FSDP: a collective, so every rank calls it)."""
-    state = get_model_state_dict(unet, options=StateDictOptions(full_state_dict=True))
+def full_weights(denoiser) -> dict[str, torch.Tensor]:
+    """The denoiser's full weights on every rank (gathered under FSDP: a collective, so every rank calls it)."""
+    state = get_model_state_dict(denoiser, options=StateDictOptions(full_state_dict=True))
     return {name: tensor.detach().cpu().clone() for name, tensor in sorted(state.items())}
 
 
@@ -127,11 +127,11 @@ if __name__ == '__main__':
     probe = Probe()
     trainer = benchmark.cli(callbacks=(probe,))
     model = trainer.state.model.module if hasattr(trainer.state.model, 'module') else trainer.state.model
-    weights = {'unet': full_weights(model.unet)}
+    weights = {'unet': full_weights(model.denoiser)}  # the UNet, or a diffusion transformer's transformer
     ema = next((algorithm for algorithm in trainer.state.algorithms if isinstance(algorithm, EMA)), None)
     if ema is not None:
         with ema.ema_weights():
-            weights['ema'] = full_weights(model.unet)
+            weights['ema'] = full_weights(model.denoiser)
     unet_digest = hashlib.sha256()
     for name, tensor in weights['unet'].items():
         unet_digest.update(name.encode() + tensor.numpy().tobytes())
