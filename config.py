@@ -581,6 +581,11 @@ def settle_precomputed_shapes(draft: argparse.Namespace, dataset: DatasetDescrip
         )
     if height != width:
         raise ConfigError(f'{dataset.location}: latents of {height}x{width}; square ones expected')
+    if kind == 'transformer' and height % 2:
+        raise ConfigError(
+            f'{dataset.location}: latents of {height}x{width} ({height * LATENT_DOWNSAMPLE}px), but '
+            f'{draft.model_name} reads 2x2 patches of them: precompute at a multiple of 16 pixels'
+        )
     if height * LATENT_DOWNSAMPLE != draft.image_size:
         draft.notes.append(
             f'--image_size {draft.image_size}: the data was precomputed at '

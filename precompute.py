@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 import arguments
 from arguments import ConfigError
-from config import PRESETS, SD2_BASE
+from config import PRESETS, SD2_BASE, check_tokenizer
 from convert import SAMPLE_DATASET, ensure_sample_dataset
 from data import StreamingLAIONDataset, caption_inputs, collate
 from dataset_checks import (
@@ -133,6 +133,18 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
             raise ConfigError(f'--{flag} {getattr(args, flag)}: must be positive')
     if args.image_size % 8:
         raise ConfigError(f'--image_size {args.image_size}: must be a multiple of 8 (the VAE downsamples 8x)')
+    if is_transformer_folder(args.model_dir) and args.image_size % 16:
+        raise ConfigError(
+            f'--image_size {args.image_size}: {args.model_name} takes multiples of 16 (2x2 patches of latents)'
+        )
+    inputs = caption_inputs(args.model_dir)
+    if args.tokenizer is not None:
+        check_tokenizer(args.tokenizer, inputs)  # here, once, rather than in every loader worker
+    elif inputs.uses_t5:
+        raise ConfigError(
+            f'--tokenizer: {args.model_name} reads captions with T5, whose tokenizer no package here ships: pass '
+            "--tokenizer DIR, a local folder of T5's tokenizer (e.g. FLUX.1-schnell's tokenizer_2)"
+        )
     args.sample_data = not (args.remote or args.local)
     if args.sample_data:
         args.local = str(SAMPLE_DATASET)

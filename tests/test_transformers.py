@@ -6,6 +6,7 @@ online and from precomputed latents, and on real captions with a local T5 tokeni
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from conftest import good_samples, write_dataset, write_t5_tokenizer
@@ -380,6 +381,24 @@ def test_precomputed_captions_give_the_online_loss_and_train(name, captions, t5_
     assert trainer.state.timestamp.batch.value == 2 and math.isfinite(float(trainer.state.loss))
 
 
+@pytest.mark.parametrize(
+    'tokenizer, size, message',
+    [
+        (None, 32, r'^--tokenizer: tiny-flux-schnell reads captions with T5'),
+        ('clip', 32, r"not T5's \(below 32128"),
+        ('t5', 40, r'^--image_size 40: tiny-flux-schnell takes multiples of 16'),
+    ],
+)
+def test_precompute_refuses_what_a_transformer_cannot_train_on(
+    captions, t5_tokenizer, tmp_path, tokenizer, size, message
+):
+    folders = {None: [], 'clip': ['--tokenizer', str(clip_tokenizer_folder())], 't5': ['--tokenizer', t5_tokenizer]}
+    flags = ['--local', captions, '--out', str(tmp_path / 'out'), '--model_name', 'tiny-flux-schnell']
+    with pytest.raises(ConfigError, match=message) as error:
+        precompute.resolve_args(precompute.parse_args([*flags, '--image_size', str(size), *folders[tokenizer]]))
+    assert '\n' not in str(error.value)
+
+
 @pytest.mark.parametrize('name', TWINS.values())
 def test_the_precomputed_step_equals_the_online_step_on_captions(name, captions, t5_tokenizer):
     """precompute.py's columns (fp16) give the loss of the images and captions they came from."""
@@ -478,3 +497,26 @@ def test_pipeline_flags_of_a_t5_model_need_its_tokenizer(tmp_path):
     args = ['--checkpoint', str(checkpoint), '--model_name', 'tiny-flux-schnell', '--prompt', 'a', '--out', 'o']
     with pytest.raises(generate.GenerateError, match=r'^--tokenizer: tiny-flux-schnell reads prompts with T5'):
         generate.check_args(generate.parse_args(args))
+
+
+def test_precomputed_latents_a_transformer_cannot_patch_are_refused(tmp_path):
+    """Latents of 40px (5x5) cannot be cut into Flux's 2x2 patches: refused at the start, naming the dataset."""
+    from streaming import MDSWriter
+
+    with MDSWriter(
+        out=str(tmp_path / 'odd'), columns=precompute.output_columns(CONFIGS_DIR / 'tiny-flux-schnell')
+    ) as out:
+        for _ in range(4):
+            out.write(
+                {
+                    'latent_mean': np.zeros((16, 5, 5), np.float16),
+                    'latent_logvar': np.zeros((16, 5, 5), np.float16),
+                    'text_embedding': np.zeros((256, 32), np.float16),
+                    'pooled_text_embedding': np.zeros(32, np.float16),
+                    'caption': 'a cat',
+                }
+            )
+    flags = ['--model_name', 'tiny-flux-schnell', '--precomputed_latents', '--local', str(tmp_path / 'odd')]
+    flags += ['--batch_size', '4']
+    with pytest.raises(ConfigError, match=r'latents of 5x5 \(40px\), but tiny-flux-schnell reads 2x2 patches'):
+        resolve_config(parse_args(flags))
