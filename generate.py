@@ -11,6 +11,7 @@ Image i is drawn from seed --seed + i, so a prompt list gives the same images wi
 """
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -37,6 +38,10 @@ FID_WEIGHTS_NEEDED = (
     'inception_v3_google-0cc3c7bd.pth) and --fid_reference DIR (an MDS split of reference images)'
 )
 CLIP_WEIGHTS_NEEDED = 'CLIP score: not computed; it needs --clip_model DIR (a local Transformers CLIP model folder)'
+
+
+# The pipelines export.py builds, which generate() draws with.
+PIPELINES = ('StableDiffusionPipeline', 'FluxPipeline', 'StableDiffusion3Pipeline', 'PixArtSigmaPipeline')
 
 
 class GenerateError(ValueError):
@@ -80,6 +85,7 @@ def check_args(args: argparse.Namespace) -> list[str]:
         prompts += [line.strip() for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     if not prompts:
         raise GenerateError('no prompt: pass --prompt TEXT (repeatable) or --prompts FILE')
+    transformer = False  # a diffusion transformer's: images in multiples of 16 pixels (2x2 latent patches)
     if args.checkpoint:
         if not Path(args.checkpoint).is_file():
             raise GenerateError(
@@ -91,7 +97,8 @@ def check_args(args: argparse.Namespace) -> list[str]:
             args.model_dir = resolve_model_dir(args.model_name)  # once, for the model and its tokenizer's padding
         except ConfigError as error:
             raise GenerateError(str(error))
-        if is_transformer_folder(args.model_dir):
+        transformer = is_transformer_folder(args.model_dir)
+        if transformer:
             if args.tokenizer is None:
                 raise GenerateError(
                     f"--tokenizer: {args.model_name} reads prompts with T5: pass the run's --tokenizer folder (T5's)"
@@ -99,8 +106,16 @@ def check_args(args: argparse.Namespace) -> list[str]:
             if args.prediction_type:
                 raise GenerateError(f'--prediction_type: a UNet option; {args.model_name} is a diffusion transformer')
     else:
-        if not (Path(args.pipeline) / 'model_index.json').is_file():
+        index = Path(args.pipeline) / 'model_index.json'
+        if not index.is_file():
             raise GenerateError(f'--pipeline {args.pipeline}: no model_index.json there (not a pipeline folder)')
+        try:
+            kind = json.loads(index.read_text()).get('_class_name')
+        except (ValueError, AttributeError):
+            raise GenerateError(f'--pipeline {args.pipeline}: its model_index.json is not a JSON object')
+        if kind not in PIPELINES:
+            raise GenerateError(f'--pipeline {args.pipeline}: a {kind}; generate.py draws with {", ".join(PIPELINES)}')
+        transformer = kind != StableDiffusionPipeline.__name__
         given = [flag for flag in ('model_name', 'prediction_type', 'tokenizer', 'ema') if getattr(args, flag)]
         if given:
             raise GenerateError(f'--{given[0]}: applies to --checkpoint only (a pipeline folder holds its own)')
@@ -113,8 +128,9 @@ def check_args(args: argparse.Namespace) -> list[str]:
         value = getattr(args, flag)
         if value is not None and value <= 0:
             raise GenerateError(f'--{flag} {value}: must be positive')
-    if args.image_size is not None and args.image_size % LATENT_DOWNSAMPLE:
-        raise GenerateError(f'--image_size {args.image_size}: must be a multiple of {LATENT_DOWNSAMPLE}')
+    multiple = LATENT_DOWNSAMPLE * (2 if transformer else 1)
+    if args.image_size is not None and args.image_size % multiple:
+        raise GenerateError(f'--image_size {args.image_size}: must be a multiple of {multiple}')
     if args.clip_model and not (Path(args.clip_model) / 'config.json').is_file():
         raise GenerateError(f'--clip_model {args.clip_model}: no CLIP model folder (config.json) there')
     if bool(args.fid_reference) != bool(args.fid_weights):

@@ -488,7 +488,7 @@ def test_the_exported_pipeline_draws_the_images_of_the_checkpoint(name, captions
     torch.testing.assert_close(image, from_folder[1], atol=1e-5, rtol=0)
 
 
-def test_pipeline_flags_of_a_t5_model_need_its_tokenizer(tmp_path):
+def test_pipeline_flags_and_generate_refuse_what_they_cannot_draw(tmp_path):
     flags = ['--model_name', 'tiny-sd3.5-medium', '--use_synth_data', '--export_pipeline', str(tmp_path / 'pipe')]
     with pytest.raises(ConfigError, match=r"^--export_pipeline: tiny-sd3.5-medium's pipeline reads prompts with T5"):
         resolve_config(parse_args(flags))
@@ -497,6 +497,17 @@ def test_pipeline_flags_of_a_t5_model_need_its_tokenizer(tmp_path):
     args = ['--checkpoint', str(checkpoint), '--model_name', 'tiny-flux-schnell', '--prompt', 'a', '--out', 'o']
     with pytest.raises(generate.GenerateError, match=r'^--tokenizer: tiny-flux-schnell reads prompts with T5'):
         generate.check_args(generate.parse_args(args))
+    # generate.py draws with the pipelines the export builds, at their sizes (Flux's: multiples of 16 pixels).
+    for kind, flags, message in [
+        ('StableDiffusionXLPipeline', [], r'a StableDiffusionXLPipeline; generate.py draws with'),
+        ('FluxPipeline', ['--image_size', '40'], r'^--image_size 40: must be a multiple of 16'),
+    ]:
+        folder = tmp_path / kind
+        folder.mkdir()
+        (folder / 'model_index.json').write_text(json.dumps({'_class_name': kind}))
+        args = generate.parse_args(['--pipeline', str(folder), '--prompt', 'a', '--out', str(tmp_path / 'o'), *flags])
+        with pytest.raises(generate.GenerateError, match=message):
+            generate.check_args(args)
 
 
 def test_precomputed_latents_a_transformer_cannot_patch_are_refused(tmp_path):
