@@ -43,7 +43,7 @@ from model_folder import (
     pooled_text_width,
     resolve_model_dir,
 )
-from tokenizer import T5_END_ID, T5_PAD_ID, T5_VOCAB_SIZE, CaptionTokenizer
+from tokenizer import T5_END_ID, T5_PAD_ID, T5_VOCAB_SIZE, CaptionTokenizer, t5_tokenizer_needed
 from transformer_model import RECIPES, Recipe, is_flow_matching, text_shapes
 
 SYNTHETIC_SAMPLES = 100_000  # one synthetic "epoch"; runs are normally bounded in batches instead
@@ -251,17 +251,10 @@ def settle_recipe(draft: argparse.Namespace) -> None:
         raise ConfigError(f'--attention {draft.attention}: the diffusion transformers run PyTorch SDPA attention only')
     reads_captions = not (draft.use_synth_data or draft.precomputed_latents)
     if reads_captions and draft.caption_inputs.uses_t5 and draft.tokenizer is None:
-        raise ConfigError(
-            f'--tokenizer: {draft.model_name} reads captions with T5, whose tokenizer no package here ships: pass '
-            "--tokenizer DIR, a local folder of T5's tokenizer (e.g. FLUX.1-schnell's tokenizer_2), or "
-            '--use_synth_data'
-        )
+        raise ConfigError(t5_tokenizer_needed(draft.model_name) + ', or --use_synth_data')
     drawing = [flag for flag in ('sample_interval', 'export_pipeline') if getattr(draft, flag)]
     if drawing and draft.caption_inputs.uses_t5 and draft.tokenizer is None:
-        raise ConfigError(
-            f"--{drawing[0]}: {draft.model_name}'s pipeline reads prompts with T5, whose tokenizer no package here "
-            "ships: pass --tokenizer DIR, a local folder of T5's tokenizer (e.g. FLUX.1-schnell's tokenizer_2)"
-        )
+        raise ConfigError(t5_tokenizer_needed(f"{draft.model_name}'s pipeline", 'reads prompts', f'--{drawing[0]}'))
     patch = LATENT_DOWNSAMPLE * 2  # Flux's 2x2 latent packing, SD3's and PixArt's 2x2 patches
     if draft.image_size % patch:
         raise ConfigError(f'--image_size {draft.image_size}: {draft.model_name} takes multiples of {patch}')

@@ -43,10 +43,12 @@ from tokenizer import (
     caption_pad_ids,
     clean_caption,
 )
-from transformer_model import FLUX, SD3, DiffusionTransformer, is_flow_matching
+from transformer_model import FLUX, PIXART, SD3, DiffusionTransformer, is_flow_matching
 
 # Samplers by flag name, built from the training noise schedule (betas, prediction type).
 SCHEDULERS = {'ddim': DDIMScheduler, 'euler': EulerDiscreteScheduler}
+# Each diffusion transformer family's pipeline.
+TRANSFORMER_PIPELINES = {FLUX: FluxPipeline, SD3: StableDiffusion3Pipeline, PIXART: PixArtSigmaPipeline}
 
 
 def pipeline_tokenizer(folder: str | None = None, pad_id: int = CLIP_PAD_ID):
@@ -113,17 +115,17 @@ def transformer_pipeline(
     if model.family == FLUX:
         clip_l, t5_encoder = model.text_encoders
         tokenizers = dict(tokenizer=pipeline_tokenizer(None, clip_pads[0]), tokenizer_2=t5)
-        return FluxPipeline(text_encoder=clip_l, text_encoder_2=t5_encoder, **tokenizers, **parts)
+        return TRANSFORMER_PIPELINES[FLUX](text_encoder=clip_l, text_encoder_2=t5_encoder, **tokenizers, **parts)
     if model.family == SD3:
         clip_l, clip_g, t5_encoder = model.text_encoders
         tokenizers = dict(
             tokenizer=pipeline_tokenizer(None, clip_pads[0]), tokenizer_2=pipeline_tokenizer(None, clip_pads[1])
         )
-        return StableDiffusion3Pipeline(
+        return TRANSFORMER_PIPELINES[SD3](
             text_encoder=clip_l, text_encoder_2=clip_g, text_encoder_3=t5_encoder, tokenizer_3=t5, **tokenizers, **parts
         )
     (t5_encoder,) = model.text_encoders
-    return PixArtSigmaPipeline(text_encoder=t5_encoder, tokenizer=t5, **parts)
+    return TRANSFORMER_PIPELINES[PIXART](text_encoder=t5_encoder, tokenizer=t5, **parts)
 
 
 def model_pad_id(model: StableDiffusion) -> int:
@@ -214,4 +216,4 @@ def pipeline_class(model: DiffusionModel) -> str:
     """The Diffusers pipeline class of a model's exports."""
     if isinstance(model, StableDiffusion):
         return StableDiffusionPipeline.__name__
-    return {FLUX: FluxPipeline, SD3: StableDiffusion3Pipeline}.get(model.family, PixArtSigmaPipeline).__name__
+    return TRANSFORMER_PIPELINES[model.family].__name__

@@ -27,7 +27,7 @@ from tqdm import tqdm  # noqa: E402
 import arguments  # noqa: E402
 from arguments import ConfigError  # noqa: E402
 from evaluation import ValidationSplit  # noqa: E402
-from export import SCHEDULERS, build_pipeline, generate  # noqa: E402
+from export import SCHEDULERS, TRANSFORMER_PIPELINES, build_pipeline, generate  # noqa: E402
 from model import build_model  # noqa: E402
 from model_folder import LATENT_DOWNSAMPLE, is_transformer_folder, resolve_model_dir  # noqa: E402
 from tokenizer import CaptionTokenizer, caption_pad_ids  # noqa: E402
@@ -41,7 +41,7 @@ CLIP_WEIGHTS_NEEDED = 'CLIP score: not computed; it needs --clip_model DIR (a lo
 
 
 # The pipelines export.py builds, which generate() draws with.
-PIPELINES = ('StableDiffusionPipeline', 'FluxPipeline', 'StableDiffusion3Pipeline', 'PixArtSigmaPipeline')
+PIPELINES = tuple(kind.__name__ for kind in (StableDiffusionPipeline, *TRANSFORMER_PIPELINES.values()))
 
 
 class GenerateError(ValueError):

@@ -22,10 +22,10 @@ from images import unit_range
 from model_folder import (
     LATENT_DOWNSAMPLE,
     MICRO_CONDITIONS,
-    denoiser_config,
     has_micro_conditioning,
     is_transformer_folder,
     pooled_text_width,
+    transformer_family,
 )
 from model_parts import (
     MODEL_PARTS,
@@ -296,8 +296,9 @@ def build_encoders(
 def encode_captions(model_dir: Path, text_encoders: list[torch.nn.Module], batch: dict) -> dict[str, torch.Tensor]:
     """What a model folder's denoiser is conditioned on, from caption token ids (precompute.py's text columns):
     encode_text here for the UNets, transformer_model.encode_text for a transformer."""
-    if is_transformer_folder(model_dir):
-        return encode_transformer_text(denoiser_config(model_dir)['_class_name'], text_encoders, batch)
+    family = transformer_family(model_dir)
+    if family is not None:
+        return encode_transformer_text(family, text_encoders, batch)
     return encode_text(text_encoders[0], text_encoders[1] if len(text_encoders) > 1 else None, batch)
 
 

@@ -4,6 +4,7 @@ micro-conditioning, the pooled text width, a transformer's text encoders and cap
 torch, so that the flags (flags.py) answer --help at once.
 """
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -159,10 +160,17 @@ def denoiser_config(model_dir: Path) -> dict:
     return json.loads((model_dir / 'unet' / 'config.json').read_text())
 
 
+@functools.cache
+def transformer_family(model_dir: Path) -> str | None:
+    """A diffusion transformer's class name (its family: Flux, SD3, PixArt), None for a UNet's folder; read once per
+    folder, as precompute.py asks for every batch."""
+    return denoiser_config(model_dir)['_class_name'] if is_transformer_folder(model_dir) else None
+
+
 def text_encoder_folders(model_dir: Path) -> tuple[str, ...]:
     """The folder of each text encoder, in the order the denoiser's pipeline names them."""
     if is_transformer_folder(model_dir):
-        return TRANSFORMER_TEXT_ENCODERS[denoiser_config(model_dir)['_class_name']]
+        return TRANSFORMER_TEXT_ENCODERS[transformer_family(model_dir)]
     return tuple(name for name in ('text_encoder', 'text_encoder_2') if (Path(model_dir) / name).is_dir())
 
 

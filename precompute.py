@@ -47,11 +47,12 @@ from dataset_checks import (
 )
 from images import unit_range
 from model import describe_weights, encode_captions
-from model_folder import denoiser_config, is_transformer_folder, resolve_model_dir, text_encoder_folders
+from model_folder import is_transformer_folder, resolve_model_dir, text_encoder_folders, transformer_family
 from model_parts import build_frozen_encoders
 from stack import check_stack
 from streaming_fixes import clean_stale_shared_memory
-from tokenizer import TokenizerError
+from tokenizer import TokenizerError, t5_tokenizer_needed
+from transformer_model import PIXART
 
 SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun never mixes two settings
 
@@ -141,10 +142,7 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.tokenizer is not None:
         check_tokenizer(args.tokenizer, inputs)  # here, once, rather than in every loader worker
     elif inputs.uses_t5:
-        raise ConfigError(
-            f'--tokenizer: {args.model_name} reads captions with T5, whose tokenizer no package here ships: pass '
-            "--tokenizer DIR, a local folder of T5's tokenizer (e.g. FLUX.1-schnell's tokenizer_2)"
-        )
+        raise ConfigError(t5_tokenizer_needed(args.model_name))
     args.sample_data = not (args.remote or args.local)
     if args.sample_data:
         args.local = str(SAMPLE_DATASET)
@@ -288,9 +286,9 @@ def encode(model_dir: Path, vae, text_encoders: list, batch: dict, device: torch
 
 def output_columns(model_dir: Path) -> dict[str, str]:
     """The MDS columns of a model's precomputed dataset."""
-    if is_transformer_folder(model_dir):
-        family = denoiser_config(model_dir)['_class_name']
-        extra = ['text_mask'] if family == 'PixArtTransformer2DModel' else ['pooled_text_embedding']
+    family = transformer_family(model_dir)
+    if family is not None:
+        extra = ['text_mask'] if family == PIXART else ['pooled_text_embedding']
         return PRECOMPUTED_COLUMNS | {name: TRANSFORMER_PRECOMPUTED_COLUMNS[name] for name in extra}
     sdxl = (model_dir / 'text_encoder_2').is_dir()
     return PRECOMPUTED_COLUMNS | (SDXL_PRECOMPUTED_COLUMNS if sdxl else {})

@@ -203,6 +203,14 @@ class CaptionTokenizer:
         return torch.tensor(ids + [self.pad_id] * (self.length - len(ids)), dtype=torch.long)
 
 
+def t5_tokenizer_needed(who: str, reads: str = 'reads captions', flag: str = '--tokenizer') -> str:
+    """The one-line message for a T5 model given no --tokenizer: `who` (the model, or its pipeline) `reads` ..."""
+    return (
+        f'{flag}: {who} {reads} with T5, whose tokenizer no package here ships: pass --tokenizer DIR, a local '
+        "folder of T5's tokenizer (e.g. FLUX.1-schnell's tokenizer_2)"
+    )
+
+
 def column_tokenizers(folder: str | None, inputs) -> dict[str, CaptionTokenizer]:
     """A tokenizer for each caption column of data.CaptionInputs `inputs`. `folder` (--tokenizer) is T5's where the
     model has a T5 encoder (its CLIP columns use the built-in tokenizer), CLIP's otherwise. T5's captions keep their
@@ -213,10 +221,7 @@ def column_tokenizers(folder: str | None, inputs) -> dict[str, CaptionTokenizer]
     ):
         if vocab_size == T5_VOCAB_SIZE:
             if folder is None:
-                raise TokenizerError(
-                    '--tokenizer: this model reads captions with T5, whose tokenizer no package here ships: pass '
-                    "--tokenizer DIR, a local folder of T5's tokenizer (e.g. FLUX.1-schnell's tokenizer_2)"
-                )
+                raise TokenizerError(t5_tokenizer_needed('this model'))
             tokenizers_by_column[column] = CaptionTokenizer(folder, pad, length, lowercase=False)
         else:
             tokenizers_by_column[column] = CaptionTokenizer(None if inputs.uses_t5 else folder, pad, length)

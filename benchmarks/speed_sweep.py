@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 import torch  # noqa: E402
 
+from arguments import ConfigError  # noqa: E402
 from benchmarks import profile_summary  # noqa: E402
 from config import PRESETS, SD2_BASE  # noqa: E402
 from model_folder import is_transformer_folder, resolve_model_dir  # noqa: E402
@@ -305,7 +306,7 @@ def sweep(args, rows: list[dict], profiles: list[str], report) -> None:
 
     try:
         transformer = is_transformer_folder(resolve_model_dir(args.model_name))
-    except Exception:  # a bad --model_name: every row's benchmark.py says why
+    except ConfigError:  # a bad --model_name: every row's benchmark.py says why
         transformer = False
     for size in args.sizes:
         microbatch = args.microbatch or DEFAULT_MICROBATCH.get(size, 8)
