@@ -173,6 +173,17 @@ def add_prediction_args(parser):
         '--fixed_ms', type=float, default=None, help='per-step optimizer and EMA time (default: from memory traffic)'
     )
     group.add_argument(
+        '--scale_loss',
+        type=float,
+        default=None,
+        metavar='FRACTION',
+        help='share of the step lost per doubling of the node count to what the model leaves out (collective '
+        f'latency, synchronisation, stragglers, input); default {scaling.SCALE_LOSS}, fitted to published weak '
+        "scaling, with a range of {:g}-{:g}; give your cluster's own to drop it from the range".format(
+            *scaling.SCALE_LOSS_BAND
+        ),
+    )
+    group.add_argument(
         '--global_batch', type=int, default=PUBLISHED_BATCH, help=f'batch of the predicted runs ({PUBLISHED_BATCH})'
     )
     group.add_argument(
@@ -190,6 +201,13 @@ def add_prediction_args(parser):
         help='results files of runs at several microbatches (benchmarks/speed_sweep.py writes them), of the '
         "measured run's GPU, model and image size: how one image's compute time changes where a predicted step "
         'leaves each GPU fewer images than the measured microbatch (default: taken as unchanged)',
+    )
+    group.add_argument(
+        '--measured_batch',
+        type=int,
+        default=None,
+        help="global batch of a --throughput value where it differs from the predicted runs' (default: "
+        '--global_batch, or --images_per_gpu per GPU; results files carry their own)',
     )
     group.add_argument(
         '--microbatch',
@@ -219,7 +237,15 @@ def check_prediction_args(args, parser):
         return
     if args.extrapolate is not None:
         parser.error('--predict and --extrapolate: give one (the step model or the fit of several counts)')
-    for flag in ('predict', 'gpus_per_node', 'global_batch', 'images_per_gpu', 'microbatch', 'trained_parameters'):
+    for flag in (
+        'predict',
+        'gpus_per_node',
+        'global_batch',
+        'images_per_gpu',
+        'measured_batch',
+        'microbatch',
+        'trained_parameters',
+    ):
         values = getattr(args, flag)
         for value in values if isinstance(values, list) else [values]:
             if value is not None and value <= 0:
@@ -232,6 +258,8 @@ def check_prediction_args(args, parser):
         parser.error(f'--link_efficiency: expected a fraction in (0, 1], got {args.link_efficiency}')
     if args.fixed_ms is not None and not (args.fixed_ms >= 0 and math.isfinite(args.fixed_ms)):
         parser.error(f'--fixed_ms: expected a time >= 0, got {args.fixed_ms}')
+    if args.scale_loss is not None and not 0 <= args.scale_loss < 1:
+        parser.error(f'--scale_loss: expected a fraction in [0, 1) per doubling of the nodes, got {args.scale_loss}')
 
 
 def parse_budget(items, parser):
@@ -413,14 +441,16 @@ def predict(points, args, gpu, label):
         overlap=not args.no_overlap,
         rail_aligned=args.rail_aligned,
         fixed_seconds=None if args.fixed_ms is None else args.fixed_ms / 1000,
+        scale_loss=args.scale_loss,
     )
     settings = scaling.PredictionSettings(
-        args.global_batch,
-        args.microbatch,
-        args.trained_parameters,
-        args.gradient_value_bytes,
-        args.images_per_gpu,
-        microbatch_curve(args.microbatch_curve, points),
+        global_batch=args.global_batch,
+        microbatch=args.microbatch,
+        trained_parameters=args.trained_parameters,
+        gradient_value_bytes=args.gradient_value_bytes,
+        images_per_gpu=args.images_per_gpu,
+        measured_batch=args.measured_batch,
+        microbatch_curve=microbatch_curve(args.microbatch_curve, points),
     )
     phases = sorted(args.budget, key=lambda k: -1 if k is None else k)
     try:

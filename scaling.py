@@ -117,10 +117,20 @@ LINK_EFFICIENCY = 0.85
 LINK_EFFICIENCY_BAND = (0.7, 0.9)
 # The optimizer and EMA estimate is taken to be good within a factor of 2 either way.
 FIXED_WORK_BAND = (0.5, 2.0)
-# NeMo's DGX H100 runs (SD2, 32 images per GPU, docs/report.md) fell to 79% scaling efficiency at 64 nodes where
-# the model, all of whose communication they hide, predicts 100%: 1/0.79 = 1 + 6 doublings x 4.5%. The other
-# published clusters lost less (NeMo's A100s 93% at 64 nodes, MLPerf pairs 98-99%).
+# What the rest of the model leaves out and grows with the node count (collective latency along longer rings and
+# deeper trees, synchronisation, stragglers, input), as a share of the step per doubling of the nodes. Only runs
+# whose communication the model hides entirely measure it alone: NeMo's published weak scaling of SD2 at 32 images
+# per GPU on DGX A100 and DGX H100, 1 to 64 nodes (docs/report.md). The central value is the least-squares fit to
+# their 7 multi-node rows (2.54%, rounded); fitted to one GPU type's rows alone it is 1.0% (A100) or 3.7% (H100).
+# The band: nothing (NVIDIA's MLPerf H100 pair, 1 to 8 nodes, lost nothing beyond the model) to 4.5% (NeMo's DGX
+# H100 at 64 nodes, 79% efficiency: 1/0.79 = 1 + 6 doublings x 4.4%).
+SCALE_LOSS = 0.025
 SCALE_LOSS_BAND = (0.0, 0.045)
+# Without a measured microbatch curve, a GPU given fewer images per microbatch than measured computes each of them
+# somewhere between as fast as measured (it stays full) and a whole microbatch's time (it is not filled at all):
+# the bounds, since fewer images never take longer. Centrally as measured, so those rows are upper bounds.
+SMALLER_MICROBATCHES = 'one image at smaller microbatches'
+UNFILLED_SHARE_BAND = (0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -149,10 +159,15 @@ class Workload:
     def gradient_bytes(self) -> float:
         return float(self.gradient_value_bytes * self.trained_parameters)
 
-    def image_time_factor(self, microbatch: float) -> float:
-        """One image's compute time at `microbatch` over its time at this workload's microbatch (1 without a
-        curve)."""
-        return log2_interpolate(self.microbatch_curve, microbatch) if self.microbatch_curve else 1.0
+    def image_time_factor(self, microbatch: float, unfilled_share: float = 0.0) -> float:
+        """One image's compute time at `microbatch` over its time at this workload's microbatch: from the curve
+        where one was measured; otherwise, below the measured microbatch, a microbatch's time taken as a part that
+        shrinks with its images and a share (`unfilled_share`) that does not."""
+        if self.microbatch_curve:
+            return log2_interpolate(self.microbatch_curve, microbatch)
+        if microbatch < self.microbatch:
+            return 1 - unfilled_share + unfilled_share * self.microbatch / microbatch
+        return 1.0
 
     def at(self, gpus: int) -> 'Workload':
         """The workload of a step on `gpus` GPUs: its global batch as given, or images_per_gpu x gpus."""
@@ -180,10 +195,16 @@ class Assumptions:
     rail_aligned: bool | None = None  # the network carries one GPU's share per node; None: as the cluster is
     fixed_seconds: float | None = None  # the per-step fixed work; None: estimated from memory traffic
     fixed_scale: float = 1.0  # multiplies the estimate (the band's corners)
-    # What the model leaves out and grows with the node count (collective latency along longer rings, stragglers,
-    # synchronisation, input): a share of the step per doubling of the nodes. 0 centrally; SCALE_LOSS_BAND's top is
-    # the most a published cluster lost to it.
-    scale_loss: float = 0.0
+    # Without a microbatch curve, the share of a measured microbatch's time that a smaller one keeps (kernels the
+    # fewer images do not fill): 0 computes each image as fast as measured, 1 runs a smaller microbatch as long.
+    unfilled_share: float = 0.0
+    # What the model leaves out and grows with the node count: a share of the step per doubling of the nodes.
+    # None: not known for this cluster, SCALE_LOSS centrally and SCALE_LOSS_BAND in the range.
+    scale_loss: float | None = None
+
+    @property
+    def node_loss(self) -> float:
+        return SCALE_LOSS if self.scale_loss is None else self.scale_loss
 
 
 @dataclass(frozen=True)
@@ -199,11 +220,16 @@ class Step:
     fixed: float
     global_batch: int
     nodes: int
-    scale_loss: float = 0.0  # the share of the step added per doubling of the node count (Assumptions.scale_loss)
+    scale_loss: float = 0.0  # the share of the step added per doubling of the node count (Assumptions.node_loss)
+
+    @property
+    def node_losses(self) -> float:
+        """Seconds the step loses to what grows with the node count (none on one node)."""
+        return (self.compute + self.exposed + self.fixed) * self.scale_loss * math.log2(self.nodes)
 
     @property
     def seconds(self) -> float:
-        return (self.compute + self.exposed + self.fixed) * (1 + self.scale_loss * math.log2(self.nodes))
+        return self.compute + self.exposed + self.fixed + self.node_losses
 
     @property
     def img_per_sec(self) -> float:
@@ -243,7 +269,7 @@ def step(workload: Workload, assumptions: Assumptions, gpus: int, image_seconds:
     images = workload.global_batch / gpus
     microbatch = min(workload.microbatch, images)
     microbatches = math.ceil(images / microbatch)
-    image_seconds *= workload.image_time_factor(microbatch)  # a smaller microbatch fills the GPU less
+    image_seconds *= workload.image_time_factor(microbatch, assumptions.unfilled_share)  # fills the GPU less
     compute = images * image_seconds
     ring = (gpus - 1) / gpus
     bandwidth = bus_bandwidth(assumptions, gpus) if gpus > 1 else math.inf
@@ -266,7 +292,7 @@ def step(workload: Workload, assumptions: Assumptions, gpus: int, image_seconds:
         fixed_seconds(workload, assumptions, gpus),
         workload.global_batch,
         math.ceil(gpus / assumptions.cluster.gpus_per_node),
-        assumptions.scale_loss,
+        assumptions.node_loss,
     )
 
 
@@ -353,16 +379,20 @@ def calibrate(workload: Workload, assumptions: Assumptions, run: Measurement) ->
     return ScalingModel(workload, assumptions, (low + high) / 2)
 
 
-def uncertain_inputs(assumptions: Assumptions) -> dict[str, tuple[str, tuple]]:
-    """What the range of a prediction comes from: the inputs not known for this cluster, each {name: (field of
-    Assumptions, the ends of its band)}. Link efficiency, the fixed work and the losses the model leaves out
-    always; the network layout where neither the preset nor a flag says it. DDP's overlap of the all-reduce
-    with the backward is its known behaviour (--no_overlap where a run has none)."""
+def uncertain_inputs(assumptions: Assumptions, workload: Workload) -> dict[str, tuple[str, tuple]]:
+    """What the range of a prediction comes from: the inputs not known for this cluster and run, each {name:
+    (field of Assumptions, the ends of its band)}. Link efficiency and the fixed work always; one image's time at
+    microbatches below the measured one unless a curve measures it; the losses growing with the node count unless
+    a flag gives them; the network layout where neither the preset nor a flag says it. DDP's overlap of the
+    all-reduce with the backward is its known behaviour (--no_overlap where a run has none)."""
     inputs = {
         'link efficiency': ('link_efficiency', LINK_EFFICIENCY_BAND),
         'fixed work': ('fixed_scale', FIXED_WORK_BAND),
-        'losses growing with the node count': ('scale_loss', SCALE_LOSS_BAND),
     }
+    if not workload.microbatch_curve:
+        inputs[SMALLER_MICROBATCHES] = ('unfilled_share', UNFILLED_SHARE_BAND)
+    if assumptions.scale_loss is None:
+        inputs['losses growing with the node count'] = ('scale_loss', SCALE_LOSS_BAND)
     if assumptions.rail_aligned is None and assumptions.cluster.rail_aligned is None:
         inputs['network layout'] = ('rail_aligned', (False, True))
     return inputs
@@ -371,7 +401,7 @@ def uncertain_inputs(assumptions: Assumptions) -> dict[str, tuple[str, tuple]]:
 def band(workload: Workload, assumptions: Assumptions, run: Measurement) -> dict[str, list[ScalingModel]]:
     """The model calibrated at the ends of the uncertain inputs' bands: under 'all', every combination of ends
     (the range); under each input's name, its two ends with the others central (which input moves it most)."""
-    inputs = uncertain_inputs(assumptions)
+    inputs = uncertain_inputs(assumptions, workload)
     corners = {'all': []}
     for ends in itertools.product(*(values for _, values in inputs.values())):
         fields = {field: end for (field, _), end in zip(inputs.values(), ends)}
@@ -433,6 +463,9 @@ class PredictionSettings:
     trained_parameters: int | None = None  # of a throughput given by hand; None: SD2's UNet
     gradient_value_bytes: int = 4  # of a throughput given by hand: fp32 gradients reduced, as Composer's AMP does
     images_per_gpu: int | None = None  # weak scaling: the predicted runs' images per GPU per step, not global_batch
+    # The global batch of a throughput given by hand where it differs from the predicted runs' (MLPerf's 8-GPU
+    # runs train 256 images a step, its 64-GPU runs 1,024); None: global_batch, or images_per_gpu per GPU.
+    measured_batch: int | None = None
     # Per-GPU throughput at several microbatches, ((microbatch, img/s per GPU), ...), of the measured runs' GPU,
     # model and image size: how one image's compute time changes with the microbatch. Empty: it does not.
     microbatch_curve: tuple[tuple[int, float], ...] = ()
@@ -486,26 +519,31 @@ def prediction_models(
     for model in models.values():
         for gpus in counts:
             model.step(gpus)  # each count must divide the batch: say so before printing anything
-    notes += small_microbatch_notes(models, counts, label)
+    notes += small_microbatch_notes(models, bands, counts, label)
     return models, bands, notes
 
 
-def small_microbatch_notes(models: dict, counts: list[int], label: str) -> list[str]:
-    """Where a predicted step leaves each GPU fewer images than the measured microbatch: one image's compute is
-    taken as measured, though a GPU given smaller microbatches usually computes each image more slowly."""
+def small_microbatch_notes(models: dict, bands: dict, counts: list[int], label: str) -> list[str]:
+    """Where a predicted step leaves each GPU fewer images than the measured microbatch and no curve measures it:
+    one image's compute is taken as measured centrally, though a GPU given smaller microbatches usually computes
+    each image more slowly; the note says how far that alone lowers the range."""
     notes = []
-    for model in models.values():
+    for phase, model in models.items():
         workload = model.workload
         if workload.microbatch_curve:  # measured: the steps' compute follows the curve
             continue
         small = [gpus for gpus in counts if workload.at(gpus).global_batch / gpus < workload.microbatch]
         if small:
+            largest = small[-1]
+            low = min(corner.img_per_sec(largest) for corner in bands[phase][SMALLER_MICROBATCHES])
             notes.append(
                 f'{label}: at {", ".join(f"{gpus:,}" for gpus in small)} GPUs each GPU gets fewer than the measured '
                 f"microbatch of {workload.microbatch} images per step, and one image's compute is taken as measured "
                 'at that microbatch: smaller microbatches usually compute each image more slowly (fewer images '
-                'to fill the GPU), so read these rows as upper bounds; --microbatch_curve with runs at smaller '
-                'microbatches measures it'
+                'to fill the GPU), so read these rows as upper bounds. Not knowing how much slower widens the '
+                f'range: at {largest:,} GPUs its low end alone is {low:,.1f} img/s '
+                f'({low / model.img_per_sec(largest) - 1:+.0%}), a smaller microbatch taking as long as a measured '
+                'one; --microbatch_curve with runs at smaller microbatches measures it'
             )
             break
     return notes
@@ -529,7 +567,9 @@ def prediction_workload(point: MeasuredRun, settings: PredictionSettings) -> tup
     if run is None:
         trained = settings.trained_parameters or SD2_UNET_PARAMETERS
         batch, microbatch = settings.global_batch, settings.microbatch
-        if settings.images_per_gpu is not None:  # weak scaling: the measured run had as many images per GPU
+        if settings.measured_batch is not None:
+            batch = settings.measured_batch
+        elif settings.images_per_gpu is not None:  # weak scaling: the measured run had as many images per GPU
             batch = settings.images_per_gpu * point.gpus
         fsdp, precision, fused, ema = 'none', 'amp_fp16', False, True
         gradient_value_bytes = settings.gradient_value_bytes
@@ -637,10 +677,16 @@ def describe_prediction(
                 else f' ({w.fixed_bytes_per_parameter} bytes per parameter at {c.memory_gb_s:,.0f} GB/s)'
             )
             + (', divided among the GPUs under FSDP' if w.fsdp != 'none' else ''),
+            f'- losses growing with the node count: {a.node_loss:.1%} of the step per doubling of the nodes '
+            + (
+                "(fitted to NeMo's published DGX A100 and H100 weak scaling; --scale_loss sets it)"
+                if a.scale_loss is None
+                else '(--scale_loss)'
+            ),
             '',
             '| GPUs | nodes | img/GPU/step | microbatches | compute s | communication s | exposed s | fixed s '
-            '| step s | img/s | scaling eff. | range img/s |',
-            '|' + '---|' * 12,
+            '| node losses s | step s | img/s | scaling eff. | range img/s |',
+            '|' + '---|' * 13,
         ]
         base = model.step(counts[0])
         for gpus in counts:
@@ -650,12 +696,15 @@ def describe_prediction(
             efficiency = (st.img_per_sec / gpus) / (base.img_per_sec / base.gpus)
             lines.append(
                 f'| {gpus:,} | {st.nodes} | {st.images_per_gpu:g} | {st.microbatches} | {st.compute:.3f} '
-                f'| {st.communication:.3f} | {st.exposed:.3f} | {st.fixed:.3f} | {st.seconds:.3f} '
-                f'| {st.img_per_sec:,.1f} | {efficiency:.1%} | {low:,.1f}-{high:,.1f} |'
+                f'| {st.communication:.3f} | {st.exposed:.3f} | {st.fixed:.3f} | {st.node_losses:.3f} '
+                f'| {st.seconds:.3f} | {st.img_per_sec:,.1f} | {efficiency:.1%} | {low:,.1f}-{high:,.1f} |'
             )
         lines.append('')
     first_phase = next(iter(models))
-    inputs = uncertain_inputs(models[first_phase].assumptions)
+    workload = models[first_phase].workload
+    inputs = uncertain_inputs(models[first_phase].assumptions, workload)
+    if all(workload.at(gpus).global_batch / gpus >= workload.microbatch for gpus in counts):
+        inputs.pop(SMALLER_MICROBATCHES, None)  # no predicted step goes below the measured microbatch
     described = {
         'link efficiency': '{:.0%}-{:.0%}'.format(*LINK_EFFICIENCY_BAND),
         'fixed work': 'x{:g}-x{:g}'.format(*FIXED_WORK_BAND),
@@ -663,6 +712,7 @@ def describe_prediction(
             SCALE_LOSS_BAND[1]
         ),
         'network layout': "every GPU's share over its own link or rail-aligned rings (the cluster's is not known)",
+        SMALLER_MICROBATCHES: "as fast as measured to a whole measured microbatch's time (no --microbatch_curve)",
     }
     largest = counts[-1]
     lines.append(
