@@ -5,11 +5,13 @@ interconnect, step by step rather than fitted to several measured counts.
 
 One optimizer step at a fixed global batch B on N GPUs, each running B/N images in microbatches of m:
 
-    step      = compute + exposed communication + fixed work
+    step      = (compute + exposed communication + fixed work) x (1 + node loss x log2(nodes))
     compute   = (B / N) x t_image            t_image: one image's forward and backward on one GPU (measured)
     exposed   = communication - the compute that overlaps it (none when --no_overlap)
     fixed     = per-step work on each GPU that more GPUs do not shrink: the optimizer step and EMA update,
                 memory-bound, so their bytes over the GPU's memory bandwidth
+    node loss = what the rest leaves out and grows with the node count (latency, synchronisation, stragglers),
+                a share of the step per doubling of the nodes fitted to published weak scaling (SCALE_LOSS)
 
 Communication is ring collectives, which move (N-1)/N of a buffer per GPU for a reduce-scatter or all-gather
 and 2(N-1)/N for an all-reduce (NCCL calls bytes / time of the latter "bus bandwidth"). Inside a node they run
@@ -28,13 +30,13 @@ run's cluster, whose layout is not known) that is the central reading, and the r
   overlap that microbatch's UNet forward and backward. The optimizer step and EMA work on a 1/N shard.
 
 t_image comes from the measured run by solving the same equation at its GPU count, so communication and
-fixed work there are not counted as compute. Every assumption is a field of Assumptions, with its source.
+fixed work there are not counted as compute. Every assumption is a field of Assumptions, with its source; the
+range of a prediction combines how far each uncertain one moves it over its band (prediction_range).
 
 prediction_models calibrates the model on the runs report.py reads (one per phase of the budget; a phase with
 none scales another's compute by the FLOPs per image), and describe_prediction writes each step's breakdown.
 """
 
-import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -122,8 +124,8 @@ FIXED_WORK_BAND = (0.5, 2.0)
 # whose communication the model hides entirely measure it alone: NeMo's published weak scaling of SD2 at 32 images
 # per GPU on DGX A100 and DGX H100, 1 to 64 nodes (docs/report.md). The central value is the least-squares fit to
 # their 7 multi-node rows (2.54%, rounded); fitted to one GPU type's rows alone it is 1.0% (A100) or 3.7% (H100).
-# The band: nothing (NVIDIA's MLPerf H100 pair, 1 to 8 nodes, lost nothing beyond the model) to 4.5% (NeMo's DGX
-# H100 at 64 nodes, 79% efficiency: 1/0.79 = 1 + 6 doublings x 4.4%).
+# Held out, MLPerf's multi-node pairs lost 0.9-2.4% per doubling. The band: nothing (NeMo's DGX A100 scaled at
+# 100.7% from one node to two) to 4.5% (NeMo's DGX H100 at 64 nodes, 79% efficiency: 1/0.79 = 1 + 6 x 4.4%).
 SCALE_LOSS = 0.025
 SCALE_LOSS_BAND = (0.0, 0.045)
 # Without a measured microbatch curve, a GPU given fewer images per microbatch than measured computes each of them
@@ -131,6 +133,10 @@ SCALE_LOSS_BAND = (0.0, 0.045)
 # the bounds, since fewer images never take longer. Centrally as measured, so those rows are upper bounds.
 SMALLER_MICROBATCHES = 'one image at smaller microbatches'
 UNFILLED_SHARE_BAND = (0.0, 1.0)
+# Where the layout of a cluster's network is not known, it and the losses growing with the node count both say
+# what crossing nodes costs on that cluster beyond the rest of the model: one cluster sits at the same end of
+# both, so their moves add rather than in quadrature.
+CORRELATED_INPUTS = {'network layout': 'across nodes', 'losses growing with the node count': 'across nodes'}
 
 
 @dataclass(frozen=True)
@@ -399,16 +405,11 @@ def uncertain_inputs(assumptions: Assumptions, workload: Workload) -> dict[str, 
 
 
 def band(workload: Workload, assumptions: Assumptions, run: Measurement) -> dict[str, list[ScalingModel]]:
-    """The model calibrated at the ends of the uncertain inputs' bands: under 'all', every combination of ends
-    (the range); under each input's name, its two ends with the others central (which input moves it most)."""
-    inputs = uncertain_inputs(assumptions, workload)
-    corners = {'all': []}
-    for ends in itertools.product(*(values for _, values in inputs.values())):
-        fields = {field: end for (field, _), end in zip(inputs.values(), ends)}
-        corners['all'].append(calibrate(workload, replace(assumptions, **fields), run))
-    for name, (field, values) in inputs.items():
-        corners[name] = [calibrate(workload, replace(assumptions, **{field: end}), run) for end in values]
-    return corners
+    """{uncertain input: the model calibrated at each of the two ends of its band, the other inputs central}."""
+    return {
+        name: [calibrate(workload, replace(assumptions, **{field: end}), run) for end in values]
+        for name, (field, values) in uncertain_inputs(assumptions, workload).items()
+    }
 
 
 def dominant_input(corners: dict[str, list[ScalingModel]], gpus: int) -> str:
@@ -416,7 +417,6 @@ def dominant_input(corners: dict[str, list[ScalingModel]], gpus: int) -> str:
     spread = {
         name: max(c.img_per_sec(gpus) for c in models) - min(c.img_per_sec(gpus) for c in models)
         for name, models in corners.items()
-        if name != 'all'
     }
     return max(spread, key=spread.get)
 
@@ -629,13 +629,29 @@ def overall_img_per_sec(models: dict, budget: dict, gpus: int) -> float:
     return sum(budget.values()) / sum(budget[ph] / models[ph].img_per_sec(gpus) for ph in models)
 
 
+def prediction_range(models: dict, bands: dict, budget: dict, gpus: int) -> tuple[float, float]:
+    """(lowest, highest) img/s at `gpus` over the budget's phases. Each uncertain input moves the central
+    prediction by itself, at either end of its band (in the log of the throughput, which keeps the range
+    positive). Inputs that describe the same thing move together, so their moves add (CORRELATED_INPUTS); the
+    others are independent, and their moves add as independent errors do, in quadrature, rather than all at their
+    worst ends together."""
+    central = overall_img_per_sec(models, budget, gpus)
+    down, up = {}, {}
+    for name in next(iter(bands.values())):
+        ends = [overall_img_per_sec({ph: bands[ph][name][end] for ph in bands}, budget, gpus) for end in (0, 1)]
+        group = CORRELATED_INPUTS.get(name, name)
+        down[group] = down.get(group, 0.0) + max(0.0, math.log(central / min(ends)))
+        up[group] = up.get(group, 0.0) + max(0.0, math.log(max(ends) / central))
+    spread = {side: math.sqrt(sum(move**2 for move in moves.values())) for side, moves in (('down', down), ('up', up))}
+    return central * math.exp(-spread['down']), central * math.exp(spread['up'])
+
+
 def describe_prediction(
     label: str, models: dict, bands: dict, budget: dict, counts: list[int], references: list[tuple[int, float]]
 ) -> str:
     """The model's inputs, each predicted step's breakdown at `counts`, its range, and its error against
     `references` ([(GPUs, img/s)])."""
     lines = []
-    corners = range(len(next(iter(bands.values()))['all']))
     for phase, model in models.items():
         w, a = model.workload, model.assumptions
         c = a.cluster
@@ -691,8 +707,7 @@ def describe_prediction(
         base = model.step(counts[0])
         for gpus in counts:
             st = model.step(gpus)
-            low = min(corner.img_per_sec(gpus) for corner in bands[phase]['all'])
-            high = max(corner.img_per_sec(gpus) for corner in bands[phase]['all'])
+            low, high = prediction_range({phase: model}, {phase: bands[phase]}, {phase: 1}, gpus)
             efficiency = (st.img_per_sec / gpus) / (base.img_per_sec / base.gpus)
             lines.append(
                 f'| {gpus:,} | {st.nodes} | {st.images_per_gpu:g} | {st.microbatches} | {st.compute:.3f} '
@@ -716,7 +731,9 @@ def describe_prediction(
     }
     largest = counts[-1]
     lines.append(
-        'Range: the lowest and highest prediction over the inputs not known for this cluster: '
+        'Range: how far each input not known for this cluster moves the prediction over its band, the moves '
+        'combined in quadrature (the network layout and the losses growing with the node count added first, as '
+        'one cluster sits at the same end of both): '
         + '; '.join(f'{name} {described[name]}' for name in inputs)
         + f'. At {largest:,} GPUs {dominant_input(bands[first_phase], largest)} moves it most.\n'
     )
@@ -724,11 +741,11 @@ def describe_prediction(
         lines.append('Against the reference throughputs:\n')
     for gpus, reference in references:
         predicted = overall_img_per_sec(models, budget, gpus)
-        values = [overall_img_per_sec({ph: bands[ph]['all'][i] for ph in bands}, budget, gpus) for i in corners]
-        inside = min(values) <= reference <= max(values)
+        low, high = prediction_range(models, bands, budget, gpus)
+        inside = low <= reference <= high
         lines.append(
             f'- {gpus:,} GPUs: predicted {predicted:,.1f} img/s, reference {reference:,.1f}: '
-            f'error {predicted / reference - 1:+.1%}; range {min(values):,.1f}-{max(values):,.1f} '
+            f'error {predicted / reference - 1:+.1%}; range {low:,.1f}-{high:,.1f} '
             + ('(inside)' if inside else '(OUTSIDE)')
         )
     return '\n'.join(lines) + '\n'
