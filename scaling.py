@@ -642,8 +642,7 @@ def prediction_range(models: dict, bands: dict, budget: dict, gpus: int) -> tupl
         group = CORRELATED_INPUTS.get(name, name)
         down[group] = down.get(group, 0.0) + max(0.0, math.log(central / min(ends)))
         up[group] = up.get(group, 0.0) + max(0.0, math.log(max(ends) / central))
-    spread = {side: math.sqrt(sum(move**2 for move in moves.values())) for side, moves in (('down', down), ('up', up))}
-    return central * math.exp(-spread['down']), central * math.exp(spread['up'])
+    return central * math.exp(-math.hypot(*down.values())), central * math.exp(math.hypot(*up.values()))
 
 
 def describe_prediction(
