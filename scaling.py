@@ -175,6 +175,10 @@ class Workload:
             return 1 - unfilled_share + unfilled_share * self.microbatch / microbatch
         return 1.0
 
+    def below_microbatch(self, gpus: int) -> bool:
+        """Whether a step on `gpus` GPUs leaves each fewer images than the measured microbatch."""
+        return self.at(gpus).global_batch / gpus < self.microbatch
+
     def at(self, gpus: int) -> 'Workload':
         """The workload of a step on `gpus` GPUs: its global batch as given, or images_per_gpu x gpus."""
         return self if self.images_per_gpu is None else replace(self, global_batch=self.images_per_gpu * gpus)
@@ -532,7 +536,7 @@ def small_microbatch_notes(models: dict, bands: dict, counts: list[int], label: 
         workload = model.workload
         if workload.microbatch_curve:  # measured: the steps' compute follows the curve
             continue
-        small = [gpus for gpus in counts if workload.at(gpus).global_batch / gpus < workload.microbatch]
+        small = [gpus for gpus in counts if workload.below_microbatch(gpus)]
         if small:
             largest = small[-1]
             low = min(corner.img_per_sec(largest) for corner in bands[phase][SMALLER_MICROBATCHES])
@@ -717,7 +721,7 @@ def describe_prediction(
     first_phase = next(iter(models))
     workload = models[first_phase].workload
     inputs = uncertain_inputs(models[first_phase].assumptions, workload)
-    if all(workload.at(gpus).global_batch / gpus >= workload.microbatch for gpus in counts):
+    if not any(workload.below_microbatch(gpus) for gpus in counts):
         inputs.pop(SMALLER_MICROBATCHES, None)  # no predicted step goes below the measured microbatch
     described = {
         'link efficiency': '{:.0%}-{:.0%}'.format(*LINK_EFFICIENCY_BAND),
