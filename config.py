@@ -1,10 +1,12 @@
-"""What a run is: the named presets, the frozen `RunConfig`, and `resolve_config`, which turns benchmark.py's parsed
-flags (flags.py) into one.
+"""What a run is: the frozen `RunConfig`, and `resolve_config`, which turns benchmark.py's parsed flags (flags.py)
+into one.
 
 Every flag is checked here, before anything is built, and every value derived from the flags, the device, the model
 folder and the dataset is settled here once (device batch, microbatch, number of batches, the image size of
 precomputed data, what the batches carry, ...), so that the builders (model.py, training.py, evaluation.py) only
-read the configuration.
+read the configuration. It settles from facts (presets.py, recipes.py, model_folder.py, durations.py) and imports
+no torch, Composer, Streaming or Diffusers: each flag's own value is checked first, and only then is the machine
+asked about its GPU (hardware.py, which loads torch) and the dataset read.
 """
 
 import argparse
@@ -18,75 +20,34 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from composer.core import Time, TimeUnit
-from composer.utils import dist
-
+import hardware
 from arguments import ConfigError
-from convert import (
-    SAMPLE_DATASET,
-    SAMPLE_SIZE,
-    SAMPLE_VALIDATION_DATASET,
-    SAMPLE_VALIDATION_SEED,
-    SAMPLE_VALIDATION_SIZE,
-    ensure_sample_dataset,
-)
-from data import CaptionInputs, caption_inputs
 from dataset_checks import DataError, DatasetDescription, describe_dataset
-from ema import parse_half_life
-from evaluation import SAMPLE_PROMPTS
+from durations import Duration, parse_duration, parse_half_life
 from model_folder import (
     LATENT_DOWNSAMPLE,
     T5_CAPTION_LENGTH,
+    CaptionInputs,
+    caption_inputs,
     denoiser_config,
     is_transformer_folder,
     pooled_text_width,
     resolve_model_dir,
+    t5_tokenizer_needed,
+    text_shapes,
 )
-from tokenizer import T5_END_ID, T5_PAD_ID, T5_VOCAB_SIZE, CaptionTokenizer, t5_tokenizer_needed
-from transformer_model import RECIPES, Recipe, is_flow_matching, text_shapes
-
-SYNTHETIC_SAMPLES = 100_000  # one synthetic "epoch"; runs are normally bounded in batches instead
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A built-in model's values for the flags a run leaves unset."""
-
-    image_size: int
-    batch_size: int  # global, over all devices
-    device_train_microbatch_size: int | None  # None: the whole device batch in one forward/backward
-    max_duration: str
-
-
-# The published run: 512px and global batch 2048 (= 8 nodes x 8 A100-40GB x microbatch 4 x 8 accumulation
-# steps, or any other split of the same batch), microbatch 4 per A100-40GB with xFormers attention.
-SD2_BASE = Preset(image_size=512, batch_size=2048, device_train_microbatch_size=4, max_duration='10ba')
-# A CPU smoke run: a few dozen small batches of a model with SD2's structure and tiny widths.
-TINY = Preset(image_size=64, batch_size=16, device_train_microbatch_size=None, max_duration='40ba')
-# The other models at the resolution and global batch of their public training runs: SD 1.5 and SD 2 768-v
-# 2048 (their model cards: 32 x 8 x 2 x 4), SDXL 2048 (its report's pretraining batch) at its final 1024px.
-# Microbatches are starting points scaled from SD2's 4 at 512px by activation size, not measured.
-PRESETS = {
-    'sd2-base': SD2_BASE,
-    'sd1.5': SD2_BASE,
-    'sd2-768-v': dataclasses.replace(SD2_BASE, image_size=768, device_train_microbatch_size=2),
-    'sdxl-base': dataclasses.replace(SD2_BASE, image_size=1024, device_train_microbatch_size=1),
-    'tiny': TINY,
-    'tiny-sd1.5': TINY,
-    'tiny-sd2-768-v': dataclasses.replace(TINY, image_size=96),
-    'tiny-sdxl-base': TINY,
-    # The diffusion transformers at their default training sizes: Flux.1-schnell at MLPerf flux1's 256px, SD3.5
-    # medium and PixArt-Sigma at 512px (their 1024px stages take --image_size 1024). Global batch 1024 (SD3's
-    # report). Microbatches from the activations benchmarks/activation_memory.py counts (Flux: 4.5 GB per 256px
-    # image, beside its sharded state and T5 on 80 GB GPUs), not measured on a GPU; Flux needs --fsdp full_shard.
-    'flux-schnell': Preset(image_size=256, batch_size=1024, device_train_microbatch_size=4, max_duration='10ba'),
-    'sd3.5-medium': Preset(image_size=512, batch_size=1024, device_train_microbatch_size=8, max_duration='10ba'),
-    'pixart-sigma': Preset(image_size=512, batch_size=1024, device_train_microbatch_size=16, max_duration='10ba'),
-    'tiny-flux-schnell': TINY,
-    'tiny-sd3.5-medium': TINY,
-    'tiny-pixart-sigma': TINY,
-}
+from presets import (
+    PRESETS,
+    SAMPLE_DATASET,
+    SAMPLE_PROMPTS,
+    SAMPLE_SIZE,
+    SAMPLE_VALIDATION_DATASET,
+    SAMPLE_VALIDATION_SIZE,
+    SD2_BASE,
+    SYNTHETIC_SAMPLES,
+)
+from recipes import RECIPES, Recipe, is_flow_matching
+from tokenizer import check_tokenizer
 
 
 @dataclass(frozen=True)
@@ -103,7 +64,7 @@ class RunConfig:
     use_synth_data: bool
     remote: str | None
     local: str | None
-    sample_data: bool  # no dataset given: the generated sample dataset at `local`
+    sample_data: bool  # no dataset given: the generated sample dataset at `local`, written on first use
     precomputed_latents: bool
     tokenizer: str | None
     image_size: int  # with precomputed latents: the size the data was precomputed at
@@ -121,7 +82,7 @@ class RunConfig:
     fsdp_state_dict_type: str
     # EMA
     use_ema: bool
-    ema_half_life: Time
+    ema_half_life: Duration
     ema_offload: bool
     export_ema_unet: str | None
     seed: int
@@ -143,6 +104,7 @@ class RunConfig:
     profile: str | None
     # does it learn: validation loss, sample images, pipeline export (evaluation.py, export.py)
     eval_local: str | None  # the held-out split's folder (the sample dataset's own split by default on it)
+    sample_validation: bool  # eval_local is the sample dataset's held-out split, written on first use
     eval_remote: str | None
     eval_interval: str | None  # a Composer time string; None: no validation
     sample_interval: str | None  # None: no sample images
@@ -175,7 +137,7 @@ class RunConfig:
 
 def plain(value):
     """A RunConfig value as JSON takes it: time strings and folders as text, tuples as lists."""
-    if isinstance(value, Time):
+    if isinstance(value, Duration):
         return value.to_timestring()
     if isinstance(value, Path):
         return str(value)
@@ -191,13 +153,15 @@ def plain(value):
 
 def resolve_config(args: argparse.Namespace) -> RunConfig:
     """The frozen configuration of parsed flags; raises ConfigError naming the first bad flag. A check_ step only
-    checks; a settle_ step also derives values, and the data steps write the generated sample dataset on first use."""
-    has_gpu = torch.cuda.is_available()
+    checks; a settle_ step also derives values. The flags' own values are checked before the GPU is asked about."""
     draft = argparse.Namespace(**vars(args), notes=[])  # the caller's args stay as they were
+    check_values(draft)
+    gpu = hardware.gpu()
+    has_gpu = gpu is not None
     fill_defaults(draft, has_gpu)
     settle_recipe(draft)
     settle_batch(draft, has_gpu)
-    check_device(draft, has_gpu)
+    check_device(draft, gpu)
     settle_ema(draft)
     check_outputs(draft)
     settle_duration(draft)
@@ -205,6 +169,58 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     settle_quality(draft)
     draft.notes = tuple(draft.notes)
     return RunConfig(**vars(draft))
+
+
+def check_values(draft: argparse.Namespace) -> None:
+    """Each given flag's value on its own, before any default or the machine is consulted."""
+    if draft.model_name is not None:
+        resolve_model_dir(draft.model_name)
+    if draft.image_size is not None:
+        check_image_size(draft.image_size)
+    if draft.batch_size is not None and draft.batch_size <= 0:
+        raise ConfigError(f'--batch_size {draft.batch_size}: must be positive')
+    if draft.num_workers is not None and draft.num_workers < 0:
+        raise ConfigError(f'--num_workers {draft.num_workers}: must be 0 or more')
+    if draft.device_train_microbatch_size not in (None, 'auto'):
+        parse_microbatch(draft.device_train_microbatch_size)
+    for flag in ('max_duration', 'save_interval', 'lr_warmup'):  # Composer would take a 0ba save interval, never saving
+        if getattr(draft, flag) is not None:
+            parse_time(f'--{flag}', getattr(draft, flag))
+    for flag in ('eval_interval', 'sample_interval'):
+        parse_interval(f'--{flag}', getattr(draft, flag))
+    try:  # by the EMA's own rules (units, whole numbers)
+        parse_half_life(draft.ema_half_life)
+    except ValueError as error:
+        raise ConfigError(f'--ema_half_life: {error}')
+    if draft.sample_steps <= 0:
+        raise ConfigError(f'--sample_steps {draft.sample_steps}: must be positive')
+    if not draft.guidance_scale >= 0:
+        raise ConfigError(f'--guidance_scale {draft.guidance_scale}: must be 0 or more (1 or less: no guidance)')
+    if draft.grad_clip_norm is not None and not 0 < draft.grad_clip_norm < float('inf'):
+        raise ConfigError(f'--grad_clip_norm {draft.grad_clip_norm}: must be a positive number')
+    if draft.caption_dropout is not None and not 0 <= draft.caption_dropout < 1:
+        raise ConfigError(f'--caption_dropout {draft.caption_dropout}: a probability, at least 0 and below 1')
+    for flag in ('logit_std', 'mode_scale'):
+        if getattr(draft, flag) is not None and not getattr(draft, flag) > 0:
+            raise ConfigError(f'--{flag} {getattr(draft, flag)}: must be positive')
+
+
+def check_image_size(image_size: int) -> None:
+    if image_size <= 0 or image_size % LATENT_DOWNSAMPLE:
+        raise ConfigError(
+            f'--image_size {image_size}: must be a positive multiple of {LATENT_DOWNSAMPLE} '
+            f'(the VAE downsamples {LATENT_DOWNSAMPLE}x)'
+        )
+
+
+def parse_microbatch(text) -> int:
+    try:
+        microbatch = int(text)
+    except ValueError:
+        raise ConfigError(f"--device_train_microbatch_size {text!r}: pass a positive integer or 'auto'")
+    if microbatch <= 0:
+        raise ConfigError(f'--device_train_microbatch_size {microbatch}: must be positive (or auto)')
+    return microbatch
 
 
 def fill_defaults(draft: argparse.Namespace, has_gpu: bool) -> None:
@@ -266,10 +282,7 @@ def settle_recipe(draft: argparse.Namespace) -> None:
         raise ConfigError(f'--{given_flow[0]}: a flow matching option; {draft.model_name} predicts DDPM noise')
     recipe = RECIPES[family]
     recipe = dataclasses.replace(recipe, **{flag: getattr(draft, flag) for flag in given_flow})
-    for flag in ('logit_std', 'mode_scale'):
-        if not getattr(recipe, flag) > 0:
-            raise ConfigError(f'--{flag} {getattr(recipe, flag)}: must be positive')
-    draft.recipe = recipe
+    draft.recipe = recipe  # its values were given (checked in check_values) or are the recipe's own
     if is_flow_matching(family):
         for flag in FLOW_FLAGS:
             setattr(draft, flag, getattr(recipe, flag))
@@ -287,16 +300,8 @@ def settle_recipe(draft: argparse.Namespace) -> None:
 
 def settle_batch(draft: argparse.Namespace, has_gpu: bool) -> None:
     """Global batch = world size x device batch; device batch = microbatch x accumulation steps."""
-    if draft.image_size <= 0 or draft.image_size % LATENT_DOWNSAMPLE:
-        raise ConfigError(
-            f'--image_size {draft.image_size}: must be a positive multiple of {LATENT_DOWNSAMPLE} '
-            f'(the VAE downsamples {LATENT_DOWNSAMPLE}x)'
-        )
-    if draft.batch_size <= 0:
-        raise ConfigError(f'--batch_size {draft.batch_size}: must be positive')
-    if draft.num_workers < 0:
-        raise ConfigError(f'--num_workers {draft.num_workers}: must be 0 or more')
-    draft.world_size = world_size = dist.get_world_size()
+    check_image_size(draft.image_size)  # a preset's, or one given (checked in check_values)
+    draft.world_size = world_size = hardware.world_size()
     if draft.batch_size % world_size:
         raise ConfigError(
             f'--batch_size {draft.batch_size} is not divisible by the world size {world_size}: '
@@ -314,12 +319,7 @@ def settle_batch(draft: argparse.Namespace, has_gpu: bool) -> None:
                 'microbatch that fits in GPU memory); on CPU pass a number that divides the device batch'
             )
         return
-    try:
-        microbatch = int(microbatch)
-    except ValueError:
-        raise ConfigError(f"--device_train_microbatch_size {microbatch!r}: pass a positive integer or 'auto'")
-    if microbatch <= 0:
-        raise ConfigError(f'--device_train_microbatch_size {microbatch}: must be positive (or auto)')
+    microbatch = parse_microbatch(microbatch)
     if device_batch % microbatch:
         raise ConfigError(
             f'--batch_size {draft.batch_size} over {world_size} device(s) gives {device_batch} samples '
@@ -330,17 +330,16 @@ def settle_batch(draft: argparse.Namespace, has_gpu: bool) -> None:
     draft.device_train_microbatch_size = microbatch
 
 
-def check_device(draft: argparse.Namespace, has_gpu: bool) -> None:
+def check_device(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
     """Flags that need a GPU, or a package, or another flag, on this machine."""
+    has_gpu = gpu is not None
     if not has_gpu and draft.precision != 'fp32':
         raise ConfigError(
             f'--precision {draft.precision} needs a GPU; on CPU Composer trains in fp32 only: '
             'pass --precision fp32 or leave it unset'
         )
-    if has_gpu and draft.precision == 'amp_bf16' and not torch.cuda.is_bf16_supported():
-        raise ConfigError(
-            f'--precision amp_bf16: {torch.cuda.get_device_name()} has no bf16 support; pass --precision amp_fp16'
-        )
+    if has_gpu and draft.precision == 'amp_bf16' and not gpu.bf16:
+        raise ConfigError(f'--precision amp_bf16: {gpu.name} has no bf16 support; pass --precision amp_fp16')
     if draft.attention == 'xformers':
         try:
             import xformers  # noqa: F401
@@ -459,13 +458,12 @@ def settle_duration(draft: argparse.Namespace) -> None:
     """The run's length in batches (epochs of real data are settled in settle_data, which reads the dataset), and
     the checkpoint interval."""
     duration = parse_time('--max_duration', draft.max_duration)
-    if duration.unit == TimeUnit.BATCH:
+    if duration.unit == 'ba':
         draft.num_batches = duration.value
-    elif duration.unit == TimeUnit.SAMPLE:  # Composer trains until it has seen at least that many
+    elif duration.unit == 'sp':  # Composer trains until it has seen at least that many
         draft.num_batches = -(-duration.value // draft.batch_size)
     else:
         draft.num_batches = duration.value * (SYNTHETIC_SAMPLES // draft.batch_size)
-    parse_time('--save_interval', draft.save_interval)  # Composer would take 0ba and never save
     if draft.profile and draft.num_batches < 2:
         raise ConfigError(
             f'--profile: the profiler warms up on the batch before the one it records; run at least '
@@ -473,13 +471,13 @@ def settle_duration(draft: argparse.Namespace) -> None:
         )
 
 
-def parse_time(flag: str, text: str) -> Time:
+def parse_time(flag: str, text: str) -> Duration:
     """A positive Composer time string in batches, samples or epochs."""
     try:
-        time = Time.from_timestring(text)
+        time = parse_duration(text)
     except (ValueError, TypeError) as error:  # TypeError: a fraction of a unit that counts whole ones ('1.5ep')
         raise ConfigError(f"{flag} {text!r}: {error} (examples: '10ba', '1ep', '20000sp')")
-    if time.unit not in (TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.EPOCH):
+    if time.unit not in ('ba', 'sp', 'ep'):
         raise ConfigError(f"{flag} {text}: use batches, samples or epochs ('10ba', '20000sp', '1ep')")
     if time.value <= 0:
         raise ConfigError(f"{flag} {text}: must be positive (examples: '10ba', '1ep', '20000sp')")
@@ -511,31 +509,34 @@ def settle_data(draft: argparse.Namespace) -> None:
     draft.epoch_size = None
     if draft.use_synth_data:
         return
-    duration = Time.from_timestring(draft.max_duration)
+    duration = parse_duration(draft.max_duration)
     if draft.sample_data:
+        # Ours, and written by the data loader's builder on first use (training.build_dataloader): its size is known.
         draft.local = str(SAMPLE_DATASET)
         draft.notes.append(
             f'no --remote/--local given: training on the sample dataset {draft.local} ({SAMPLE_SIZE} '
             'generated JPEGs with captions, built on first use); --use_synth_data trains on random '
             'tensors as published'
         )
-        ensure_sample_dataset(SAMPLE_DATASET)
         # A few hundred images: one epoch spans the whole run (at least one global batch), repeating samples.
-        wanted = draft.batch_size if duration.unit == TimeUnit.EPOCH else draft.batch_size * draft.num_batches
+        wanted = draft.batch_size if duration.unit == 'ep' else draft.batch_size * draft.num_batches
         draft.epoch_size = -(-max(wanted, SAMPLE_SIZE) // draft.batch_size) * draft.batch_size
-    try:
-        dataset = describe_dataset(draft.remote, draft.local, precomputed=draft.precomputed_latents)
-    except DataError as error:
-        raise ConfigError(str(error))
+        num_samples, location = draft.epoch_size, draft.local
+    else:
+        try:
+            dataset = describe_dataset(draft.remote, draft.local, precomputed=draft.precomputed_latents)
+        except DataError as error:
+            raise ConfigError(str(error))
+        num_samples, location = dataset.num_samples, dataset.location
     # Streaming gives each rank ceil(epoch / ranks) samples; the loader drops a last partial batch.
-    samples_per_device = -(-(draft.epoch_size or dataset.num_samples) // draft.world_size)
+    samples_per_device = -(-num_samples // draft.world_size)
     batches_per_epoch = samples_per_device // draft.device_batch_size
     if batches_per_epoch == 0:
         raise ConfigError(
-            f'{dataset.location}: {samples_per_device} samples per device, fewer than one device '
+            f'{location}: {samples_per_device} samples per device, fewer than one device '
             f'batch ({draft.device_batch_size}): use a larger dataset or a smaller --batch_size'
         )
-    if duration.unit == TimeUnit.EPOCH:
+    if duration.unit == 'ep':
         draft.num_batches = duration.value * batches_per_epoch
     if draft.precomputed_latents:
         settle_precomputed_shapes(draft, dataset)
@@ -605,10 +606,6 @@ def settle_quality(draft: argparse.Namespace) -> None:
             f'{flag}: with --precomputed_latents the model has no VAE or text encoder (and the data holds text '
             'embeddings, not captions): train on images and captions for it'
         )
-    if draft.sample_steps <= 0:
-        raise ConfigError(f'--sample_steps {draft.sample_steps}: must be positive')
-    if not draft.guidance_scale >= 0:
-        raise ConfigError(f'--guidance_scale {draft.guidance_scale}: must be 0 or more (1 or less: no guidance)')
     if draft.sample_prompts is None:
         draft.sample_prompts = SAMPLE_PROMPTS
     else:
@@ -627,12 +624,6 @@ def settle_quality(draft: argparse.Namespace) -> None:
     if draft.export_pipeline:
         refuse_used_output_folder('--export_pipeline', draft.export_pipeline, 'an export never overwrites weights')
         check_writable_folder('--export_pipeline', draft.export_pipeline)
-    if draft.grad_clip_norm is not None and not 0 < draft.grad_clip_norm < float('inf'):
-        raise ConfigError(f'--grad_clip_norm {draft.grad_clip_norm}: must be a positive number')
-    if draft.lr_warmup is not None:
-        parse_time('--lr_warmup', draft.lr_warmup)
-    if not 0 <= draft.caption_dropout < 1:
-        raise ConfigError(f'--caption_dropout {draft.caption_dropout}: a probability, at least 0 and below 1')
 
 
 def settle_validation_split(draft: argparse.Namespace) -> None:
@@ -643,6 +634,7 @@ def settle_validation_split(draft: argparse.Namespace) -> None:
     if draft.eval_remote and not urllib.parse.urlparse(draft.eval_remote).scheme:
         draft.eval_local, draft.eval_remote = draft.eval_remote, None  # a bare folder is read in place
     given = bool(draft.eval_local or draft.eval_remote)
+    draft.sample_validation = False
     interval = draft.eval_interval
     if interval is None:  # with a split given, at the start and the end; otherwise never
         interval = f'{draft.num_batches}ba' if given else '0'
@@ -655,12 +647,13 @@ def settle_validation_split(draft: argparse.Namespace) -> None:
                 '--eval_interval: no held-out split to validate on: pass --eval_local DIR or --eval_remote URL '
                 '(an MDS dataset written by convert.py, or by precompute.py with --precomputed_latents)'
             )
-        draft.eval_local = str(SAMPLE_VALIDATION_DATASET)
-        ensure_sample_dataset(SAMPLE_VALIDATION_DATASET, SAMPLE_VALIDATION_SIZE, SAMPLE_VALIDATION_SEED, broken=False)
+        # Ours, written by the evaluators' builder on first use (evaluation.build_evaluators): nothing to read.
+        draft.eval_local, draft.sample_validation = str(SAMPLE_VALIDATION_DATASET), True
         draft.notes.append(
             f"validation loss on the sample dataset's held-out split {draft.eval_local} ({SAMPLE_VALIDATION_SIZE} "
             f'images) every {draft.eval_interval}, at the start and at the end (--eval_interval 0: never)'
         )
+        return
     try:
         split = describe_dataset(draft.eval_remote, draft.eval_local, precomputed=draft.precomputed_latents)
     except DataError as error:
@@ -680,22 +673,3 @@ def parse_interval(flag: str, text: str | None) -> str | None:
         return None
     parse_time(flag, text)
     return text
-
-
-def check_tokenizer(folder: str, inputs: CaptionInputs) -> None:
-    """Loads the tokenizer once now, so that a folder without one fails here rather than in every loader worker; for
-    a model with a T5 encoder, the folder must give T5's ids (below its vocabulary, ending in its end of text)."""
-    if not Path(folder).is_dir():
-        raise ConfigError(f'--tokenizer {folder}: no such folder')
-    try:
-        ids = CaptionTokenizer(folder, length=max(inputs.lengths))('a photo')
-    except Exception as error:  # Transformers raises several kinds (OSError, ValueError, TypeError, ...)
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ConfigError(f'--tokenizer {folder}: no tokenizer Transformers can load ({reason})')
-    if inputs.uses_t5:
-        ids = ids[ids != T5_PAD_ID].tolist()
-        if not ids or max(ids) >= T5_VOCAB_SIZE or ids[-1] != T5_END_ID:
-            raise ConfigError(
-                f"--tokenizer {folder}: gives ids {ids[:8]} for 'a photo', not T5's (below {T5_VOCAB_SIZE}, ending "
-                f"in </s> = {T5_END_ID}); this model's --tokenizer is its T5 encoder's"
-            )

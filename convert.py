@@ -14,6 +14,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import tarfile
@@ -23,20 +24,15 @@ from collections import Counter
 from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageOps
-from streaming import MDSWriter
 from tqdm import tqdm
 
 import arguments
 from dataset_checks import s3_client
 from images import BadSample, decode_image
+from presets import SAMPLE_DATASET, SAMPLE_SIZE
 
 COLUMNS = {'jpg': 'bytes', 'caption': 'str'}  # the LAION convention of the published benchmark
 IMAGE_EXTENSIONS = ('jpg', 'jpeg', 'png', 'webp', 'bmp', 'gif', 'tif', 'tiff')
-SAMPLE_DATASET = Path(__file__).resolve().parent / 'data' / 'sample-mds'
-SAMPLE_SIZE = 320  # generated images: a few seconds to make, enough for 20 tiny batches per epoch
-# Its held-out validation split: more images of the same generator, from another seed, none broken.
-SAMPLE_VALIDATION_DATASET = SAMPLE_DATASET.parent / 'sample-mds-validation'
-SAMPLE_VALIDATION_SIZE, SAMPLE_VALIDATION_SEED = 64, 1
 
 
 class ConvertError(ValueError):
@@ -167,6 +163,8 @@ def write_mds(
 ) -> dict:
     """Write (name, image bytes, caption, reason) samples that pass the loader's own checks; count the rest."""
     written, skipped = 0, Counter()
+    from streaming import MDSWriter  # here, not at the top: Streaming loads torch, and --help answers without it
+
     with MDSWriter(out=out, columns=COLUMNS, size_limit=size_limit, exist_ok=overwrite) as writer:
         for _name, image, caption, reason in tqdm(
             samples, total=total, unit='img', disable=not progress, desc='converting'
@@ -274,6 +272,8 @@ def ensure_sample_dataset(
         return path
     work = path.parent / f'.{path.name}-{os.getpid()}'
     rng = random.Random(seed)
+    from streaming import MDSWriter
+
     with MDSWriter(out=str(work), columns=COLUMNS, exist_ok=True) as writer:
         for index in range(num_samples):
             image, caption = generated_sample(rng)
@@ -312,6 +312,8 @@ def main(argv=None) -> dict:
         '--size_limit', default='64mb', help='shard size before a new shard starts (default: %(default)s)'
     )
     args = parser.parse_args(argv)
+    if not re.fullmatch(r'\d+(kb|mb|gb|tb|b)?', args.size_limit.strip().lower()):
+        raise ConvertError(f"--size_limit {args.size_limit!r}: a byte count, optionally with kb, mb, gb (e.g. '64mb')")
     start = time.perf_counter()
     stats = convert(args.inputs, args.out, args.overwrite, args.size_limit, progress=True)
     skipped = ', '.join(f'{count} {reason}' for reason, count in sorted(stats['skipped'].items())) or 'none'

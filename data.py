@@ -13,11 +13,8 @@ adds 'sample_id' (the sample's position in the dataset) and 'bad_samples' (1 whe
 replaced), which the model ignores and `BadSampleCounter` logs.
 """
 
-import json
 import logging
 from collections import Counter
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from composer.core import Callback
@@ -26,48 +23,11 @@ from torch.utils.data import Dataset, default_collate
 
 from dataset_checks import READ_TIMEOUT, RETRIES, SDXL_PRECOMPUTED_COLUMNS, DataError
 from images import MAX_IMAGE_PIXELS, BadSample, decode_image, size_conditions
-from model_folder import T5_CAPTION_LENGTH, denoiser_config, has_micro_conditioning, text_encoder_folders
+from model_folder import CAPTION_LENGTH, CaptionInputs
 from streaming_fixes import CheckedStreamingDataset
-from tokenizer import CAPTION_LENGTH, CLIP_PAD_ID, CLIP_VOCAB_SIZE, T5_VOCAB_SIZE, caption_pad_ids, column_tokenizers
+from tokenizer import column_tokenizers
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CaptionInputs:
-    """What a model's batches carry beside the image: one column of caption token ids per text encoder ('input_ids',
-    'input_ids_2', ...), each as long as that encoder reads (77 for CLIP, 256 or 300 for T5), padded with its pad
-    id and drawn (for synthetic captions) below its vocabulary size; and for SDXL 'time_ids' (size and crop)."""
-
-    pad_ids: tuple[int, ...] = (CLIP_PAD_ID,)
-    size_conditions: bool = False
-    lengths: tuple[int, ...] = (CAPTION_LENGTH,)
-    vocab_sizes: tuple[int, ...] = (CLIP_VOCAB_SIZE,)
-
-    @property
-    def id_columns(self) -> list[str]:
-        return ['input_ids'] + [f'input_ids_{n}' for n in range(2, len(self.pad_ids) + 1)]
-
-    @property
-    def uses_t5(self) -> bool:
-        return T5_VOCAB_SIZE in self.vocab_sizes
-
-
-def caption_inputs(model_dir: Path) -> CaptionInputs:
-    """What the batches of a model folder's model carry: a caption column per text encoder, with its pad id
-    (tokenizer.caption_pad_ids), length and vocabulary, and SDXL's time_ids where the UNet takes them."""
-    denoiser = denoiser_config(model_dir)
-    lengths, vocab_sizes = [], []
-    for name in text_encoder_folders(model_dir):
-        if json.loads((model_dir / name / 'config.json').read_text()).get('model_type') == 't5':
-            lengths.append(T5_CAPTION_LENGTH[denoiser['_class_name']])
-            vocab_sizes.append(T5_VOCAB_SIZE)
-        else:
-            lengths.append(CAPTION_LENGTH)
-            vocab_sizes.append(CLIP_VOCAB_SIZE)
-    return CaptionInputs(
-        caption_pad_ids(model_dir), has_micro_conditioning(denoiser), tuple(lengths), tuple(vocab_sizes)
-    )
 
 
 def synthetic_size_conditions(size: int, generator: torch.Generator) -> torch.Tensor:

@@ -11,10 +11,6 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from streaming.base.compression import decompress
-from streaming.base.format import reader_from_json
-from streaming.base.storage.download import CloudDownloader
-
 # Remote reads (index, shards): a connection must open within 10 s and each read return data within 20 s, with
 # 2 retries after backoff (botocore's standard mode; Streaming's download_retry): a server that is down or
 # hung is reported in about a minute, not after minutes of silence.
@@ -36,6 +32,11 @@ TRANSFORMER_PRECOMPUTED_COLUMNS = {'pooled_text_embedding': 'ndarray:float16', '
 
 class DataError(RuntimeError):
     """The data cannot be trained on: an unreachable or missing dataset, or one that is mostly bad samples."""
+
+
+def is_remote(location: str) -> bool:
+    """A URL (s3://, gs://, ...) rather than a local folder."""
+    return bool(urllib.parse.urlparse(location).scheme)
 
 
 def s3_client(timeout: float = READ_TIMEOUT, attempts: int = RETRIES + 1, unsigned: bool = False):
@@ -159,6 +160,11 @@ def describe_dataset(
     if remote is not None and not urllib.parse.urlparse(remote).scheme and local is None:
         remote, local = None, remote  # a bare folder is read in place
     check_dataset(remote, local, retries=retries, timeout=timeout)
+    # Streaming (which loads torch) only from here on, so that config.py checks the flags before either loads.
+    from streaming.base.compression import decompress
+    from streaming.base.format import reader_from_json
+    from streaming.base.storage.download import CloudDownloader
+
     location = remote or local
     with tempfile.TemporaryDirectory(prefix='sd2-describe-') as work:
         folder = local if remote is None else work

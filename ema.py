@@ -36,6 +36,9 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+import durations
+from durations import Duration
+
 log = logging.getLogger(__name__)
 
 __all__ = ['EMA', 'EMAWeights', 'export_ema_unet', 'full_unet']
@@ -65,12 +68,11 @@ def _parse_time(name: str, value: str | Time, units: tuple[TimeUnit, ...]) -> Ti
     return time
 
 
-def parse_half_life(half_life: str | Time) -> Time:
-    """A half life as the EMA takes it: a positive whole number of batches or epochs."""
-    time = _parse_time('half_life', half_life, (TimeUnit.BATCH, TimeUnit.EPOCH))
-    if time.value == 0:
-        raise ValueError(f'EMA half_life={half_life!r}: must be positive')
-    return time
+def parse_half_life(half_life: str | Time | Duration) -> Time:
+    """A half life as the EMA takes it: a positive whole number of batches or epochs (checked by durations.py, as
+    config.py checks --ema_half_life)."""
+    text = half_life.to_timestring() if isinstance(half_life, (Time, Duration)) else str(half_life)
+    return Time.from_timestring(durations.parse_half_life(text).to_timestring())
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -6,8 +6,8 @@ noise per timestep) come from a generator seeded by the sample's index in the sp
 counts over ranks before dividing, so the same weights give the same value on any number of ranks and any batch
 size.
 
-Sample images: a grid of fixed prompts and seeds generated through Diffusers' StableDiffusionPipeline
-(export.build_pipeline), saved as PNG and logged to W&B. Its prompts are defined here, where the grid is drawn.
+Sample images: a grid of fixed prompts (presets.SAMPLE_PROMPTS) and seeds drawn through the model's Diffusers
+pipeline by export.SampleGrid, saved as PNG and logged to W&B; here, the marker evaluator that triggers it.
 
 Both run as Composer Evaluators ('val', 'samples', and with --use_ema 'val_ema', 'samples_ema', on which the EMA
 algorithm swaps the averaged weights in). Composer runs evaluators between batches with the training clock
@@ -26,33 +26,22 @@ from pathlib import Path
 
 import torch
 from composer.core import Callback, Evaluator, State
-from composer.core.precision import get_precision_context
 from composer.loggers import Logger
 from composer.utils import dist
-from PIL import Image
 from streaming.base.compression import decompress
 from streaming.base.format import reader_from_json
 from streaming.base.storage.download import CloudDownloader
 from torch.utils.data import DataLoader, Dataset
-from torchvision.utils import make_grid
 
-from data import CaptionInputs, ImageCaptionSample, PrecomputedLatentsDataset
-from export import build_pipeline, generate
+from convert import ensure_sample_dataset
+from data import ImageCaptionSample, PrecomputedLatentsDataset
 from images import BadSample
-from model import VALIDATION_TIMESTEPS
-from tokenizer import CaptionTokenizer
+from model_folder import CaptionInputs
+from presets import SAMPLE_VALIDATION_SEED, SAMPLE_VALIDATION_SIZE, VALIDATION_TIMESTEPS
 
 log = logging.getLogger(__name__)
 
 VALIDATION_SEED = 0  # fixed, not --seed: runs with different seeds are compared on the same draws
-# Prompts in the sample dataset's style (convert.py's generated captions), two seeds each.
-SAMPLE_PROMPTS = (
-    'a red circle on a blue background',
-    'a yellow square on a purple background',
-    'a white triangle on a green background',
-    'a blue circle and an orange square on a gray background',
-)
-SAMPLE_SEEDS = (0, 1)
 
 
 def sample_draws(index: int, latent_shape: tuple[int, int, int], count: int = VALIDATION_TIMESTEPS) -> dict:
@@ -150,7 +139,10 @@ class ValidationSplit(Dataset):
 
 
 def build_evaluators(config, latent_shape: tuple[int, int, int]) -> list[Evaluator]:
-    """The evaluators a RunConfig asks for, with their averaged-weights twins under --use_ema."""
+    """The evaluators a RunConfig asks for, with their averaged-weights twins under --use_ema; the sample dataset's
+    held-out split is written on first use."""
+    if config.sample_validation:
+        ensure_sample_dataset(Path(config.eval_local), SAMPLE_VALIDATION_SIZE, SAMPLE_VALIDATION_SEED, broken=False)
     evaluators = []
     microbatch = config.device_train_microbatch_size
     batch_size = config.device_batch_size if microbatch == 'auto' else microbatch
@@ -191,41 +183,6 @@ def build_evaluators(config, latent_shape: tuple[int, int, int]) -> list[Evaluat
     return evaluators
 
 
-class SampleGrid(Callback):
-    """Draws the grid of prompts (rows) and seeds (columns) at the start of a 'samples' evaluator, with the model's
-    current weights (the averaged ones under 'samples_ema'); rank 0 saves it as PNG and logs it to W&B. Every rank
-    generates, so that FSDP's collectives match; the grid is a few images."""
-
-    def __init__(self, config):
-        self.config = config
-        # The UNets' prompts are tokenized here, as training does; a diffusion transformer's pipeline tokenizes its own.
-        self.tokenize = None if config.recipe else CaptionTokenizer(config.tokenizer, config.caption_inputs.pad_ids[0])
-        self.saved: list[Path] = []
-
-    def eval_start(self, state: State, logger: Logger) -> None:
-        if not str(state.dataloader_label).startswith('samples'):
-            return
-        model = state.model.module if hasattr(state.model, 'module') else state.model
-        config = self.config
-        pipeline = build_pipeline(model, config.sample_scheduler, config.tokenizer)
-        pipeline.set_progress_bar_config(disable=True)
-        prompts = [prompt for prompt in config.sample_prompts for _ in SAMPLE_SEEDS]
-        seeds = [seed for _ in config.sample_prompts for seed in SAMPLE_SEEDS]
-        with get_precision_context(state.precision, state.precision_config):
-            images = generate(
-                pipeline, prompts, seeds, config.sample_steps, config.guidance_scale, config.image_size, self.tokenize
-            )
-        if dist.get_global_rank() != 0:
-            return
-        grid = make_grid(images.float().cpu(), nrow=len(SAMPLE_SEEDS), padding=2, pad_value=1.0)
-        weights = 'ema-' if state.dataloader_label.endswith('_ema') else ''
-        path = Path(config.sample_dir) / f'samples-{weights}ba{int(state.timestamp.batch):06d}.png'
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray((grid.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()).save(path)
-        self.saved.append(path)
-        logger.log_images(grid, name=f'samples/{weights or "trained"}', channels_last=False)
-
-
 class ValidationReport(Callback):
     """Prints each validation loss (rank 0) and times every evaluator, for the share of the run they took."""
 
@@ -251,6 +208,6 @@ class ValidationReport(Callback):
 
 
 def evaluation_callbacks(config) -> list[Callback]:
-    """The console lines and timing of the evaluators (first, so that they time the sample grids too), the grids."""
-    callbacks = [ValidationReport()] if config.eval_interval or config.sample_interval else []
-    return callbacks + ([SampleGrid(config)] if config.sample_interval else [])
+    """The console lines and timing of the evaluators; the Trainer runs them before the sample grid (run.py adds
+    export.SampleGrid after them), so that they time the grids too."""
+    return [ValidationReport()] if config.eval_interval or config.sample_interval else []

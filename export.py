@@ -1,7 +1,7 @@
-"""A trained model as a Diffusers pipeline: for the sample grids (evaluation.py), for generate.py, and saved whole by
-`--export_pipeline DIR`, so that the pipeline's class loads it offline: StableDiffusionPipeline for the UNets (one
-text encoder), FluxPipeline, StableDiffusion3Pipeline and PixArtSigmaPipeline for the diffusion transformers
-(`DiffusionPipeline.from_pretrained(DIR)` picks the class from the folder).
+"""A trained model as a Diffusers pipeline: for the sample grids drawn during a run (SampleGrid), for generate.py,
+and saved whole by `--export_pipeline DIR`, so that the pipeline's class loads it offline: StableDiffusionPipeline
+for the UNets (one text encoder), FluxPipeline, StableDiffusion3Pipeline and PixArtSigmaPipeline for the diffusion
+transformers (`DiffusionPipeline.from_pretrained(DIR)` picks the class from the folder).
 
 An exported pipeline's tokenizer gives the ids the model was trained on (tokenizer.CaptionTokenizer): the built-in
 CLIP tokenizer with CLIP's caption cleaning moved inside it (lowercase, whitespace collapsed: prompts arrive raw)
@@ -15,40 +15,32 @@ captions and lets the pipeline tokenize them.
 import contextlib
 from pathlib import Path
 
+import diffusers
 import torch
+from composer.core import Callback, State
+from composer.core.precision import get_precision_context
+from composer.loggers import Logger
 from composer.utils import dist
-from diffusers import (
-    DDIMScheduler,
-    DiffusionPipeline,
-    EulerDiscreteScheduler,
-    FlowMatchEulerDiscreteScheduler,
-    FluxPipeline,
-    PixArtSigmaPipeline,
-    StableDiffusion3Pipeline,
-    StableDiffusionPipeline,
-)
+from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler, StableDiffusionPipeline
+from PIL import Image
 from tokenizers import Regex, normalizers
+from torchvision.utils import make_grid
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from ema import EMA, full_unet
 from model import DiffusionModel, StableDiffusion
-from model_folder import T5_CAPTION_LENGTH
-from tokenizer import (
-    CAPTION_LENGTH,
-    CLIP_END,
-    CLIP_PAD_ID,
-    CLIP_START,
-    CaptionTokenizer,
-    build_clip_tokenizer,
-    caption_pad_ids,
-    clean_caption,
-)
-from transformer_model import FLUX, PIXART, SD3, DiffusionTransformer, is_flow_matching
+from model_folder import CAPTION_LENGTH, CLIP_PAD_ID, T5_CAPTION_LENGTH, TRANSFORMER_PIPELINE_NAMES, caption_pad_ids
+from presets import SAMPLE_SEEDS, SAMPLERS
+from recipes import FLUX, PIXART, SD3, is_flow_matching
+from tokenizer import CLIP_END, CLIP_START, CaptionTokenizer, build_clip_tokenizer, clean_caption
+from transformer_model import DiffusionTransformer
 
 # Samplers by flag name, built from the training noise schedule (betas, prediction type).
-SCHEDULERS = {'ddim': DDIMScheduler, 'euler': EulerDiscreteScheduler}
+SCHEDULERS = {name: getattr(diffusers, scheduler) for name, scheduler in SAMPLERS.items()}
 # Each diffusion transformer family's pipeline.
-TRANSFORMER_PIPELINES = {FLUX: FluxPipeline, SD3: StableDiffusion3Pipeline, PIXART: PixArtSigmaPipeline}
+TRANSFORMER_PIPELINES = {
+    family: getattr(diffusers, pipeline) for family, pipeline in TRANSFORMER_PIPELINE_NAMES.items()
+}
 
 
 def pipeline_tokenizer(folder: str | None = None, pad_id: int = CLIP_PAD_ID):
@@ -183,9 +175,9 @@ def transformer_images(
         generator=[torch.Generator(denoiser.device).manual_seed(seed) for seed in seeds],
         output_type='pt',
     )
-    if isinstance(pipeline, FluxPipeline):
+    if isinstance(pipeline, TRANSFORMER_PIPELINES[FLUX]):
         arguments.update(true_cfg_scale=guidance_scale, max_sequence_length=pipeline.tokenizer_2.model_max_length)
-    elif isinstance(pipeline, StableDiffusion3Pipeline):
+    elif isinstance(pipeline, TRANSFORMER_PIPELINES[SD3]):
         arguments.update(guidance_scale=guidance_scale, max_sequence_length=pipeline.tokenizer_3.model_max_length)
     else:  # PixArt: T5's mask as in training; no resizing to its aspect-ratio bins, no caption rewriting
         max_length = pipeline.tokenizer.model_max_length
@@ -217,3 +209,38 @@ def pipeline_class(model: DiffusionModel) -> str:
     if isinstance(model, StableDiffusion):
         return StableDiffusionPipeline.__name__
     return TRANSFORMER_PIPELINES[model.family].__name__
+
+
+class SampleGrid(Callback):
+    """Draws the grid of prompts (rows) and seeds (columns) at the start of a 'samples' evaluator, with the model's
+    current weights (the averaged ones under 'samples_ema'); rank 0 saves it as PNG and logs it to W&B. Every rank
+    generates, so that FSDP's collectives match; the grid is a few images."""
+
+    def __init__(self, config):
+        self.config = config
+        # The UNets' prompts are tokenized here, as training does; a diffusion transformer's pipeline tokenizes its own.
+        self.tokenize = None if config.recipe else CaptionTokenizer(config.tokenizer, config.caption_inputs.pad_ids[0])
+        self.saved: list[Path] = []
+
+    def eval_start(self, state: State, logger: Logger) -> None:
+        if not str(state.dataloader_label).startswith('samples'):
+            return
+        model = state.model.module if hasattr(state.model, 'module') else state.model
+        config = self.config
+        pipeline = build_pipeline(model, config.sample_scheduler, config.tokenizer)
+        pipeline.set_progress_bar_config(disable=True)
+        prompts = [prompt for prompt in config.sample_prompts for _ in SAMPLE_SEEDS]
+        seeds = [seed for _ in config.sample_prompts for seed in SAMPLE_SEEDS]
+        with get_precision_context(state.precision, state.precision_config):
+            images = generate(
+                pipeline, prompts, seeds, config.sample_steps, config.guidance_scale, config.image_size, self.tokenize
+            )
+        if dist.get_global_rank() != 0:
+            return
+        grid = make_grid(images.float().cpu(), nrow=len(SAMPLE_SEEDS), padding=2, pad_value=1.0)
+        weights = 'ema-' if state.dataloader_label.endswith('_ema') else ''
+        path = Path(config.sample_dir) / f'samples-{weights}ba{int(state.timestamp.batch):06d}.png'
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray((grid.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()).save(path)
+        self.saved.append(path)
+        logger.log_images(grid, name=f'samples/{weights or "trained"}', channels_last=False)

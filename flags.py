@@ -7,12 +7,16 @@ import argparse
 
 import arguments
 from model_folder import BUILTIN_MODELS
+from presets import SAMPLERS
+from recipes import LOSS_WEIGHTINGS, TIMESTEP_DENSITIES
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = arguments.ArgumentParser(
-        description='Measure Stable Diffusion 2 training throughput (img/s, FLOP/s, MFU) with Composer. '
-        'Flags left unset take the preset of the model: the published run for sd2-base, a CPU smoke run for tiny.'
+        description='What training a text-to-image diffusion model from scratch costs on this machine: trains one '
+        '(the Stable Diffusion UNets, Flux.1, SD3.5, PixArt-Sigma, or a tiny CPU twin) with Composer and measures '
+        'img/s, FLOP/s and MFU, for report.py to turn into days and dollars. Flags left unset take the preset of the '
+        'model: the published 2023 run for sd2-base, a CPU smoke run for tiny.'
     )
     model = parser.add_argument_group('model')
     model.add_argument(
@@ -213,7 +217,7 @@ def add_quality_flags(parser: argparse.ArgumentParser) -> None:
     )
     quality.add_argument(
         '--sample_scheduler',
-        choices=['ddim', 'euler'],
+        choices=list(SAMPLERS),
         default='ddim',
         help="sampler of the DDPM models (%(default)s); Flux and SD3.5 sample with their flow's Euler sampler",
     )
@@ -246,7 +250,7 @@ def add_quality_flags(parser: argparse.ArgumentParser) -> None:
     flow = parser.add_argument_group("flow matching (Flux, SD3.5; default: the model's recipe, docs/models.md)")
     flow.add_argument(
         '--timestep_density',
-        choices=['uniform', 'logit_normal', 'mode'],
+        choices=TIMESTEP_DENSITIES,
         default=None,
         help='how noise levels are drawn: uniformly, logit-normal (--logit_mean, --logit_std) or mode (--mode_scale)',
     )
@@ -255,7 +259,7 @@ def add_quality_flags(parser: argparse.ArgumentParser) -> None:
     flow.add_argument('--mode_scale', type=float, default=None, help="the mode density's scale (default: 1.29)")
     flow.add_argument(
         '--loss_weighting',
-        choices=['none', 'sigma_sqrt', 'cosmap'],
+        choices=LOSS_WEIGHTINGS,
         default=None,
         help="each sample's loss weight by its noise level, as Diffusers' SD3 training example (default: none)",
     )

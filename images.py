@@ -1,13 +1,20 @@
 """Image bytes -> the training image: decoded, EXIF orientation applied, made RGB, resized and center-cropped
 to a square; or BadSample, naming why not. `unit_range` maps a batch of uint8 images to the VAE's [-1, 1].
+
+torch is imported where a tensor is made, not at the top: convert.py checks images (and its flags) without it.
 """
+
+from __future__ import annotations
 
 import io
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from PIL import Image
+
+if TYPE_CHECKING:
+    import torch
 
 # Pillow's own decompression-bomb threshold (~89.5 megapixels): larger images are bad samples.
 MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS
@@ -23,6 +30,8 @@ class BadSample(ValueError):
 
 def unit_range(images: torch.Tensor) -> torch.Tensor:
     """uint8 images in [0, 255] -> floats in [-1, 1] (what ToTensor + Normalize(0.5, 0.5) give); floats pass."""
+    import torch
+
     if images.dtype != torch.uint8:
         return images
     return images.float().div(127.5).sub(1).contiguous()  # from `collate`'s channels-last layout
@@ -77,6 +86,8 @@ def decode_image(data, size: int, max_pixels: int = MAX_IMAGE_PIXELS, draft: boo
         # A read-only view of Pillow's pixel bytes, no copy: batching copies it (a fresh copy of 0.8 MB
         # costs about as much as the whole resize here, page faults included).
         warnings.simplefilter('ignore', UserWarning)
+        import torch
+
         return torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
 
 
@@ -90,6 +101,8 @@ def size_conditions(data, size: int) -> torch.Tensor:
         width, height = height, width
     scale = size / min(width, height)
     top, left = round((height - min(width, height)) / 2 * scale), round((width - min(width, height)) / 2 * scale)
+    import torch
+
     return torch.tensor([height, width, top, left, size, size], dtype=torch.float32)
 
 

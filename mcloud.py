@@ -11,11 +11,12 @@ import re
 import sys
 import warnings
 from pathlib import Path
-
-from mcli import RunConfig
-from mcli.models.run_config import FinalRunConfig
+from typing import TYPE_CHECKING
 
 import arguments
+
+if TYPE_CHECKING:  # mcli takes half a second to import: loaded where it is used, so --help answers at once
+    from mcli import RunConfig
 
 REPO = Path(__file__).resolve().parent
 # Top-level fields mosaicml-cli 0.7.5 still reads but has deprecated in favour of `compute`.
@@ -31,6 +32,9 @@ GIT_REPO_KEYS = {'integration_type', 'git_repo', 'git_branch', 'git_commit', 'pa
 
 def check(path: Path) -> list[str]:
     """Every problem with a run YAML that can be found without the network, as readable lines."""
+    from mcli import RunConfig
+    from mcli.models.run_config import FinalRunConfig
+
     if not path.is_file():
         return [f'{path}: no such file']
     with warnings.catch_warnings(record=True) as caught:
@@ -69,7 +73,9 @@ def check(path: Path) -> list[str]:
     return problems
 
 
-def sweep_configs(path: Path, gpu_counts: list[int], gpu_type: str | None) -> list[RunConfig]:
+def sweep_configs(path: Path, gpu_counts: list[int], gpu_type: str | None) -> list['RunConfig']:
+    from mcli import RunConfig
+
     base = RunConfig.from_file(str(path))
     configs = []
     for gpus in gpu_counts:
@@ -93,6 +99,8 @@ def main(argv=None) -> int:
     sweep_parser.add_argument('--gpu_type', default=None, help='override compute.gpu_type, e.g. h100_80gb')
     sweep_parser.add_argument('--submit', action='store_true', help='submit the runs (default: only print them)')
     args = parser.parse_args(argv)
+    if args.command == 'sweep' and any(gpus <= 0 for gpus in args.gpus):
+        parser.error(f'--gpus {args.gpus}: GPU counts must be positive')
 
     problems = check(Path(args.yaml))
     if problems:
@@ -101,8 +109,6 @@ def main(argv=None) -> int:
     if args.command == 'check':
         print(f'{args.yaml}: valid for mosaicml-cli 0.7.5')
         return 0
-    if any(gpus <= 0 for gpus in args.gpus):
-        parser.error(f'--gpus {args.gpus}: GPU counts must be positive')
     for config in sweep_configs(Path(args.yaml), args.gpus, args.gpu_type):
         print(f'{config.name}: {config.compute["gpus"]} x {config.compute.get("gpu_type")}')
         if args.submit:

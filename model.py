@@ -20,6 +20,7 @@ from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
 from images import unit_range
 from model_folder import (
+    CAPTION_LENGTH,
     LATENT_DOWNSAMPLE,
     MICRO_CONDITIONS,
     has_micro_conditioning,
@@ -29,7 +30,6 @@ from model_folder import (
 )
 from model_parts import (
     MODEL_PARTS,
-    VALIDATION_TIMESTEPS,
     FrozenEncodersModel,
     build_frozen_encoders,
     build_part,
@@ -38,8 +38,8 @@ from model_parts import (
     standard_normal_like,
     validation_timesteps,
 )
-from tokenizer import CAPTION_LENGTH
-from transformer_model import DiffusionTransformer, Recipe, build_transformer_model
+from recipes import Recipe
+from transformer_model import DiffusionTransformer, build_transformer_model
 from transformer_model import encode_text as encode_transformer_text
 
 __all__ = [
@@ -48,7 +48,6 @@ __all__ = [
     'DiffusionModel',
     'build_model',
     'describe_weights',
-    'VALIDATION_TIMESTEPS',
 ]
 
 

@@ -1,15 +1,19 @@
 """What a model folder holds: the built-in configs, the Diffusers pipeline layout a folder must have (a UNet's, or a
 diffusion transformer's), which parts carry weights, and what the denoiser's config says about its inputs (SDXL's
-micro-conditioning, the pooled text width, a transformer's text encoders and caption lengths). Light on purpose: no
-torch, so that the flags (flags.py) answer --help at once.
+micro-conditioning, the pooled text width, a transformer's text encoders and caption lengths), and what the model's
+batches carry beside the image (`CaptionInputs`: a caption column per text encoder, with its length, padding id and
+vocabulary; the shapes of a transformer's text embeddings). Light on purpose: no torch, so that the flags
+(flags.py, config.py) are checked at once.
 """
 
 import functools
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from arguments import ConfigError
+from recipes import FLUX, PIXART, SD3
 
 CONFIGS_DIR = Path(__file__).resolve().parent / 'configs'
 BUILTIN_MODELS = sorted(path.name for path in CONFIGS_DIR.iterdir() if path.is_dir())
@@ -23,11 +27,15 @@ SECOND_ENCODER_CONFIG = 'text_encoder_2/config.json'
 # MLPerf's flux1 benchmark and Diffusers' pipeline) and SD3 (its pipeline's default), 300 for PixArt-Sigma.
 TRANSFORMER_CONFIG = 'transformer/config.json'
 TRANSFORMER_TEXT_ENCODERS = {
-    'FluxTransformer2DModel': ('text_encoder', 'text_encoder_2'),  # CLIP-L (pooled), T5-XXL
-    'SD3Transformer2DModel': ('text_encoder', 'text_encoder_2', 'text_encoder_3'),  # CLIP-L, CLIP-G, T5-XXL
-    'PixArtTransformer2DModel': ('text_encoder',),  # T5-XXL
+    FLUX: ('text_encoder', 'text_encoder_2'),  # CLIP-L (pooled), T5-XXL
+    SD3: ('text_encoder', 'text_encoder_2', 'text_encoder_3'),  # CLIP-L, CLIP-G, T5-XXL
+    PIXART: ('text_encoder',),  # T5-XXL
 }
-T5_CAPTION_LENGTH = {'FluxTransformer2DModel': 256, 'SD3Transformer2DModel': 256, 'PixArtTransformer2DModel': 300}
+T5_CAPTION_LENGTH = {FLUX: 256, SD3: 256, PIXART: 300}
+# The Diffusers pipeline a trained model is exported as and drawn with (model_index.json's _class_name): one text
+# encoder's UNets (SD 1.5, SD 2), and each diffusion transformer family.
+UNET_PIPELINE_NAME = 'StableDiffusionPipeline'
+TRANSFORMER_PIPELINE_NAMES = {FLUX: 'FluxPipeline', SD3: 'StableDiffusion3Pipeline', PIXART: 'PixArtSigmaPipeline'}
 # Weight files of each part, as Diffusers and Transformers save them; a part without them is randomly initialized.
 WEIGHT_FILES = {
     'unet': ('diffusion_pytorch_model.safetensors', 'diffusion_pytorch_model.bin'),
@@ -185,4 +193,88 @@ def pooled_text_width(unet_config) -> int | None:
         return None
     return (
         unet_config['projection_class_embeddings_input_dim'] - MICRO_CONDITIONS * unet_config['addition_time_embed_dim']
+    )
+
+
+# ------------------------------------------------------------------------------------ caption inputs
+
+# CLIP's text encoder has 77 positions (SD2 tokenizes every caption to exactly this length).
+CAPTION_LENGTH = 77
+# CLIP BPE vocabulary size; random ids are drawn below it so any CLIP text encoder accepts them.
+CLIP_VOCAB_SIZE = 49408
+# OpenCLIP (SD2's text tower) pads with id 0 ("!") after the end-of-text token, not with end-of-text.
+CLIP_PAD_ID = 0
+CLIP_START_ID, CLIP_END_ID = 49406, 49407  # <|startoftext|>, <|endoftext|>
+# T5's SentencePiece vocabulary (the diffusion transformers' long-caption encoder): ids 0 pad, 1 end of text.
+T5_VOCAB_SIZE = 32128
+T5_PAD_ID, T5_END_ID = 0, 1
+
+
+def caption_pad_ids(model_dir: Path) -> tuple[int, ...]:
+    """The padding id of each text encoder of a model folder, from its config's pad_token_id: 0 for OpenCLIP's
+    encoders (SD 2, SDXL's second) and for T5, the end-of-text token for OpenAI's CLIP (SD 1.5, SDXL's first).
+    Configs exported from OpenAI's CLIP carry a meaningless pad_token_id (1): CLIP's own end-of-text is used then."""
+    pad_ids = []
+    for name in text_encoder_folders(model_dir):
+        config = json.loads((model_dir / name / 'config.json').read_text())
+        pad = config.get('pad_token_id')
+        if config.get('model_type') == 't5':
+            pad_ids.append(T5_PAD_ID)
+        else:
+            pad_ids.append(pad if pad in (CLIP_PAD_ID, CLIP_END_ID) else CLIP_END_ID)
+    return tuple(pad_ids)
+
+
+@dataclass(frozen=True)
+class CaptionInputs:
+    """What a model's batches carry beside the image: one column of caption token ids per text encoder ('input_ids',
+    'input_ids_2', ...), each as long as that encoder reads (77 for CLIP, 256 or 300 for T5), padded with its pad
+    id and drawn (for synthetic captions) below its vocabulary size; and for SDXL 'time_ids' (size and crop)."""
+
+    pad_ids: tuple[int, ...] = (CLIP_PAD_ID,)
+    size_conditions: bool = False
+    lengths: tuple[int, ...] = (CAPTION_LENGTH,)
+    vocab_sizes: tuple[int, ...] = (CLIP_VOCAB_SIZE,)
+
+    @property
+    def id_columns(self) -> list[str]:
+        return ['input_ids'] + [f'input_ids_{n}' for n in range(2, len(self.pad_ids) + 1)]
+
+    @property
+    def uses_t5(self) -> bool:
+        return T5_VOCAB_SIZE in self.vocab_sizes
+
+
+def caption_inputs(model_dir: Path) -> CaptionInputs:
+    """What the batches of a model folder's model carry: a caption column per text encoder, with its pad id
+    (caption_pad_ids), length and vocabulary, and SDXL's time_ids where the UNet takes them."""
+    denoiser = denoiser_config(model_dir)
+    lengths, vocab_sizes = [], []
+    for name in text_encoder_folders(model_dir):
+        if json.loads((model_dir / name / 'config.json').read_text()).get('model_type') == 't5':
+            lengths.append(T5_CAPTION_LENGTH[denoiser['_class_name']])
+            vocab_sizes.append(T5_VOCAB_SIZE)
+        else:
+            lengths.append(CAPTION_LENGTH)
+            vocab_sizes.append(CLIP_VOCAB_SIZE)
+    return CaptionInputs(
+        caption_pad_ids(model_dir), has_micro_conditioning(denoiser), tuple(lengths), tuple(vocab_sizes)
+    )
+
+
+def text_shapes(family: str, transformer_config, t5_length: int) -> dict[str, tuple[int, ...]]:
+    """The shapes of one sample's text conditioning for a diffusion transformer, from its config."""
+    width = transformer_config['caption_channels' if family == PIXART else 'joint_attention_dim']
+    length = CAPTION_LENGTH + t5_length if family == SD3 else t5_length  # SD3: the CLIPs' 77 tokens, then T5's
+    shapes = {'text_embedding': (length, width)}
+    if family != PIXART:
+        shapes['pooled_text_embedding'] = (transformer_config['pooled_projection_dim'],)
+    return shapes
+
+
+def t5_tokenizer_needed(who: str, reads: str = 'reads captions', flag: str = '--tokenizer') -> str:
+    """The one-line message for a T5 model given no --tokenizer: `who` (the model, or its pipeline) `reads` ..."""
+    return (
+        f'{flag}: {who} {reads} with T5, whose tokenizer no package here ships: pass --tokenizer DIR, a local '
+        "folder of T5's tokenizer (e.g. FLUX.1-schnell's tokenizer_2)"
     )

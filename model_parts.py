@@ -21,6 +21,7 @@ from torchmetrics import Metric
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
 from model_folder import has_weights, text_encoder_folders
+from presets import VALIDATION_TIMESTEPS
 
 # The class of each part folder of SD's layout, where its config names none.
 MODEL_PARTS = {
@@ -42,9 +43,6 @@ TEXT_ENCODERS = {
     'CLIPTextModelWithProjection': (CLIPTextModelWithProjection, CLIPTextConfig),
     'T5EncoderModel': (T5EncoderModel, T5Config),
 }
-# The validation loss averages each sample's loss over this many fixed timesteps (as MLPerf's stable_diffusion
-# and flux1 benchmarks do).
-VALIDATION_TIMESTEPS = 8
 
 
 def part_class(model_dir: Path, part: str) -> type:
@@ -160,7 +158,7 @@ class FrozenEncodersModel(ComposerModel):
     # Evaluation (Composer's Evaluators, see evaluation.py): the validation loss, and sample images.
     def eval_forward(self, batch: dict, outputs=None):
         """The per-sample validation losses of a ValidationSplit batch. A sample-grid batch only marks that a grid
-        is due: evaluation.SampleGrid draws it (at EVAL_START, with the weights the evaluator runs on). Any other
+        is due: export.SampleGrid draws it (at EVAL_START, with the weights the evaluator runs on). Any other
         batch gets the model's forward, as Composer's default."""
         if 'sample_grid' in batch:
             return None

@@ -15,46 +15,16 @@ one dataset with Streaming's merge_index. Bad samples (see data.py) are left out
 """
 
 import argparse
-import contextlib
-import json
-import logging
-import shutil
 import sys
-import time
-import urllib.parse
 from pathlib import Path
 
-import numpy as np
-import torch
-from composer.utils import dist, get_device, reproducibility
-from streaming import MDSWriter
-from streaming.base.util import merge_index
-from torch.utils.data import DataLoader, Subset
-from tqdm import tqdm
-
 import arguments
+import hardware
 from arguments import ConfigError
-from config import PRESETS, SD2_BASE, check_tokenizer
-from convert import SAMPLE_DATASET, ensure_sample_dataset
-from data import StreamingLAIONDataset, caption_inputs, collate
-from dataset_checks import (
-    PRECOMPUTED_COLUMNS,
-    SDXL_PRECOMPUTED_COLUMNS,
-    TRANSFORMER_PRECOMPUTED_COLUMNS,
-    DataError,
-    describe_dataset,
-    s3_client,
-)
-from images import unit_range
-from model import describe_weights, encode_captions
-from model_folder import is_transformer_folder, resolve_model_dir, text_encoder_folders, transformer_family
-from model_parts import build_frozen_encoders
-from stack import check_stack
-from streaming_fixes import clean_stale_shared_memory
-from tokenizer import TokenizerError, t5_tokenizer_needed
-from transformer_model import PIXART
-
-SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun never mixes two settings
+from dataset_checks import is_remote
+from model_folder import caption_inputs, is_transformer_folder, resolve_model_dir, t5_tokenizer_needed
+from presets import PRESETS, SAMPLE_DATASET, SD2_BASE
+from tokenizer import check_tokenizer
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -117,10 +87,28 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
-    has_gpu = torch.cuda.is_available()
+    """The flags checked, each on its own first, then with the defaults of this machine (hardware.py, which loads
+    torch) and the model's."""
+    for flag in ('image_size', 'batch_size', 'part_size'):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
+            raise ConfigError(f'--{flag} {getattr(args, flag)}: must be positive')
+    if args.num_workers is not None and args.num_workers < 0:
+        raise ConfigError(f'--num_workers {args.num_workers}: must be 0 or more')
+    if args.image_size is not None and args.image_size % 8:
+        raise ConfigError(f'--image_size {args.image_size}: must be a multiple of 8 (the VAE downsamples 8x)')
+    if args.model_name is not None:
+        args.model_dir = resolve_model_dir(args.model_name)
+    for source in (args.remote, args.local):
+        if source is not None and overlaps(args.out, source):
+            # --overwrite empties the output, and the merged index.json replaces the one at its root.
+            raise ConfigError(
+                f'--out {args.out}: overlaps the input {source}; write the precomputed dataset to '
+                'a folder or prefix of its own'
+            )
+    has_gpu = hardware.gpu() is not None
     if args.model_name is None:
         args.model_name = 'sd2-base' if has_gpu else 'tiny'
-    args.model_dir = resolve_model_dir(args.model_name)
+        args.model_dir = resolve_model_dir(args.model_name)
     if args.image_size is None:
         args.image_size = PRESETS.get(args.model_name, SD2_BASE).image_size
     if args.batch_size is None:
@@ -129,11 +117,6 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
         args.num_workers = 8 if has_gpu else 0
     if args.precision is None:
         args.precision = 'bf16' if has_gpu else 'fp32'
-    for flag in ('image_size', 'batch_size', 'part_size'):
-        if getattr(args, flag) <= 0:
-            raise ConfigError(f'--{flag} {getattr(args, flag)}: must be positive')
-    if args.image_size % 8:
-        raise ConfigError(f'--image_size {args.image_size}: must be a multiple of 8 (the VAE downsamples 8x)')
     if is_transformer_folder(args.model_dir) and args.image_size % 16:
         raise ConfigError(
             f'--image_size {args.image_size}: {args.model_name} takes multiples of 16 (2x2 patches of latents)'
@@ -146,11 +129,9 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     args.sample_data = not (args.remote or args.local)
     if args.sample_data:
         args.local = str(SAMPLE_DATASET)
-    for source in (args.remote, args.local):
-        if source is not None and overlaps(args.out, source):
-            # --overwrite empties the output, and the merged index.json replaces the one at its root.
+        if overlaps(args.out, args.local):
             raise ConfigError(
-                f'--out {args.out}: overlaps the input {source}; write the precomputed dataset to '
+                f'--out {args.out}: overlaps the input {args.local}; write the precomputed dataset to '
                 'a folder or prefix of its own'
             )
     return args
@@ -167,237 +148,13 @@ def overlaps(out: str, source: str) -> bool:
     return out_prefix.startswith(source_prefix) or source_prefix.startswith(out_prefix)
 
 
-# ------------------------------------------------------------------------------------ output folder
-
-
-def is_remote(out: str) -> bool:
-    return bool(urllib.parse.urlparse(out).scheme)
-
-
-def read_text(out: str, name: str) -> str | None:
-    """A small file of the output (local folder or s3://), or None when it does not exist."""
-    if not is_remote(out):
-        path = Path(out) / name
-        return path.read_text() if path.is_file() else None
-    url = urllib.parse.urlparse(out)
-    if url.scheme != 's3':
-        raise ConfigError(f'--out {out}: outputs are local folders or s3:// remotes')
-    client = s3_client()
-    try:
-        return client.get_object(Bucket=url.netloc, Key=f'{url.path.strip("/")}/{name}')['Body'].read().decode()
-    except client.exceptions.NoSuchKey:
-        return None
-
-
-def write_text(out: str, name: str, text: str) -> None:
-    if not is_remote(out):
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / name).write_text(text)
-        return
-    url = urllib.parse.urlparse(out)
-    s3_client().put_object(Bucket=url.netloc, Key=f'{url.path.strip("/")}/{name}', Body=text.encode())
-
-
-def check_settings(args: argparse.Namespace, num_samples: int) -> None:
-    """Rank 0: the output is new, or was started by the same command (then finished parts are kept)."""
-    settings = {
-        'input': args.remote or args.local,
-        'model_name': args.model_name,
-        'image_size': args.image_size,
-        'precision': args.precision,
-        'tokenizer': args.tokenizer,
-        'seed': args.seed,
-        'part_size': args.part_size,
-        'num_samples': num_samples,
-    }
-    previous = read_text(args.out, SETTINGS_FILE)
-    if previous is not None and json.loads(previous) != settings and not args.overwrite:
-        raise ConfigError(
-            f'--out {args.out} holds a precomputation made with other settings ({previous.strip()}); '
-            'pass --overwrite to start over, or choose another --out'
-        )
-    if (
-        previous is None
-        and not is_remote(args.out)
-        and Path(args.out).is_dir()
-        and any(Path(args.out).iterdir())
-        and not args.overwrite
-    ):
-        raise ConfigError(
-            f'--out {args.out} is not empty and was not made by precompute.py; pass --overwrite or choose another --out'
-        )
-    if args.overwrite and not is_remote(args.out) and Path(args.out).is_dir():
-        shutil.rmtree(args.out)  # a remote one is overwritten part by part
-    write_text(args.out, SETTINGS_FILE, json.dumps(settings, indent=2) + '\n')
-
-
-def part_name(part: int) -> str:
-    return f'part-{part:05d}'
-
-
-def part_out(out: str, part: int) -> str:
-    return f'{out.rstrip("/")}/{part_name(part)}'
-
-
-class _DropMessages(logging.Filter):
-    def __init__(self, *fragments: str):
-        super().__init__()
-        self.fragments = fragments
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not any(fragment in record.getMessage() for fragment in self.fragments)
-
-
-@contextlib.contextmanager
-def without_streaming_notices():
-    """merge_index warns of what is expected here (the output folder holds the parts; it uses a temporary folder),
-    three or four WARNING lines on every run that read like problems."""
-    loggers = [logging.getLogger('streaming.base.storage.upload'), logging.getLogger()]  # the second: root
-    notices = _DropMessages('exists and not empty. But continue to mkdir', 'is created to store index files')
-    for logger in loggers:
-        logger.addFilter(notices)
-    try:
-        yield
-    finally:
-        for logger in loggers:
-            logger.removeFilter(notices)
-
-
-# ------------------------------------------------------------------------------------------ encoding
-
-
-@torch.no_grad()
-def encode(model_dir: Path, vae, text_encoders: list, batch: dict, device: torch.device) -> dict[str, np.ndarray]:
-    """The columns precompute.py writes for a batch: the latent distribution's mean and log-variance and the text
-    embedding(s) as fp16, exactly what the model's encode samples from online (the log-variance is Diffusers'
-    clamped one); SDXL's size and crop conditioning as the loader made it; PixArt's mask of T5's padding."""
-    images = unit_range(batch['image'].to(device)).to(vae.dtype)
-    latent_dist = vae.encode(images).latent_dist
-    token_ids = {name: ids.to(device) for name, ids in batch.items() if name.startswith('input_ids')}
-    columns = {'latent_mean': latent_dist.mean, 'latent_logvar': latent_dist.logvar}
-    columns.update(encode_captions(model_dir, text_encoders, token_ids))
-    columns = {
-        name: tensor.to(torch.uint8 if name == 'text_mask' else torch.float16) for name, tensor in columns.items()
-    }
-    if 'time_ids' in batch:
-        columns['time_ids'] = batch['time_ids'].float()
-    return {name: tensor.cpu().numpy() for name, tensor in columns.items()}
-
-
-def output_columns(model_dir: Path) -> dict[str, str]:
-    """The MDS columns of a model's precomputed dataset."""
-    family = transformer_family(model_dir)
-    if family is not None:
-        extra = ['text_mask'] if family == PIXART else ['pooled_text_embedding']
-        return PRECOMPUTED_COLUMNS | {name: TRANSFORMER_PRECOMPUTED_COLUMNS[name] for name in extra}
-    sdxl = (model_dir / 'text_encoder_2').is_dir()
-    return PRECOMPUTED_COLUMNS | (SDXL_PRECOMPUTED_COLUMNS if sdxl else {})
-
-
-def precompute_part(dataset, indices: range, out: str, vae, text_encoders, device, args, progress) -> tuple[int, int]:
-    """Encode one part's samples and write them as one MDS folder; returns (written, bad samples left out)."""
-    loader = DataLoader(
-        Subset(dataset, indices),
-        batch_size=args.batch_size,
-        num_workers=args.num_workers,
-        collate_fn=collate,
-        pin_memory=device.type == 'cuda',
-    )
-    written = bad = 0
-    with MDSWriter(out=out, columns=output_columns(args.model_dir), exist_ok=True) as writer:
-        for batch in loader:
-            encoded = encode(args.model_dir, vae, text_encoders, batch, device)
-            for row, replaced in enumerate(batch['bad_samples'].tolist()):
-                # A bad sample was replaced by the next good one, which has its own position too: keep it once.
-                if replaced:
-                    bad += 1
-                    continue
-                writer.write(
-                    {**{name: array[row] for name, array in encoded.items()}, 'caption': batch['caption'][row]}
-                )
-                written += 1
-            progress.update(len(batch['bad_samples']))
-    return written, bad
-
-
 def main(argv=None) -> dict:
-    check_stack()
     args = resolve_args(parse_args(argv))
-    device = get_device(None)
-    dist.initialize_dist(device)
-    rank, world_size = dist.get_global_rank(), dist.get_world_size()
-    if args.sample_data:
-        ensure_sample_dataset(Path(args.local))
-    clean_stale_shared_memory()  # every rank calls it: local rank 0 cleans while the others wait at its barrier
-    try:
-        describe_dataset(args.remote, args.local)  # a damaged dataset is named now, before any encoder runs
-        dataset = StreamingLAIONDataset(
-            remote=args.remote,
-            local=args.local,
-            image_size=args.image_size,
-            tokenizer=args.tokenizer,
-            inputs=caption_inputs(args.model_dir),
-            shuffle=False,
-            keep_caption=True,
-        )
-    except (DataError, TokenizerError) as error:
-        raise ConfigError(str(error))
-    num_samples = dataset.num_samples  # the whole dataset, not this rank's share (len)
-    if rank == 0:
-        check_settings(args, num_samples)
-    dist.barrier()
+    # Imported once the flags check out, not at the top: torch, Streaming and the encoders take seconds to load, and
+    # --help or a bad flag answers without them.
+    import encoding
 
-    reproducibility.seed_all(args.seed)  # every rank, and every rerun, gets the same encoders
-    # The encoders alone: the denoiser's weights (3.5 GB for SD2 base, 48 GB for Flux) are never read.
-    vae, text_encoders, loaded = build_frozen_encoders(args.model_dir, init_device=device._device)
-    dtype = torch.bfloat16 if args.precision == 'bf16' else torch.float32
-    vae = vae.to(device._device, dtype)
-    text_encoders = [encoder.to(device._device, dtype) for encoder in text_encoders]
-    num_parts = -(-num_samples // args.part_size)
-    mine = [part for part in range(rank, num_parts, world_size)]
-    todo = [part for part in mine if args.overwrite or read_text(part_out(args.out, part), 'index.json') is None]
-    encoder_names = ['vae', *text_encoder_folders(args.model_dir)]
-    if rank == 0:
-        print(
-            f'precompute: {num_samples} samples of {args.remote or args.local} in {num_parts} part(s) of '
-            f'{args.part_size} over {world_size} rank(s); {args.model_name} at {args.image_size}px, {args.precision} '
-            f'({describe_weights(encoder_names, loaded)}); '
-            f"{len(mine) - len(todo)} of this rank's {len(mine)} part(s) already done",
-            flush=True,
-        )
-    start = time.perf_counter()
-    written = bad = 0
-    remaining = sum(len(range(p * args.part_size, min((p + 1) * args.part_size, num_samples))) for p in todo)
-    with tqdm(total=remaining, unit='img', desc='precompute', disable=rank != 0) as progress:
-        for part in todo:
-            indices = range(part * args.part_size, min((part + 1) * args.part_size, num_samples))
-            part_written, part_bad = precompute_part(
-                dataset, indices, part_out(args.out, part), vae, text_encoders, device._device, args, progress
-            )
-            written, bad = written + part_written, bad + part_bad
-    totals = torch.tensor([written, bad], dtype=torch.long, device=device._device)
-    dist.all_reduce(totals)
-    dist.barrier()
-    if rank == 0:
-        if not is_remote(args.out):  # Streaming's merge will not replace the index of an earlier run
-            (Path(args.out) / 'index.json').unlink(missing_ok=True)
-        with without_streaming_notices():
-            merge_index(args.out, keep_local=True)
-        index = json.loads(read_text(args.out, 'index.json'))
-        total = sum(shard['samples'] for shard in index['shards'])
-        print(
-            f'precompute: encoded {int(totals[0])} samples ({int(totals[1])} bad ones left out) in '
-            f'{time.perf_counter() - start:.1f} s; {args.out} holds {total} samples in {len(index["shards"])} '
-            f'shard(s). Train on it: composer benchmark.py --precomputed_latents '
-            f'--{"remote" if is_remote(args.out) else "local"} {args.out} --model_name {args.model_name}',
-            flush=True,
-        )
-    return {
-        'encoded': int(totals[0]),
-        'bad': int(totals[1]),
-        'parts': num_parts,
-        'skipped_parts': len(mine) - len(todo),
-    }
+    return encoding.precompute(args)
 
 
 if __name__ == '__main__':

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-import torch
-
 SCHEMA = 'sd2-benchmark-results/1'
 
 # Dense (no sparsity) BF16/FP16 tensor-core peak per GPU, from NVIDIA's datasheets: A100 (40 and 80 GB)
@@ -132,6 +130,8 @@ def cpu_name() -> str:
 
 
 def package_versions() -> dict[str, str | None]:
+    import torch  # here, not at the top: report.py reads results files without loading torch
+
     versions = {'python': platform.python_version(), 'cuda': torch.version.cuda}
     for package in ('torch', 'mosaicml', 'mosaicml-streaming', 'diffusers', 'transformers', 'xformers'):
         try:

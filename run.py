@@ -23,7 +23,7 @@ from config import RunConfig, resolve_config
 from dataset_checks import DataError
 from ema import export_ema_unet
 from evaluation import ValidationReport
-from export import export_pipeline
+from export import SampleGrid, export_pipeline
 from model import DiffusionModel, build_model, describe_weights
 from results import Results, cpu_name, mfu, package_versions, peak_flops
 from stack import check_stack
@@ -71,7 +71,8 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
                 announce(f'warning: {change}')
         dist.barrier()  # every rank resumes from the folder as rank 0 left it
         check_resumable(Path(config.save_folder), config, model, dist.get_global_rank())
-    trainer = build_trainer(config, model, build_dataloader(config, model), callbacks)
+    sample_grids = (SampleGrid(config),) if config.sample_interval else ()
+    trainer = build_trainer(config, model, build_dataloader(config, model), (*sample_grids, *callbacks))
     if trained_to_the_end(trainer):  # resumed from the last checkpoint of a finished run: Composer would raise
         announce(
             f'run {config.run_name!r} is complete: its checkpoints in {config.save_folder} hold all '

@@ -10,7 +10,8 @@ from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 from composer.optim import ConstantScheduler, ConstantWithWarmupScheduler
 
-from tokenizer import T5_VOCAB_SIZE, CaptionTokenizer, empty_caption_ids
+from model_folder import T5_VOCAB_SIZE
+from tokenizer import CaptionTokenizer, empty_caption_ids
 
 
 class CaptionDropout(Algorithm):

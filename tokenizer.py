@@ -8,34 +8,39 @@ a T5 encoder reads real captions only with `--tokenizer` naming a local folder o
 columns keep the built-in one).
 """
 
+from __future__ import annotations
+
 import gzip
 import html
 import importlib.util
-import json
 import shutil
 import tempfile
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import ftfy
 import regex
 import tokenizers
-import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from model_folder import text_encoder_folders
+if TYPE_CHECKING:
+    import torch
 
-# CLIP's text encoder has 77 positions (SD2 tokenizes every caption to exactly this length).
-CAPTION_LENGTH = 77
-# CLIP BPE vocabulary size; random ids are drawn below it so any CLIP text encoder accepts them.
-CLIP_VOCAB_SIZE = 49408
-# OpenCLIP (SD2's text tower) pads with id 0 ("!") after the end-of-text token, not with end-of-text.
-CLIP_PAD_ID = 0
-CLIP_START_ID, CLIP_END_ID = 49406, 49407  # <|startoftext|>, <|endoftext|>
+from arguments import ConfigError
+from model_folder import (
+    CAPTION_LENGTH,
+    CLIP_END_ID,
+    CLIP_PAD_ID,
+    CLIP_START_ID,
+    T5_END_ID,
+    T5_PAD_ID,
+    T5_VOCAB_SIZE,
+    CaptionInputs,
+    t5_tokenizer_needed,
+)
+
 CLIP_START, CLIP_END = '<|startoftext|>', '<|endoftext|>'
-# T5's SentencePiece vocabulary (the diffusion transformers' long-caption encoder): ids 0 pad, 1 end of text.
-T5_VOCAB_SIZE = 32128
-T5_PAD_ID, T5_END_ID = 0, 1
 # CLIP's SimpleTokenizer splits cleaned text into words with this pattern (its special tokens aside).
 CLIP_WORDS = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
 TOKENIZER_CACHE = Path(__file__).resolve().parent / 'data' / 'clip-tokenizer-v2'  # bump when the build changes
@@ -127,24 +132,15 @@ def clip_tokenizer_folder(folder: Path = TOKENIZER_CACHE) -> Path:
     return folder
 
 
-def caption_pad_ids(model_dir: Path) -> tuple[int, ...]:
-    """The padding id of each text encoder of a model folder, from its config's pad_token_id: 0 for OpenCLIP's
-    encoders (SD 2, SDXL's second) and for T5, the end-of-text token for OpenAI's CLIP (SD 1.5, SDXL's first).
-    Configs exported from OpenAI's CLIP carry a meaningless pad_token_id (1): CLIP's own end-of-text is used then."""
-    pad_ids = []
-    for name in text_encoder_folders(model_dir):
-        config = json.loads((model_dir / name / 'config.json').read_text())
-        pad = config.get('pad_token_id')
-        if config.get('model_type') == 't5':
-            pad_ids.append(T5_PAD_ID)
-        else:
-            pad_ids.append(pad if pad in (CLIP_PAD_ID, CLIP_END_ID) else CLIP_END_ID)
-    return tuple(pad_ids)
+def id_tensor(ids: list[int]) -> torch.Tensor:
+    import torch  # here, not at the top: config.py checks a --tokenizer folder before torch loads
+
+    return torch.tensor(ids, dtype=torch.long)
 
 
 def empty_caption_ids(pad_id: int, length: int) -> torch.Tensor:
     """T5's ids of the empty caption: its end-of-text token, then padding (T5's tokenizer adds nothing else)."""
-    return torch.tensor([T5_END_ID] + [pad_id] * (length - 1), dtype=torch.long)
+    return id_tensor([T5_END_ID] + [pad_id] * (length - 1))
 
 
 class CaptionTokenizer:
@@ -200,15 +196,7 @@ class CaptionTokenizer:
         if self._encode is None:
             self.load()
         ids = self._encode(clean_caption(caption, self.lowercase))
-        return torch.tensor(ids + [self.pad_id] * (self.length - len(ids)), dtype=torch.long)
-
-
-def t5_tokenizer_needed(who: str, reads: str = 'reads captions', flag: str = '--tokenizer') -> str:
-    """The one-line message for a T5 model given no --tokenizer: `who` (the model, or its pipeline) `reads` ..."""
-    return (
-        f'{flag}: {who} {reads} with T5, whose tokenizer no package here ships: pass --tokenizer DIR, a local '
-        "folder of T5's tokenizer (e.g. FLUX.1-schnell's tokenizer_2)"
-    )
+        return id_tensor(ids + [self.pad_id] * (self.length - len(ids)))
 
 
 def column_tokenizers(folder: str | None, inputs) -> dict[str, CaptionTokenizer]:
@@ -226,3 +214,23 @@ def column_tokenizers(folder: str | None, inputs) -> dict[str, CaptionTokenizer]
         else:
             tokenizers_by_column[column] = CaptionTokenizer(None if inputs.uses_t5 else folder, pad, length)
     return tokenizers_by_column
+
+
+def check_tokenizer(folder: str, inputs: CaptionInputs) -> None:
+    """Loads the tokenizer once before a run builds anything, so that a folder without one fails at start rather than
+    in every loader worker; for a model with a T5 encoder, the folder must give T5's ids (below its vocabulary,
+    ending in its end of text)."""
+    if not Path(folder).is_dir():
+        raise ConfigError(f'--tokenizer {folder}: no such folder')
+    try:
+        ids = CaptionTokenizer(folder, length=max(inputs.lengths))('a photo')
+    except Exception as error:  # Transformers raises several kinds (OSError, ValueError, TypeError, ...)
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(f'--tokenizer {folder}: no tokenizer Transformers can load ({reason})')
+    if inputs.uses_t5:
+        ids = ids[ids != T5_PAD_ID].tolist()
+        if not ids or max(ids) >= T5_VOCAB_SIZE or ids[-1] != T5_END_ID:
+            raise ConfigError(
+                f"--tokenizer {folder}: gives ids {ids[:8]} for 'a photo', not T5's (below {T5_VOCAB_SIZE}, ending "
+                f"in </s> = {T5_END_ID}); this model's --tokenizer is its T5 encoder's"
+            )

@@ -4,6 +4,8 @@ profiler, and the random state of a checkpoint resumed mid-epoch. run.py runs it
 benchmarks/framework_overhead.py times it against a bare loop.
 """
 
+from pathlib import Path
+
 import torch
 from composer import Trainer
 from composer.algorithms import ChannelsLast, LowPrecisionGroupNorm, LowPrecisionLayerNorm
@@ -16,7 +18,8 @@ from torch.utils.data import DataLoader
 
 from arguments import ConfigError
 from checkpoints import RunDescription, report_failed_writes
-from config import SYNTHETIC_SAMPLES, RunConfig
+from config import RunConfig
+from convert import ensure_sample_dataset
 from data import (
     BadSampleCounter,
     PrecomputedLatentsDataset,
@@ -30,6 +33,7 @@ from ema import EMA
 from evaluation import build_evaluators, evaluation_callbacks
 from model import DiffusionModel
 from model_folder import LATENT_DOWNSAMPLE
+from presets import SYNTHETIC_SAMPLES
 from stability import lr_scheduler, stability_algorithms
 from tokenizer import TokenizerError
 
@@ -69,6 +73,8 @@ def build_dataloader(config: RunConfig, model: DiffusionModel) -> DataLoader:
 def build_streaming_dataloader(config: RunConfig) -> DataLoader:
     """MDS shards through Streaming, which splits samples over ranks and workers itself (no sampler here) and,
     given the device batch size, lets Composer's checkpoints resume mid-epoch on exactly the remaining samples."""
+    if config.sample_data:
+        ensure_sample_dataset(Path(config.local))  # written on first use
     try:
         if config.precomputed_latents:
             dataset = PrecomputedLatentsDataset(

@@ -13,7 +13,6 @@ variance, left untrained as in Diffusers' PixArt example); where its config asks
 models) it is also conditioned on the image's resolution and aspect ratio.
 """
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,9 +23,15 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from images import unit_range
-from model_folder import LATENT_DOWNSAMPLE, T5_CAPTION_LENGTH, TRANSFORMER_TEXT_ENCODERS
+from model_folder import (
+    CAPTION_LENGTH,
+    LATENT_DOWNSAMPLE,
+    T5_CAPTION_LENGTH,
+    T5_PAD_ID,
+    TRANSFORMER_TEXT_ENCODERS,
+    text_shapes,
+)
 from model_parts import (
-    VALIDATION_TIMESTEPS,
     FrozenEncodersModel,
     build_frozen_encoders,
     build_part,
@@ -34,43 +39,8 @@ from model_parts import (
     standard_normal_like,
     validation_timesteps,
 )
-from tokenizer import CAPTION_LENGTH, T5_PAD_ID
-
-FLUX, SD3, PIXART = 'FluxTransformer2DModel', 'SD3Transformer2DModel', 'PixArtTransformer2DModel'
-TIMESTEP_DENSITIES = ('uniform', 'logit_normal', 'mode')
-LOSS_WEIGHTINGS = ('none', 'sigma_sqrt', 'cosmap')
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How a family trains by default: the noise levels drawn, the loss weighting, AdamW and the stability options
-    (each a flag's default when the flag is not given)."""
-
-    timestep_density: str = 'uniform'  # flow matching only; PixArt draws DDPM timesteps uniformly
-    logit_mean: float = 0.0
-    logit_std: float = 1.0
-    mode_scale: float = 1.29
-    loss_weighting: str = 'none'
-    learning_rate: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 1e-4
-    grad_clip_norm: float = 1.0
-    caption_dropout: float = 0.0
-
-
-RECIPES = {
-    # MLPerf Training's flux1 reference: uniform timesteps, no shift (the scheduler's shift is 1), AdamW with beta2
-    # 0.95 and weight decay 0.1, gradient norm clipped to 1, captions dropped with probability 0.1.
-    FLUX: Recipe(betas=(0.9, 0.95), weight_decay=0.1, caption_dropout=0.1),
-    # Diffusers' SD3 training example: logit-normal noise levels (mean 0, std 1) on the shift-3 grid, its AdamW.
-    SD3: Recipe(timestep_density='logit_normal'),
-    # Diffusers' PixArt example: DDPM timesteps uniformly, its AdamW.
-    PIXART: Recipe(),
-}
-
-
-def is_flow_matching(class_name: str) -> bool:
-    return class_name in (FLUX, SD3)
+from presets import VALIDATION_TIMESTEPS
+from recipes import FLUX, RECIPES, SD3, Recipe, is_flow_matching
 
 
 class DiffusionTransformer(FrozenEncodersModel):
@@ -348,16 +318,6 @@ def run_transformer(transformer, family: str, noisy: torch.Tensor, timesteps: to
 
 
 # ----------------------------------------------------------------------------------- FLOPs
-
-
-def text_shapes(family: str, transformer_config, t5_length: int) -> dict[str, tuple[int, ...]]:
-    """The shapes of one sample's text conditioning, from the transformer's config."""
-    width = transformer_config['caption_channels' if family == PIXART else 'joint_attention_dim']
-    length = CAPTION_LENGTH + t5_length if family == SD3 else t5_length  # SD3: the CLIPs' 77 tokens, then T5's
-    shapes = {'text_embedding': (length, width)}
-    if family != PIXART:
-        shapes['pooled_text_embedding'] = (transformer_config['pooled_projection_dim'],)
-    return shapes
 
 
 def count_forward_flops(

@@ -11,13 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use('Agg')  # files only: no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-
-from model import VALIDATION_TIMESTEPS  # noqa: E402
-from results import ResultsError, load_results  # noqa: E402
+from presets import VALIDATION_TIMESTEPS
+from results import ResultsError, load_results
 
 
 def read_curves(paths: list[str], labels: list[str]) -> list[tuple[str, list, list]]:
@@ -32,6 +27,11 @@ def read_curves(paths: list[str], labels: list[str]) -> list[tuple[str, list, li
 
 
 def plot(runs: list[tuple[str, list, list]], out: Path) -> None:
+    import matplotlib  # here, not at the top: --help and a bad flag answer without loading it
+
+    matplotlib.use('Agg')  # files only: no display needed
+    import matplotlib.pyplot as plt
+
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for label, curve, ema_curve in runs:
         (line,) = axes.plot(*zip(*curve), marker='o', markersize=3, label=label)

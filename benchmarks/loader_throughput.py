@@ -25,21 +25,16 @@ from pathlib import Path
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from PIL import Image  # noqa: E402
-from streaming import MDSWriter  # noqa: E402
-
-from data import StreamingLAIONDataset, collate  # noqa: E402
-from images import decode_image  # noqa: E402
-
 # img/s per GPU: MosaicML's published benchmark (8 x A100-40GB), NVIDIA's MLPerf Training v4.1 (8 x H100).
 ANCHORS = {'seed benchmark, 8x A100': 16.0, 'MLPerf v4.1, 8x H100': 137.0}
 WORDS = 'a photo of the red old house near river with trees and blue sky at sunset in winter small dog cat'.split()
 
 
-def photo_like(rng: np.random.Generator, width: int, height: int) -> bytes:
-    """Smooth color regions plus fine grain: JPEG sizes and decode costs close to real photos'."""
+def photo_like(rng, width: int, height: int) -> bytes:
+    """Smooth color regions plus fine grain: JPEG sizes and decode costs close to real photos'. `rng`: numpy's."""
+    import numpy as np  # the heavy libraries load once the flags parse: --help answers without them
+    from PIL import Image
+
     coarse = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)).resize((width, height), Image.BICUBIC)
     pixels = np.asarray(coarse, dtype=np.float32) + rng.normal(0, 12, (height, width, 3))
     buffer = io.BytesIO()
@@ -47,7 +42,12 @@ def photo_like(rng: np.random.Generator, width: int, height: int) -> bytes:
     return buffer.getvalue()
 
 
-def bare_pillow(data: bytes, size: int) -> torch.Tensor:
+def bare_pillow(data: bytes, size: int):
+    """The bare loop's image: decoded, shorter side resized to `size`, center-cropped, as a uint8 tensor."""
+    import numpy as np  # loaded by main() already: a lookup per image, not a load
+    import torch
+    from PIL import Image
+
     image = Image.open(io.BytesIO(data)).convert('RGB')
     scale = size / min(image.size)
     image = image.resize((round(image.width * scale), round(image.height * scale)), Image.BILINEAR)
@@ -69,6 +69,17 @@ def main() -> None:
     parser.add_argument('--size', type=int, default=512, help='training resolution')
     parser.add_argument('--batch_size', type=int, default=16)
     args = parser.parse_args()
+    for flag in ('images', 'rounds', 'size', 'batch_size'):
+        if getattr(args, flag) <= 0:
+            parser.error(f'--{flag} {getattr(args, flag)}: must be positive')
+    # Loaded once the flags parse: --help and a bad flag answer without torch or Streaming.
+    import numpy as np
+    import torch
+    from streaming import MDSWriter
+
+    from data import StreamingLAIONDataset, collate
+    from images import decode_image
+
     torch.set_num_threads(1)  # one worker = one core
     warnings.simplefilter('ignore', UserWarning)  # torch.from_numpy on Pillow's read-only pixels
     rng = np.random.default_rng(0)

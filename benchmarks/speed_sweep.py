@@ -34,17 +34,15 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from arguments import ConfigError
+from benchmarks import profile_summary
+from model_folder import is_transformer_folder, resolve_model_dir
+from presets import PRESETS, SD2_BASE
+from results import load_results
+from results import mfu as results_mfu
+
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 REPO = Path(__file__).resolve().parent.parent
-
-import torch  # noqa: E402
-
-from arguments import ConfigError  # noqa: E402
-from benchmarks import profile_summary  # noqa: E402
-from config import PRESETS, SD2_BASE  # noqa: E402
-from model_folder import is_transformer_folder, resolve_model_dir  # noqa: E402
-from results import load_results  # noqa: E402
-from results import mfu as results_mfu  # noqa: E402
 
 
 class SpeedPath(NamedTuple):
@@ -83,13 +81,12 @@ ANCHORS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    has_gpu = torch.cuda.is_available()
     parser = argparse.ArgumentParser(
         description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         '--model_name',
-        default='sd2-base' if has_gpu else 'tiny',
+        default=None,
         help='as in benchmark.py (default: sd2-base on a GPU, tiny without one)',
     )
     parser.add_argument(
@@ -132,8 +129,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         '--batches',
         type=int,
-        default=30 if has_gpu else 12,
-        help='optimizer steps per row (default: %(default)s); throughput windows are half of it',
+        default=None,
+        help='optimizer steps per row (default: 30 on a GPU, 12 without one); throughput windows are half of it',
     )
     parser.add_argument(
         '--peak_tflops',
@@ -166,18 +163,28 @@ def parse_args(argv=None) -> argparse.Namespace:
         'the median time of the rows run so far); rows left out are listed as not run, for --resume',
     )
     args = parser.parse_args(argv)
-    if args.sizes is None:
-        preset = PRESETS.get(args.model_name, SD2_BASE)
-        args.sizes = [512, 256] if args.model_name == 'sd2-base' else [preset.image_size]
     for flag in ('microbatch', 'accumulation', 'batches', 'peak_tflops', 'time_limit'):
         value = getattr(args, flag)
         if value is not None and value <= 0:
             parser.error(f'--{flag} {value}: must be positive')
-    if args.batches < 4:
+    if args.batches is not None and args.batches < 4:
         parser.error(f'--batches {args.batches}: at least 4 (throughput is measured on the steady half)')
+    if args.model_name is None:  # the machine's defaults, looked up once the flags are checked
+        args.model_name = 'sd2-base' if gpu_available() else 'tiny'
+    if args.batches is None:
+        args.batches = 30 if gpu_available() else 12
+    if args.sizes is None:
+        preset = PRESETS.get(args.model_name, SD2_BASE)
+        args.sizes = [512, 256] if args.model_name == 'sd2-base' else [preset.image_size]
     if 'baseline' not in args.paths:
         args.paths.insert(0, 'baseline')  # every speedup is relative to it
     return args
+
+
+def gpu_available() -> bool:
+    import torch  # here, not at the top: --help and a bad flag answer without loading torch
+
+    return torch.cuda.is_available()
 
 
 def skip_reason(path: SpeedPath, mode: str, has_gpu: bool, transformer: bool = False) -> str | None:
@@ -268,6 +275,8 @@ def run_row(
 
 def this_machine() -> str:
     """What a row measured on, as far as --resume must match: rows of another GPU or torch are run again."""
+    import torch  # here, not at the top: --help and a bad flag answer without loading torch
+
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.machine()
     return f'{device}, torch {torch.__version__}'
 
@@ -297,7 +306,7 @@ def mfu(row: dict, peak_tflops: float | None) -> float | None:
 def sweep(args, rows: list[dict], profiles: list[str], report) -> None:
     """Appends the rows in order, and with --profile one line per size and mode on where the fastest row's time
     goes; calls report() after each."""
-    has_gpu = torch.cuda.is_available()
+    has_gpu = gpu_available()
 
     def add(row):
         rows.append(row)

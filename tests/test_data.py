@@ -28,8 +28,9 @@ from data import StreamingLAIONDataset, collate
 from dataset_checks import DataError
 from flags import parse_args
 from images import BadSample, decode_image, unit_range
+from model_folder import CAPTION_LENGTH
 from run import main
-from tokenizer import CAPTION_LENGTH, CaptionTokenizer, TokenizerError, clip_tokenizer_folder
+from tokenizer import CaptionTokenizer, TokenizerError, clip_tokenizer_folder
 
 
 def images(location, **kwargs):

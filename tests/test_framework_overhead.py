@@ -3,7 +3,7 @@
 import torch
 from conftest import TINY
 
-from benchmarks import framework_overhead
+from benchmarks import framework_overhead, interleaved_loops
 from config import resolve_config
 from flags import parse_args
 
@@ -25,26 +25,24 @@ def test_framework_overhead_times_every_phase_of_both_loops_and_composers_host_w
             ]
         )
     )
-    originals = {part: vars(owner)[name] for part, (owner, name) in framework_overhead.COMPOSER_PARTS.items()}
-    bare, composer, parts = framework_overhead.interleaved_round(args, warmup=2)
+    originals = {part: vars(owner)[name] for part, (owner, name) in interleaved_loops.COMPOSER_PARTS.items()}
+    bare, composer, parts = interleaved_loops.interleaved_round(args, warmup=2)
     # 7 Composer steps: the first precedes any bare step; of the 6 after bare steps, 2 are warm-up.
     assert len(bare) == len(composer) == len(parts) == 4
     for step in bare + composer:
-        assert list(step) == list(framework_overhead.PHASES) and all(seconds > 0 for seconds in step.values())
+        assert list(step) == list(interleaved_loops.PHASES) and all(seconds > 0 for seconds in step.values())
     assert framework_overhead.median_ms(composer, 'forward') < framework_overhead.median_ms(composer)
     for step_parts in parts:  # each part runs every batch
-        assert list(step_parts) == list(framework_overhead.COMPOSER_PARTS)
+        assert list(step_parts) == list(interleaved_loops.COMPOSER_PARTS)
         assert all(seconds > 0 for seconds in step_parts.values())
     # The bare step runs inside Composer's BATCH_END dispatch and is not counted as Composer's events.
     assert framework_overhead.median_ms(parts) < framework_overhead.median_ms(composer) / 2
-    assert all(
-        vars(owner)[name] is originals[part] for part, (owner, name) in framework_overhead.COMPOSER_PARTS.items()
-    )
+    assert all(vars(owner)[name] is originals[part] for part, (owner, name) in interleaved_loops.COMPOSER_PARTS.items())
 
 
 def test_framework_overhead_bare_loop_mirrors_channels_last():
     for flags, expected in (([], False), (['--channels_last'], True)):
         args = resolve_config(parse_args(TINY + ['--precomputed_latents', *flags]))
-        model = framework_overhead.InterleavedBareLoop(args, framework_overhead.ComposerHostTimer()).model
+        model = interleaved_loops.InterleavedBareLoop(args, interleaved_loops.ComposerHostTimer()).model
         conv = model.unet.conv_in.weight
         assert conv.is_contiguous(memory_format=torch.channels_last) is expected

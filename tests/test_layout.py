@@ -21,23 +21,29 @@ def test_every_top_level_module_is_installed():
     assert settings['packages'] == ['benchmarks']
 
 
-def test_only_tests_import_the_command_line_script():
+# The scripts whose work lives in a module of its own, imported once their flags check out (see below).
+ENTRY_POINTS = {'benchmark': 'run', 'generate': 'drawing', 'precompute': 'encoding'}
+# What no flag check may load: seconds of imports before a mistyped flag is answered.
+HEAVY = {'torch', 'composer', 'streaming', 'diffusers', 'transformers', 'torchvision'}
+MODULES = sorted(path.stem for path in REPO.glob('*.py'))
+
+
+def test_no_module_imports_an_entry_point():
     importers = []
     for path in [*REPO.glob('*.py'), *REPO.glob('benchmarks/*.py')]:
         for node in ast.walk(ast.parse(path.read_text())):
             names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
             if isinstance(node, ast.ImportFrom) and node.level == 0:
                 names = [node.module]
-            if 'benchmark' in names:
-                importers.append(path.name)
+            importers += [(path.name, name) for name in names if name in ENTRY_POINTS]
     assert importers == []
 
 
-def repo_imports(path: Path) -> tuple[set[str], set[str]]:
-    """The repo's modules a file imports: at its top level, and inside functions."""
-    modules = {module.stem for module in REPO.glob('*.py')}
+def imports(path: Path) -> tuple[set[str], set[str], set[str]]:
+    """The repo's modules a file imports at its top level and inside functions, and the libraries (top-level
+    package names) it imports at its top level."""
     tree = ast.parse(path.read_text())
-    top, inner = set(), set()
+    top, inner, libraries = set(), set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -45,34 +51,113 @@ def repo_imports(path: Path) -> tuple[set[str], set[str]]:
             names = [node.module]
         else:
             continue
-        for name in names:
-            if name.split('.')[0] in modules:
-                (top if node in tree.body else inner).add(name.split('.')[0])
-    return top, inner
+        at_top = node in tree.body
+        for name in (name.split('.')[0] for name in names):
+            if name in MODULES:
+                (top if at_top else inner).add(name)
+            elif at_top:
+                libraries.add(name)
+    return top, inner, libraries
 
 
-def test_the_modules_import_each_other_without_a_circle():
-    # Each module is placed once all it imports are placed; a circle leaves its modules unplaced.
-    graph = {path.stem: set.union(*repo_imports(path)) for path in REPO.glob('*.py')}
-    placed: list[str] = []
-    while len(placed) < len(graph):
-        ready = sorted(name for name, needs in graph.items() if name not in placed and needs <= set(placed))
-        assert ready, f'import circle among {sorted(set(graph) - set(placed))}'
-        placed += ready
-    assert placed.index('model_folder') < placed.index('model') < placed.index('evaluation') < placed.index('config')
+def floors() -> dict[str, int]:
+    """Each module's floor in the import graph: 1 for a module that imports none of the repo's, else one above the
+    highest it imports (inside functions too); fails on a circle, whose modules never get one."""
+    graph = {name: set.union(*imports(REPO / f'{name}.py')[:2]) for name in MODULES}
+    floor: dict[str, int] = {}
+    while len(floor) < len(graph):
+        ready = [name for name, needs in graph.items() if name not in floor and needs <= set(floor)]
+        assert ready, f'import circle among {sorted(set(graph) - set(floor))}'
+        floor |= {name: 1 + max((floor[need] for need in graph[name]), default=0) for name in ready}
+    return floor
 
 
-def test_no_repo_module_is_imported_inside_a_function():
-    # Such imports hide a circle. One is allowed: the command line loads the run only once the flags parse.
-    inner = {path.name: repo_imports(path)[1] for path in [*REPO.glob('*.py'), *REPO.glob('benchmarks/*.py')]}
-    assert {name: modules for name, modules in inner.items() if modules} == {'benchmark.py': {'run'}}
+def test_the_modules_stand_on_eight_floors_without_a_circle():
+    # docs/architecture.md draws these floors: what settles a run's values low, the builders above them.
+    floor = floors()
+    assert max(floor.values()) <= 8
+    assert floor['config'] <= 4
+    assert floor['config'] < min(floor[builder] for builder in ('model', 'training', 'evaluation', 'export'))
 
 
-def test_help_needs_none_of_the_heavy_libraries():
-    # --help and a mistyped flag answer at once: flags.py and what it imports load no torch, Composer or Diffusers.
-    code = 'import sys, flags; print(sorted({"torch", "composer", "diffusers", "streaming"} & set(sys.modules)))'
-    loaded = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, check=True)
-    assert loaded.stdout.strip() == '[]'
+def test_a_run_is_settled_from_modules_that_load_no_heavy_library():
+    # config.py and everything it imports, at their top level: none of torch, Composer, Streaming, Diffusers.
+    settled, todo = set(), ['config', 'flags']
+    while todo:
+        name = todo.pop()
+        settled.add(name)
+        top, _, libraries = imports(REPO / f'{name}.py')
+        assert not libraries & HEAVY, f'{name}.py imports {sorted(libraries & HEAVY)} at its top level'
+        todo += sorted(top - settled)
+    assert {'presets', 'recipes', 'durations', 'hardware', 'model_folder', 'tokenizer'} <= settled
+
+
+def test_repo_modules_are_imported_inside_functions_only_by_entry_points():
+    # Such imports would hide a circle. An entry point's main loads its work only once its flags check out, and so
+    # does a benchmark script's.
+    inner = {}
+    for path in [*REPO.glob('*.py'), *REPO.glob('benchmarks/*.py')]:
+        for function in ast.walk(ast.parse(path.read_text())):
+            if isinstance(function, ast.FunctionDef):
+                for node in ast.walk(function):
+                    if isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, 'level', 0) == 0:
+                        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                        for name in names:
+                            if name.split('.')[0] in MODULES:
+                                inner.setdefault(f'{path.parent.name}/{path.name}', set()).add(function.name)
+    scripts = {f'{REPO.name}/{name}.py' for name in ENTRY_POINTS}
+    assert {name for name in inner if not name.startswith('benchmarks/')} <= scripts
+    assert all(functions <= {'main', 'cli'} for functions in inner.values()), inner
+    for name, work in ENTRY_POINTS.items():
+        assert imports(REPO / f'{name}.py')[1] == {work}
+
+
+# Each script's --help, a mistyped flag and bad values: answered (exit 0 for --help, 2 otherwise) before torch,
+# Composer, Streaming, Diffusers or Transformers is imported. A value needing the machine or data is not here.
+BAD_FLAGS = {
+    'benchmark.py': [
+        ['--batch_size', '0'],
+        ['--model_name', 'nosuch'],
+        ['--image_size', '30'],
+        ['--max_duration', 'forever'],
+        ['--device_train_microbatch_size', 'four'],
+        ['--use_ema', '--ema_half_life', '10tok'],
+        ['--sample_steps', '0'],
+        ['--eval_interval', '-1ba'],
+        ['--caption_dropout', '1.5'],
+    ],
+    'generate.py': [['--pipeline', 'nowhere', '--prompt', 'a', '--out', 'x'], ['--steps', 'x']],
+    'convert.py': [['nowhere', 'out'], ['.', 'out', '--size_limit', 'big']],
+    'precompute.py': [['--out', 'x', '--batch_size', '0'], ['--out', 'x', '--model_name', 'nosuch']],
+    'report.py': [['--predict', '--gpus', 'x']],
+    'mcloud.py': [['nosuch-command']],
+    'benchmarks/speed_sweep.py': [['--sizes', 'x']],
+    'benchmarks/activation_memory.py': [['--model_name', 'nosuch']],
+    'benchmarks/ema_update.py': [['--repeats', 'x']],
+    'benchmarks/framework_overhead.py': [['--steps', 'x']],
+    'benchmarks/learning_curve.py': [[]],
+    'benchmarks/loader_throughput.py': [['--images', 'x']],
+    'benchmarks/profile_summary.py': [[]],
+}
+LOADED = (
+    'import atexit, runpy, sys; '
+    "atexit.register(lambda: print('loaded:', sorted(set({heavy}) & set(sys.modules)), file=sys.stderr)); "
+    'sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name="__main__")'
+)
+
+
+@pytest.mark.parametrize('script', sorted(BAD_FLAGS))
+def test_help_and_bad_flags_answer_before_any_heavy_library_loads(script, tmp_path):
+    code = LOADED.format(heavy=sorted(HEAVY))
+    for flags in [['--help'], ['--no_such_flag'], *BAD_FLAGS[script]]:
+        run = subprocess.run(
+            [sys.executable, '-c', code, str(REPO / script), *flags], cwd=tmp_path, capture_output=True, text=True
+        )
+        expected = 0 if flags == ['--help'] else 2
+        assert run.returncode == expected, (flags, run.stderr[-2000:])
+        assert run.stderr.splitlines()[-1] == 'loaded: []', (flags, run.stderr[-2000:])
+        if expected:
+            assert run.stderr.splitlines()[-2].startswith(('error: ', f'{Path(script).name}: error: ')), run.stderr
 
 
 @pytest.mark.skipif(not (Path(sys.prefix) / '.installed').is_file(), reason="needs the Makefile's own venv")

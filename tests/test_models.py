@@ -16,12 +16,11 @@ import config
 import model_folder
 from arguments import ConfigError
 from config import resolve_config
-from data import StreamingLAIONDataset, SyntheticImageCaptionDataset, SyntheticLatentsDataset, caption_inputs
+from data import StreamingLAIONDataset, SyntheticImageCaptionDataset, SyntheticLatentsDataset
 from flags import parse_args
 from images import size_conditions
 from model import build_model
-from model_folder import CONFIGS_DIR, resolve_model_dir
-from tokenizer import CLIP_END_ID, CLIP_PAD_ID, caption_pad_ids
+from model_folder import CLIP_END_ID, CLIP_PAD_ID, CONFIGS_DIR, caption_inputs, caption_pad_ids, resolve_model_dir
 
 # Parameter counts of the public models (Diffusers layout, counted on the meta device).
 SD2_UNET = 865_910_724

@@ -14,12 +14,11 @@ import generate
 from arguments import ConfigError
 from benchmarks import learning_curve
 from config import resolve_config
-from data import caption_inputs
 from evaluation import ValidationSplit, sample_draws
 from export import pipeline_tokenizer
 from flags import parse_args
 from model import build_model, validation_timesteps
-from model_folder import CONFIGS_DIR
+from model_folder import CONFIGS_DIR, caption_inputs
 from model_parts import ValidationLoss
 from run import main
 from stability import CaptionDropout

@@ -14,28 +14,31 @@ from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
 from torch.utils.data import default_collate
 
+import encoding
 import generate
 import precompute
 from arguments import ConfigError
 from config import resolve_config
-from data import PrecomputedLatentsDataset, StreamingLAIONDataset, SyntheticImageCaptionDataset, caption_inputs
+from data import PrecomputedLatentsDataset, StreamingLAIONDataset, SyntheticImageCaptionDataset
 from flags import parse_args
 from images import unit_range
 from model import build_model
-from model_folder import CONFIGS_DIR, TRANSFORMER_TEXT_ENCODERS
-from run import main
-from tokenizer import (
+from model_folder import (
     CLIP_END_ID,
     CLIP_PAD_ID,
     CLIP_START_ID,
     CLIP_VOCAB_SIZE,
+    CONFIGS_DIR,
     T5_END_ID,
     T5_PAD_ID,
     T5_VOCAB_SIZE,
-    clip_tokenizer_folder,
-    column_tokenizers,
+    TRANSFORMER_TEXT_ENCODERS,
+    caption_inputs,
 )
-from transformer_model import FLUX, PIXART, SD3, Recipe, count_forward_flops
+from recipes import FLUX, PIXART, SD3, Recipe
+from run import main
+from tokenizer import clip_tokenizer_folder, column_tokenizers
+from transformer_model import count_forward_flops
 
 T5_XXL_ENCODER = 4_762_310_656
 EXPECTED_PARAMETERS = {  # the public models' counts (Diffusers layout)
@@ -418,7 +421,7 @@ def test_the_precomputed_step_equals_the_online_step_on_captions(name, captions,
     draws['sigmas' if name != 'tiny-pixart-sigma' else 'timesteps'] = (
         torch.tensor([0.25, 0.75]) if name != 'tiny-pixart-sigma' else torch.tensor([250, 750])
     )
-    stored = precompute.encode(online.model_dir, online.vae, online.text_encoders, batch, torch.device('cpu'))
+    stored = encoding.encode(online.model_dir, online.vae, online.text_encoders, batch, torch.device('cpu'))
     stored = {column: torch.from_numpy(array) for column, array in stored.items()}
     with torch.no_grad():
         expected = online.loss(online({**batch, **draws}), batch)
@@ -515,7 +518,7 @@ def test_precomputed_latents_a_transformer_cannot_patch_are_refused(tmp_path):
     from streaming import MDSWriter
 
     with MDSWriter(
-        out=str(tmp_path / 'odd'), columns=precompute.output_columns(CONFIGS_DIR / 'tiny-flux-schnell')
+        out=str(tmp_path / 'odd'), columns=encoding.output_columns(CONFIGS_DIR / 'tiny-flux-schnell')
     ) as out:
         for _ in range(4):
             out.write(

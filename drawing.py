@@ -1,0 +1,150 @@
+"""Prompts to images with a trained model (generate.py's work, once its flags check out): its Diffusers pipeline,
+loaded from a pipeline folder or built from a Composer checkpoint (export.build_pipeline), images drawn in batches
+from one seed per image and written as PNGs, and their CLIP score and FID where the local weights are given.
+"""
+
+import argparse
+from pathlib import Path
+
+import torch
+from composer.utils import reproducibility
+from diffusers import DiffusionPipeline, StableDiffusionPipeline
+from PIL import Image
+from tqdm import tqdm
+
+from arguments import ConfigError
+from evaluation import ValidationSplit
+from export import SCHEDULERS, build_pipeline, generate
+from model import build_model
+from model_folder import caption_pad_ids, is_transformer_folder
+from recipes import is_flow_matching
+from tokenizer import CaptionTokenizer
+from transformer_model import DiffusionTransformer
+
+FID_WEIGHTS_NEEDED = (
+    "FID: not computed; it needs --fid_weights FILE (torchvision's Inception v3 weights, "
+    'inception_v3_google-0cc3c7bd.pth) and --fid_reference DIR (an MDS split of reference images)'
+)
+CLIP_WEIGHTS_NEEDED = 'CLIP score: not computed; it needs --clip_model DIR (a local Transformers CLIP model folder)'
+
+
+def draw(args: argparse.Namespace, prompts: list[str]) -> torch.Tensor:
+    """Writes the images of generate.py's checked flags, prints the scores asked for; returns the images
+    (N, 3, H, W) in [0, 1]."""
+    reproducibility.seed_all(args.seed)
+    pipeline = load_pipeline(args)
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    pipeline.to(device)
+    pipeline.set_progress_bar_config(disable=True)
+    if not isinstance(pipeline, StableDiffusionPipeline):
+        tokenizer = None  # a diffusion transformer's pipeline holds the training tokenizers and uses them
+    elif args.checkpoint:  # the training tokenizer, padded as the model's text encoder was trained
+        tokenizer = CaptionTokenizer(args.tokenizer, caption_pad_ids(args.model_dir)[0])
+    else:
+        tokenizer = CaptionTokenizer(str(Path(args.pipeline) / 'tokenizer'))
+    size = args.image_size or default_image_size(pipeline)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    images = []
+    for start in tqdm(range(0, len(prompts), args.batch_size), desc='generating', unit='batch'):
+        batch = prompts[start : start + args.batch_size]
+        seeds = [args.seed + start + i for i in range(len(batch))]
+        images.append(generate(pipeline, batch, seeds, args.steps, args.guidance_scale, size, tokenizer).float().cpu())
+        for i, image in enumerate(images[-1]):
+            array = (image.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
+            Image.fromarray(array).save(out / f'{start + i:04d}.png')
+    images = torch.cat(images)
+    (out / 'prompts.txt').write_text(''.join(f'{i:04d}.png\t{args.seed + i}\t{p}\n' for i, p in enumerate(prompts)))
+    print(f'{len(prompts)} image(s) of {size}x{size} written to {out}')
+    print(clip_score(images, prompts, args.clip_model) if args.clip_model else CLIP_WEIGHTS_NEEDED)
+    print(fid(images, args.fid_reference, args.fid_weights, size) if args.fid_weights else FID_WEIGHTS_NEEDED)
+    return images
+
+
+def load_pipeline(args: argparse.Namespace) -> DiffusionPipeline:
+    if args.pipeline:
+        pipeline = DiffusionPipeline.from_pretrained(args.pipeline, local_files_only=True)
+        if args.scheduler:
+            if 'FlowMatch' in type(pipeline.scheduler).__name__:
+                raise ConfigError(
+                    f'--scheduler {args.scheduler}: {args.pipeline} holds a flow-matching model, which samples with '
+                    'its own Euler sampler'
+                )
+            pipeline.scheduler = SCHEDULERS[args.scheduler].from_config(pipeline.scheduler.config)
+        return pipeline
+    model_dir = args.model_dir
+    if (model_dir / 'text_encoder_2').is_dir() and not is_transformer_folder(model_dir):
+        raise ConfigError(
+            f"--model_name {args.model_name}: SDXL's two text encoders need Diffusers' StableDiffusionXLPipeline, "
+            'which generate.py does not build'
+        )
+    model = build_model(model_dir, args.prediction_type)
+    if args.scheduler and isinstance(model, DiffusionTransformer) and is_flow_matching(model.family):
+        raise ConfigError(
+            f'--scheduler {args.scheduler}: {args.model_name} is a flow-matching model, which samples with its own '
+            'Euler sampler'
+        )
+    state = torch.load(args.checkpoint, map_location='cpu', weights_only=False)['state']
+    try:
+        model.load_state_dict(state['model'])
+        if args.ema:
+            ema = dict(state.get('algorithms') or []).get('EMA')
+            if not ema or ema.get('ema') is None:
+                raise ConfigError(f'--ema: {args.checkpoint} holds no EMA average (the run had no --use_ema)')
+            model.load_state_dict(ema['ema'], strict=False)
+    except RuntimeError as error:  # missing keys or other shapes
+        reason = str(error).strip().splitlines()[0]
+        raise ConfigError(f'--checkpoint {args.checkpoint}: does not fit --model_name {args.model_name} ({reason})')
+    return build_pipeline(model, args.scheduler or 'ddim', args.tokenizer)
+
+
+def default_image_size(pipeline: DiffusionPipeline) -> int:
+    """The size the pipeline draws when given none: its denoiser's sample size in latents, times the VAE's 8."""
+    if isinstance(pipeline, StableDiffusionPipeline):
+        return pipeline.unet.config.sample_size * pipeline.vae_scale_factor
+    latents = getattr(pipeline, 'default_sample_size', None) or pipeline.transformer.config.sample_size
+    return latents * pipeline.vae_scale_factor
+
+
+def clip_score(images: torch.Tensor, prompts: list[str], folder: str) -> str:
+    from torchmetrics.multimodal.clip_score import CLIPScore
+    from transformers import CLIPModel, CLIPProcessor
+
+    def local_clip():  # torchmetrics takes hub names, or a function giving the model and its processor
+        return CLIPModel.from_pretrained(folder, local_files_only=True), CLIPProcessor.from_pretrained(folder)
+
+    metric = CLIPScore(model_name_or_path=local_clip)
+    metric.update((images * 255).round().byte(), prompts)
+    return f'CLIP score: {float(metric.compute()):.3f} ({len(prompts)} images, {folder})'
+
+
+def fid(images: torch.Tensor, reference: str, weights: str, size: int) -> str:
+    """FID against an MDS split's images, with Inception v3 features from a local torchvision weights file."""
+    import torchvision
+    from torchmetrics.image.fid import FrechetInceptionDistance
+
+    inception = torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=False)
+    inception.load_state_dict(torch.load(weights, map_location='cpu'))
+    inception.fc = torch.nn.Identity()  # the 2048 pooled features
+    metric = FrechetInceptionDistance(feature=InceptionFeatures(inception))
+    split = ValidationSplit(reference, (4, 1, 1), size)
+    real = torch.stack([split[i]['image'] for i in range(len(split)) if split[i]['valid']])
+    metric.update(real.float() / 255, real=True)
+    metric.update(images, real=False)
+    return f'FID: {float(metric.compute()):.2f} ({len(images)} generated, {len(real)} reference images of {reference})'
+
+
+class InceptionFeatures(torch.nn.Module):
+    """torchvision's Inception v3 as torchmetrics' FID feature extractor: [0, 1] images -> 2048 features."""
+
+    def __init__(self, inception: torch.nn.Module):
+        super().__init__()
+        self.inception = inception.eval()
+        self.num_features = 2048
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        images = images.float() / 255 if images.dtype == torch.uint8 else images
+        images = torch.nn.functional.interpolate(images, size=(299, 299), mode='bilinear', align_corners=False)
+        mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+        std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+        return self.inception((images - mean) / std)
