@@ -5,7 +5,7 @@ PYTHON ?= python3
 export HF_HUB_OFFLINE ?= 1
 export WANDB_MODE ?= offline
 
-.PHONY: install bench lint format test test-fast test-gpu gpu-check test-current test-gpu-image wheelhouse test-wheelhouse clean
+.PHONY: install bench lint format test test-fast test-gpu gpu-check gpu-campaign test-current test-gpu-image wheelhouse test-wheelhouse clean
 
 install: $(VENV)/.installed
 
@@ -62,6 +62,11 @@ gpu-check: install
 	gpus=$$($(VENV)/bin/python -c 'import torch; print(torch.cuda.device_count())'); \
 	$(call RUN_BENCHMARK,$(VENV),$(GPU_CHECK_RUN) --batch_size $$((16 * gpus)) --results_json results/gpu-check-online.json) && \
 	$(call RUN_BENCHMARK,$(VENV),$(GPU_CHECK_RUN) --batch_size $$((16 * gpus)) --precomputed_latents --results_json results/gpu-check-precomputed.json)
+
+# The GPU campaign (benchmarks/gpu_campaign.py, docs/speed.md): each call measures for at most 9 minutes, then
+# stops; the next call goes on where it stopped. Its folder, results/gpu-campaign, holds the table and every row.
+gpu-campaign: install
+	$(VENV)/bin/python benchmarks/gpu_campaign.py --resume
 
 # The second CPU lane, on today's stack rather than the pins (docs/install.md): a separate venv with the newest torch
 # from PyPI (a CUDA build, which loads its nvidia-* libraries even on a CPU, so pip installs them as usual) and

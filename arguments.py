@@ -23,6 +23,22 @@ class ConfigError(ValueError):
 
 
 class ArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors; an abbreviated flag is refused (the published flags are long, and
+    `--model_nam` must not quietly mean `--model_name`), and an unknown flag is named before a missing one."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault('allow_abbrev', False)
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        argv = sys.argv[1:] if args is None else list(args)
+        if self._subparsers is None:  # a command's own flags are its subparser's to check
+            known = self._option_string_actions
+            unknown = [arg for arg in argv if arg.startswith('--') and arg.split('=')[0] not in known]
+            if unknown:
+                self.error(f'unrecognized arguments: {" ".join(unknown)}')
+        return super().parse_args(argv, namespace)
+
     def error(self, message: str):
         stop(2, f'{message} (see {self.prog} --help)')
 

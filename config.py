@@ -24,6 +24,8 @@ import hardware
 from arguments import ConfigError
 from dataset_checks import DataError, DatasetDescription, describe_dataset
 from durations import Duration, parse_duration, parse_half_life
+from memory_plan import Plan, plan, plans_for
+from memory_plan import Run as PlannedRun
 from model_folder import (
     LATENT_DOWNSAMPLE,
     T5_CAPTION_LENGTH,
@@ -60,6 +62,7 @@ class RunConfig:
     caption_inputs: CaptionInputs  # what its batches carry beside the image (caption columns, SDXL's time_ids)
     prediction_type: str | None
     attention: str
+    run_recipe: str  # 'fast' or 'published': where the speed paths' and precision's defaults come from
     # data
     use_synth_data: bool
     remote: str | None
@@ -88,7 +91,9 @@ class RunConfig:
     seed: int
     # speed paths
     channels_last: bool
-    compile: bool
+    compile: str | None  # an Inductor mode (flags.COMPILE_MODES), None: eager
+    activation_checkpointing: bool
+    fp8: bool
     fused_adamw: bool
     low_precision_norm: bool
     encoders_bf16: bool
@@ -157,10 +162,9 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     draft = argparse.Namespace(**vars(args), notes=[])  # the caller's args stay as they were
     check_values(draft)
     gpu = hardware.gpu()
-    has_gpu = gpu is not None
-    fill_defaults(draft, has_gpu)
+    fill_defaults(draft, gpu)
     settle_recipe(draft)
-    settle_batch(draft, has_gpu)
+    settle_batch(draft, gpu)
     check_device(draft, gpu)
     settle_ema(draft)
     check_outputs(draft)
@@ -223,25 +227,82 @@ def parse_microbatch(text) -> int:
     return microbatch
 
 
-def fill_defaults(draft: argparse.Namespace, has_gpu: bool) -> None:
-    """The model folder (and what its batches carry), then the preset's and the device's values for flags left
-    unset."""
+FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first GPUs with float8 tensor cores
+# The speed paths a recipe turns on by default (each flag, given, wins): on a GPU the fast recipe takes the paths
+# MLPerf's SD2 submissions take (docs/speed.md), the published one none of them.
+FAST_PATHS = ('channels_last', 'fused_adamw', 'low_precision_norm', 'encoders_bf16', 'pin_memory')
+
+
+def fill_defaults(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
+    """The model folder (and what its batches carry), then the values of the flags left unset: the model's preset
+    (sizes, batch, duration) and the run recipe's (precision, attention, EMA, the speed paths, the microbatch), each
+    named in a note with where it comes from."""
+    has_gpu = gpu is not None
     if draft.model_name is None:
         draft.model_name = 'sd2-base' if has_gpu else 'tiny'
         why = 'a GPU is present' if has_gpu else 'no GPU found; pass --model_name sd2-base for the real model'
         draft.notes.append(f'--model_name not given: using {draft.model_name!r} ({why})')
     draft.model_dir = resolve_model_dir(draft.model_name)
     draft.caption_inputs = caption_inputs(draft.model_dir)
+    published = draft.run_recipe == 'published'
+    if published and is_transformer_folder(draft.model_dir):
+        raise ConfigError(
+            f"--recipe published: the 2023 run's settings are SD2's (a UNet); {draft.model_name} is a diffusion "
+            'transformer: leave out --recipe'
+        )
+    from_preset, from_recipe = {}, {}
     preset = PRESETS.get(draft.model_name, SD2_BASE)  # a model folder: the published run's values
+    # The fast recipe on a GPU plans the microbatch from memory (settle_batch), where the model's counts are known.
+    planned = has_gpu and not published and plans_for(draft.model_name)
     for flag, value in dataclasses.asdict(preset).items():
+        if getattr(draft, flag) is None and not (flag == 'device_train_microbatch_size' and planned):
+            setattr(draft, flag, value)
+            from_preset[flag] = value
+    online = not draft.precomputed_latents
+    recipe_values = {
+        'num_workers': 8 if has_gpu else 0,
+        'use_ema': published,
+        # The 2023 run: fp16 mixed precision and xFormers attention (SDPA where xFormers is not installed).
+        'precision': ('amp_fp16' if published else 'amp_bf16') if has_gpu else 'fp32',
+        'attention': 'xformers' if published and has_gpu and importlib.util.find_spec('xformers') else 'sdpa',
+    }
+    for flag in FAST_PATHS:
+        recipe_values[flag] = has_gpu and not published
+    mixed = (draft.precision or recipe_values['precision']) != 'fp32'
+    recipe_values['low_precision_norm'] &= mixed  # norms in the autocast precision need autocast
+    recipe_values['encoders_bf16'] &= online  # with precomputed latents there are no encoders
+    for flag, value in recipe_values.items():
         if getattr(draft, flag) is None:
             setattr(draft, flag, value)
-    if draft.num_workers is None:
-        draft.num_workers = 8 if has_gpu else 0
-    if draft.precision is None:
-        draft.precision = 'amp_bf16' if has_gpu else 'fp32'
-    if draft.pin_memory is None:
-        draft.pin_memory = has_gpu
+            from_recipe[flag] = value
+    draft.notes.append(describe_defaults(draft, from_preset, from_recipe, has_gpu))
+
+
+def describe_defaults(draft: argparse.Namespace, from_preset: dict, from_recipe: dict, has_gpu: bool) -> str:
+    """One line: the flags left unset and where their values come from, e.g. 'defaults: image_size 512, ... from
+    the sd2-base preset; precision amp_bf16, ...; on: channels_last, ...; off: ... from the 'fast' recipe on a GPU'."""
+
+    def listed(values: dict) -> str:
+        return ', '.join(
+            f'{flag} {"whole device batch" if value is None else plain(value)}' for flag, value in values.items()
+        )
+
+    settings = {flag: value for flag, value in from_recipe.items() if not isinstance(value, bool)}
+    switched = {flag: value for flag, value in from_recipe.items() if isinstance(value, bool)}
+    on = [flag for flag, value in switched.items() if value]
+    off = [flag for flag, value in switched.items() if not value]
+    preset = draft.model_name if draft.model_name in PRESETS else 'published (a model folder)'
+    recipe = ', '.join(
+        part
+        for part in (listed(settings), f'on: {", ".join(on)}' if on else '', f'off: {", ".join(off)}' if off else '')
+        if part
+    )
+    other = 'fast' if draft.run_recipe == 'published' else 'published'
+    return (
+        f'defaults: {listed(from_preset) or "none"} from the {preset} preset; {recipe or "none"} from the '
+        f'{draft.run_recipe!r} recipe on {"a GPU" if has_gpu else "a CPU"} (--recipe {other} for the other; a flag '
+        'given wins)'
+    )
 
 
 FLOW_FLAGS = ('timestep_density', 'logit_mean', 'logit_std', 'mode_scale', 'loss_weighting')
@@ -298,8 +359,10 @@ def settle_recipe(draft: argparse.Namespace) -> None:
             )
 
 
-def settle_batch(draft: argparse.Namespace, has_gpu: bool) -> None:
-    """Global batch = world size x device batch; device batch = microbatch x accumulation steps."""
+def settle_batch(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
+    """Global batch = world size x device batch; device batch = microbatch x accumulation steps; on a GPU under the
+    fast recipe, a microbatch not given is the largest its memory holds (memory_plan.py)."""
+    has_gpu = gpu is not None
     check_image_size(draft.image_size)  # a preset's, or one given (checked in check_values)
     draft.world_size = world_size = hardware.world_size()
     if draft.batch_size % world_size:
@@ -309,6 +372,16 @@ def settle_batch(draft: argparse.Namespace, has_gpu: bool) -> None:
         )
     draft.device_batch_size = device_batch = draft.batch_size // world_size
     microbatch = draft.device_train_microbatch_size
+    if microbatch is None and has_gpu and draft.run_recipe != 'published' and plans_for(draft.model_name):
+        planned = plan_microbatch(draft, gpu)
+        draft.notes.append(planned.describe())
+        if planned.microbatch is None:
+            raise ConfigError(
+                f'{draft.model_name} at {draft.image_size}px: {planned.describe()}; shard it over more GPUs '
+                f'(--fsdp full_shard){"" if draft.precomputed_latents else ", train from --precomputed_latents"}, '
+                'or give --device_train_microbatch_size'
+            )
+        microbatch = planned.microbatch
     if microbatch is None:
         draft.device_train_microbatch_size = device_batch
         return
@@ -328,6 +401,23 @@ def settle_batch(draft: argparse.Namespace, has_gpu: bool) -> None:
             f'{world_size} x {microbatch} = {world_size * microbatch}'
         )
     draft.device_train_microbatch_size = microbatch
+
+
+def plan_microbatch(draft: argparse.Namespace, gpu: hardware.Gpu) -> Plan:
+    run = PlannedRun(
+        draft.model_name,
+        draft.image_size,
+        draft.device_batch_size,
+        draft.world_size,
+        draft.use_ema,
+        draft.ema_offload,
+        draft.precomputed_latents,
+        draft.encoders_bf16,
+        draft.fsdp,
+        draft.precision != 'fp32',
+        draft.activation_checkpointing,
+    )
+    return plan(run, gpu.memory_bytes)
 
 
 def check_device(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
@@ -359,6 +449,8 @@ def check_device(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
             "--compile: torch 2.7.0's Inductor fails compiling this model's backward pass for CPU "
             '(KeyError in its C++ code generation, after minutes of compiling); use --compile on a GPU'
         )
+    if draft.fp8:
+        check_fp8(draft, gpu)
     if draft.pin_memory and not has_gpu:
         raise ConfigError('--pin_memory pins batches for copies to a GPU, and there is none: leave it out')
     if draft.low_precision_norm and draft.precision == 'fp32':
@@ -375,6 +467,33 @@ def check_device(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
         raise ConfigError(
             f'--fsdp_state_dict_type {draft.fsdp_state_dict_type}: applies to --fsdp checkpoints only; '
             'without --fsdp rank 0 writes one file'
+        )
+
+
+def check_fp8(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
+    """torchao's float8 training needs the float8 matrix units of compute capability 8.9 and later, bf16 autocast
+    around it, and linear layers to convert: a diffusion transformer's."""
+    if not is_transformer_folder(draft.model_dir):
+        raise ConfigError(
+            f"--fp8: float8 training converts a diffusion transformer's linear layers; {draft.model_name} is a UNet, "
+            'mostly convolutions'
+        )
+    if gpu is None or gpu.capability < FP8_CAPABILITY:
+        where = (
+            'no GPU here'
+            if gpu is None
+            else f'{gpu.name} has compute capability {gpu.capability[0]}.{gpu.capability[1]}'
+        )
+        raise ConfigError(
+            f'--fp8 needs float8 matrix units (an H100, H200 or newer: compute capability 8.9 or more); {where}'
+        )
+    if draft.precision != 'amp_bf16':
+        raise ConfigError(
+            f'--fp8 trains with bf16 autocast around the float8 matmuls: leave --precision {draft.precision} out'
+        )
+    if importlib.util.find_spec('torchao') is None:
+        raise ConfigError(
+            "--fp8: torchao is not installed: pip install 'torchao==0.11.0' (for torch 2.7; see docs/install.md)"
         )
 
 

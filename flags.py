@@ -10,6 +10,14 @@ from model_folder import BUILTIN_MODELS
 from presets import SAMPLERS
 from recipes import LOSS_WEIGHTINGS, TIMESTEP_DENSITIES
 
+# Inductor's modes (torch.compile's mode=), passed through Composer's compile_config.
+COMPILE_MODES = ('default', 'max-autotune-no-cudagraphs', 'reduce-overhead')
+
+
+def add_switch(group, flag: str, help: str) -> None:
+    """An on/off flag (--flag, --no-flag) whose default, left None here, the run's recipe settles (config.py)."""
+    group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help)
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = arguments.ArgumentParser(
@@ -35,8 +43,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     model.add_argument(
         '--attention',
         choices=['sdpa', 'xformers'],
-        default='sdpa',
-        help='UNet attention backend: PyTorch scaled_dot_product_attention or xFormers (default: %(default)s)',
+        default=None,
+        help='UNet attention backend: PyTorch scaled_dot_product_attention or xFormers (default: sdpa; with '
+        '--recipe published on a GPU, xformers where it is installed)',
     )
     data = parser.add_argument_group('data')
     data.add_argument('--use_synth_data', action='store_true', help='train on random images and captions')
@@ -112,7 +121,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         'has each rank write its own shards into a folder (torch.distributed.checkpoint) '
         '(default: %(default)s)',
     )
-    train.add_argument('--use_ema', action='store_true', help='keep an exponential moving average of the UNet')
+    add_switch(
+        train, '--use_ema', 'keep an exponential moving average of the UNet (default: off; on with --recipe published)'
+    )
     train.add_argument(
         '--ema_half_life',
         default='1000ba',
@@ -131,33 +142,59 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     train.add_argument('--seed', type=int, default=17, help='seeds the random init and the data (default: %(default)s)')
     speed = parser.add_argument_group(
-        'speed paths (off by default, pinned memory aside: none has been measured on a '
-        'GPU for this repo yet; benchmarks/speed_sweep.py measures them)'
+        'speed paths (docs/speed.md): on a GPU the fast recipe turns on channels_last, fused_adamw, '
+        'low_precision_norm, encoders_bf16 and pin_memory and plans the microbatch from memory; the published '
+        'recipe none of them. --no-<flag> turns one off'
     )
     speed.add_argument(
-        '--channels_last',
+        '--recipe',
+        dest='run_recipe',
+        choices=['fast', 'published'],
+        default='fast',
+        help="fast: the speed paths on a GPU (default); published: the 2023 run's choices (microbatch 4, fp16 "
+        'mixed precision, xFormers attention where installed, EMA, every speed path off), for its Table 1',
+    )
+    add_switch(
+        speed, '--channels_last', "convolutions in channels-last memory layout (Composer's ChannelsLast algorithm)"
+    )
+    speed.add_argument(
+        '--compile',
+        nargs='?',
+        const='default',
+        default=None,
+        choices=COMPILE_MODES,
+        metavar='MODE',
+        help="torch.compile the model through Composer's compile_config, in one of Inductor's modes: default (the "
+        'flag alone), max-autotune-no-cudagraphs (kernels tuned at start), reduce-overhead (CUDA graphs of the '
+        'compiled forward and backward: one launch each, at static shapes); GPU only',
+    )
+    speed.add_argument(
+        '--activation_checkpointing',
         action='store_true',
-        help="convolutions in channels-last memory layout (Composer's ChannelsLast algorithm)",
+        help="recompute each UNet or transformer block's activations in the backward (Diffusers' gradient "
+        'checkpointing): about a third more compute, a quarter of the activation memory or less, so larger '
+        'microbatches fit (the memory plan counts it)',
     )
-    speed.add_argument('--compile', action='store_true', help='torch.compile the model through Composer')
-    speed.add_argument('--fused_adamw', action='store_true', help="PyTorch's fused AdamW kernel (same update)")
     speed.add_argument(
+        '--fp8',
+        action='store_true',
+        help="torchao's float8 training of a diffusion transformer's linear layers (H100, H200 and newer; needs "
+        'amp_bf16); the UNets, mostly convolutions, are not converted',
+    )
+    add_switch(speed, '--fused_adamw', "PyTorch's fused AdamW kernel (same update)")
+    add_switch(
+        speed,
         '--low_precision_norm',
-        action='store_true',
-        help="GroupNorm and LayerNorm in the autocast precision (Composer's LowPrecisionGroupNorm "
+        "GroupNorm and LayerNorm in the autocast precision (Composer's LowPrecisionGroupNorm "
         'and LowPrecisionLayerNorm); needs --precision amp_bf16 or amp_fp16',
     )
-    speed.add_argument(
+    add_switch(
+        speed,
         '--encoders_bf16',
-        action='store_true',
-        help='keep the frozen VAE and text encoder weights in bf16 (half the memory and weight reads)',
+        'keep the frozen VAE and text encoder weights in bf16 (half the memory and weight reads)',
     )
-    speed.add_argument(
-        '--pin_memory',
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help='page-locked host memory for batches, so their copy to the GPU can overlap compute '
-        '(default: on with a GPU; --no-pin_memory turns it off)',
+    add_switch(
+        speed, '--pin_memory', 'page-locked host memory for batches, so their copy to the GPU can overlap compute'
     )
     ckpt = parser.add_argument_group('checkpoints')
     ckpt.add_argument('--run_name', default=None, help='run name (needed with --autoresume)')

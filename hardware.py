@@ -12,6 +12,7 @@ class Gpu:
     name: str
     memory_bytes: int
     bf16: bool
+    capability: tuple[int, int] = (0, 0)  # CUDA compute capability: (8, 0) A100, (9, 0) H100 and H200
 
 
 @functools.cache
@@ -25,6 +26,7 @@ def gpu() -> Gpu | None:
         torch.cuda.get_device_name(),
         torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory,
         torch.cuda.is_bf16_supported(),
+        torch.cuda.get_device_capability(),
     )
 
 

@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 
 import torch
+import torch._dynamo  # its exceptions and counters: --compile's failures and CUDA graph skips
 from composer import Trainer
 from composer.loggers import InMemoryLogger
 from composer.utils import dist, get_device, reproducibility
@@ -30,6 +31,7 @@ from stack import check_stack
 from streaming_fixes import clean_stale_shared_memory
 from tokenizer import TokenizerError
 from training import build_dataloader, build_trainer
+from transformer_model import convert_to_float8
 
 
 def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer:
@@ -62,6 +64,11 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
         init_device,
         config.recipe,
     )
+    if config.activation_checkpointing:
+        model.denoiser.enable_gradient_checkpointing()  # Diffusers' own: each block recomputed in the backward
+    if config.fp8:
+        converted = convert_to_float8(model.denoiser)
+        announce(f"fp8: {converted} of the transformer's linear layers train in float8 (torchao)")
     announce(describe_model(config, model))
     if not config.use_synth_data:
         clean_stale_shared_memory()  # a killed run's Streaming shared memory would block this one
@@ -84,6 +91,7 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
         trainer.eval()  # the start of the learning curve, and the untrained model's samples
     trainer.fit()
     check_finished(trainer, config)
+    warn_of_cuda_graphs_skipped(config)
     if dist.get_global_rank() == 0:
         results = summarize(trainer, config)
         leave_verdict(print_summary(results))
@@ -100,6 +108,17 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
         pipeline = export_pipeline(trainer, config.export_pipeline, config.sample_scheduler, config.tokenizer)
         announce(f'pipeline saved to {config.export_pipeline} ({pipeline}.from_pretrained loads it)')
     return trainer
+
+
+def warn_of_cuda_graphs_skipped(config: RunConfig) -> None:
+    """Inductor runs a graph it cannot capture (dynamic shapes, CPU work, mutated inputs) without CUDA graphs, and
+    says so only in its log: one line says it here, as the run's launches are then not the one replay asked for."""
+    skipped = torch._dynamo.utils.counters['inductor']['cudagraph_skips']
+    if config.compile == 'reduce-overhead' and skipped:
+        announce(
+            f'warning: --compile reduce-overhead: Inductor ran {skipped} graph(s) without CUDA graphs (its log line '
+            '"skipping cudagraphs due to ..." says why); the throughput is of that run'
+        )
 
 
 class IncompleteRun(RuntimeError):
@@ -272,6 +291,10 @@ def main_reporting_errors(args: argparse.Namespace, callbacks: tuple = ()) -> Tr
     except OSError as error:  # a write of the run failed (results, export, samples): a full disk, a removed folder
         where = f'{error.filename}: ' if error.filename else ''
         stop(1, f'{where}{error.strerror or error}')
+    except torch._dynamo.exc.TorchDynamoException as error:  # --compile: tracing, compiling or a CUDA graph failed
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+        reason = ' '.join(lines[:2]) if lines[0].endswith(':') else lines[0]  # "backend='inductor' raised:", why
+        stop(1, f'--compile {args.compile}: {reason}; run without --compile, or with another mode')
     except (DataError, TokenizerError) as error:  # found while training, e.g. a dataset of mostly bad samples
         # Raised in a dataloader worker, the message carries the worker's traceback: its last line is the reason.
         last_line = str(error).strip().splitlines()[-1]

@@ -37,8 +37,17 @@ from presets import SYNTHETIC_SAMPLES
 from stability import lr_scheduler, stability_algorithms
 from tokenizer import TokenizerError
 
-# torch.compile options for --compile, as Composer's compile_config: Inductor with its defaults.
+# torch.compile options for --compile, as Composer's compile_config: Inductor, in the mode --compile names.
 COMPILE_CONFIG: dict = {}
+
+
+def compile_config(mode: str | None) -> dict | None:
+    """Composer's compile_config for --compile MODE (torch.compile's own default mode is given as no mode), at static
+    shapes: every microbatch has the same (the loader drops a last partial batch), and a graph Dynamo made dynamic
+    after a recompile would be one that reduce-overhead's CUDA graphs skip."""
+    if mode is None:
+        return None
+    return {**COMPILE_CONFIG, 'dynamic': False, **({} if mode == 'default' else {'mode': mode})}
 
 
 def build_dataloader(config: RunConfig, model: DiffusionModel) -> DataLoader:
@@ -176,7 +185,7 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
         save_interval=config.save_interval,
         autoresume=config.autoresume,
         algorithms=algorithms,
-        compile_config=COMPILE_CONFIG if config.compile else None,
+        compile_config=compile_config(config.compile),
         profiler=None if config.profile is None else build_profiler(config),
         parallelism_config=None
         if config.fsdp == 'none'

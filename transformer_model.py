@@ -362,6 +362,20 @@ def count_forward_flops(
 # ----------------------------------------------------------------------------------- building
 
 
+def convert_to_float8(transformer: torch.nn.Module, emulate: bool = False) -> int:
+    """torchao's float8 training (--fp8) of the linear layers whose dimensions are both multiples of 16, as its
+    float8 matmul needs: dynamic per-tensor scales, e4m3 forward and e5m2 gradients, the weights kept in their own
+    precision for the optimizer. `emulate`: the float8 casts in ordinary matmuls (CPU tests). Returns how many
+    layers it converted."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # --fp8 only
+
+    def convertible(module: torch.nn.Module, name: str) -> bool:
+        return isinstance(module, torch.nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+    convert_to_float8_training(transformer, config=Float8LinearConfig(emulate=emulate), module_filter_fn=convertible)
+    return sum(type(module).__name__ == 'Float8Linear' for module in transformer.modules())
+
+
 def build_transformer_model(
     model_dir: Path,
     precomputed: bool = False,

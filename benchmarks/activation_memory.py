@@ -35,7 +35,7 @@ SIZES = {
 
 
 def main(argv=None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split('\n\n')[0])
     parser.add_argument('--model_name', nargs='+', default=list(SIZES), help='models (default: every built-in one)')
     parser.add_argument('--image_size', nargs='+', type=int, help="sizes in pixels (default: each model's)")
     args = parser.parse_args(argv)

@@ -19,7 +19,9 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument('--repeats', type=int, default=5, help='timed updates per implementation')
     parser.add_argument('--device', default=None, help='cuda or cpu (default: cuda when there is a GPU, else cpu)')
     parser.add_argument('--no_step', action='store_true', help='on a GPU, skip timing the SD2 training step')

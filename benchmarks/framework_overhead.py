@@ -36,7 +36,9 @@ def median_ms(steps: list[dict], key: str | None = None) -> float:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument('--steps', type=int, default=60, help='steps per run')
     parser.add_argument('--warmup', type=int, default=10, help='steps left out at the start of each run')
     parser.add_argument('--rounds', type=int, default=3, help='runs, each with fresh models')

@@ -49,7 +49,9 @@ def plot(runs: list[tuple[str, list, list]], out: Path) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description='Plot validation loss against samples seen from results files.')
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description='Plot validation loss against samples seen from results files.'
+    )
     parser.add_argument('results', nargs='+', help='benchmark.py --results_json files of runs with validation')
     parser.add_argument('--label', action='append', default=[], help='a label per file, in order (default: names)')
     parser.add_argument('--out', default='results/learning_curve.png', help='the PNG (default: %(default)s)')

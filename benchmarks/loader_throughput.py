@@ -63,7 +63,7 @@ def rate(function, count: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split('\n\n')[0])
     parser.add_argument('--images', type=int, default=64, help='images per source size (each read 4 times)')
     parser.add_argument('--rounds', type=int, default=3)
     parser.add_argument('--size', type=int, default=512, help='training resolution')

@@ -182,7 +182,7 @@ def report(summary: dict, top: int = 15) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        allow_abbrev=False, description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument('trace', type=Path, help='a trace from benchmark.py --profile (.json or .json.gz)')
     parser.add_argument('--top', type=int, default=15, help='rows of kernels and operators (default: %(default)s)')

@@ -31,10 +31,26 @@ def fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     return FusedAttentionSaves.apply(query, key, value)
 
 
-def saved_bytes_per_image(model_name: str, image_size: int) -> int:
-    """Bytes the training step of one `image_size` image keeps for the backward, as bf16."""
+def saved_bytes_per_image(model_name: str, image_size: int, activation_checkpointing: bool = False) -> int:
+    """Bytes the training step of one `image_size` image keeps for the backward, as bf16. With activation
+    checkpointing (Diffusers' gradient checkpointing of the denoiser's blocks): what is saved outside the blocks,
+    each block's inputs, and the most one block keeps while the backward recomputes it."""
     with torch.device('meta'):
         model = build_model(resolve_model_dir(model_name), precomputed=True)
+    block_inputs, largest_block = {}, [0]
+    if activation_checkpointing:
+
+        def checkpointed(block, *args):
+            # What torch.utils.checkpoint keeps of a block (its tensor inputs), and what the block alone saves,
+            # which its recomputation holds during the backward; on the meta device nothing is recomputed.
+            block_inputs.update({id(a): a.numel() * BYTES_PER_ELEMENT for a in args if isinstance(a, torch.Tensor)})
+            inside = {}
+            with torch.autograd.graph.saved_tensors_hooks(counter(inside, parameters), lambda tensor: tensor):
+                output = block(*args)
+            largest_block[0] = max(largest_block[0], sum(inside.values()))
+            return output
+
+        model.denoiser.enable_gradient_checkpointing(checkpointed)
     shapes = model.precomputed_shapes(image_size // LATENT_DOWNSAMPLE)
     sample = SyntheticLatentsDataset(**shapes, num_samples=1)[0]
     batch = {name: tensor.to('meta') for name, tensor in default_collate([sample]).items()}
@@ -47,6 +63,19 @@ def saved_bytes_per_image(model_name: str, image_size: int) -> int:
     parameters = {id(p) for p in model.parameters()}
     saved = {}
 
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    torch.nn.functional.scaled_dot_product_attention = fused_attention
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(counter(saved, parameters), lambda tensor: tensor):
+            model.loss(model(batch), batch)
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = sdpa
+    return sum({**saved, **block_inputs}.values()) + largest_block[0]  # a tensor both saved and an input: once
+
+
+def counter(saved: dict, parameters: set[int]):
+    """A saved-tensor hook that records each saved tensor's bytes in `saved`, once per tensor, weights left out."""
+
     def count(tensor):
         is_weight = id(tensor) in parameters or (tensor._base is not None and id(tensor._base) in parameters)
         if not is_weight:
@@ -54,11 +83,4 @@ def saved_bytes_per_image(model_name: str, image_size: int) -> int:
             saved[id(tensor)] = tensor.numel() * size  # by identity: a tensor saved twice is held once
         return tensor
 
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    torch.nn.functional.scaled_dot_product_attention = fused_attention
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor):
-            model.loss(model(batch), batch)
-    finally:
-        torch.nn.functional.scaled_dot_product_attention = sdpa
-    return sum(saved.values())
+    return count

@@ -17,7 +17,7 @@ already finished in --out with the same command instead of running it again. Thr
 is benchmark.py's: the median of SpeedMonitor's rolling windows, warm-up excluded, on one GPU.
 The baseline is the published run's choices on today's stack: bf16 autocast, PyTorch SDPA attention,
 fp32 frozen encoders run online, eager mode, AdamW's default (foreach) kernels, 8 loader workers and
-pinned memory.
+pinned memory: the fast recipe's other speed paths turned off (SPEED_PATHS_OFF).
 """
 
 import argparse
@@ -63,6 +63,8 @@ SPEED_PATHS = {
     'workers_2': SpeedPath(('--num_workers', '2')),
     'no_pin_memory': SpeedPath(('--no-pin_memory',), gpu_only=True),
 }
+# The fast recipe's speed paths, off in every row (a row's own flags, after them, turn its one back on).
+SPEED_PATHS_OFF = ('--no-channels_last', '--no-fused_adamw', '--no-low_precision_norm', '--no-encoders_bf16')
 MODES = {'online': (), 'precomputed': ('--precomputed_latents',)}
 # Samples per forward/backward on one 80 GB GPU: at 512px the published A100-40GB run fit 4 with
 # xFormers, about 6 GB of activations each next to 15 GB of weights, gradients and AdamW state.
@@ -82,7 +84,7 @@ ANCHORS = {
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        allow_abbrev=False, description=__doc__.split('\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         '--model_name',
@@ -234,6 +236,7 @@ def run_row(
         '--results_json',
         str(results_json),
         *MODES[mode],
+        *SPEED_PATHS_OFF,
         *flags,
         *(['--profile', str(profile)] if profile else []),
     ]

@@ -165,6 +165,30 @@ def test_microbatching_gives_the_same_gradients():
         torch.testing.assert_close(accumulated, whole, rtol=1e-4, atol=1e-6)
 
 
+def test_compile_modes_reach_composers_compile_config():
+    assert parse_args(['--compile']).compile == 'default'
+    assert training.compile_config(None) is None and training.compile_config('default') == {'dynamic': False}
+    assert training.compile_config('reduce-overhead') == {'dynamic': False, 'mode': 'reduce-overhead'}
+    assert training.compile_config('max-autotune-no-cudagraphs')['mode'] == 'max-autotune-no-cudagraphs'
+
+
+def test_a_compile_that_fails_stops_in_one_line_naming_the_flag(monkeypatch, capfd):
+    """A backend that raises, as a failed CUDA graph capture or Inductor compile does on a GPU."""
+    import run
+
+    def failing_backend(graph, inputs):
+        raise RuntimeError('capture failed')
+
+    monkeypatch.setattr(training, 'COMPILE_CONFIG', {'backend': failing_backend})
+    config = resolve_config(parse_args(TINY + ['--batch_size', '4', '--max_duration', '1ba', '--num_workers', '0']))
+    with pytest.raises(SystemExit) as stopped:
+        run.main_reporting_errors(dataclasses.replace(config, compile='default'))  # refused on CPU by resolve_config
+    error = capfd.readouterr().err.strip().splitlines()[-1].split('\x1b[A')[-1]  # after the progress bar's
+    assert stopped.value.code == 1
+    assert error.startswith('error: --compile default: ') and 'RuntimeError: capture failed' in error
+    assert error.endswith('; run without --compile, or with another mode')
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('data', ['online', 'precomputed'])
 def test_compile_traces_the_whole_step_in_one_graph_and_trains_as_eager(monkeypatch, data):
@@ -185,7 +209,8 @@ def test_compile_traces_the_whole_step_in_one_graph_and_trains_as_eager(monkeypa
     losses, forwards = {}, {}
     for compiled in (False, True):
         args = resolve_config(parse_args(flags + (['--precomputed_latents'] if data == 'precomputed' else [])))
-        args = dataclasses.replace(args, compile=compiled)  # resolve_config refuses --compile on CPU (Inductor)
+        # resolve_config refuses --compile on CPU (Inductor)
+        args = dataclasses.replace(args, compile='default' if compiled else None)
         torch._dynamo.reset()
         counters.clear()
         keep = KeepLosses()

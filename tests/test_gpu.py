@@ -34,7 +34,20 @@ from run import main
 pytestmark = pytest.mark.gpu
 
 # The tiny model on random tensors for 4 batches of 8, two loader workers: seconds on any GPU.
-RUN = [*TINY, '--image_size', '64', '--batch_size', '8', '--max_duration', '4ba', '--num_workers', '2']
+# The speed paths the fast recipe turns on by default on a GPU, off: each test below turns on the one it checks.
+SPEED_PATHS_OFF = ['--no-channels_last', '--no-fused_adamw', '--no-low_precision_norm', '--no-encoders_bf16']
+RUN = [
+    *TINY,
+    '--image_size',
+    '64',
+    '--batch_size',
+    '8',
+    '--max_duration',
+    '4ba',
+    '--num_workers',
+    '2',
+    *SPEED_PATHS_OFF,
+]
 FP32 = [*RUN, '--precision', 'fp32']
 BF16 = [*RUN, '--precision', 'amp_bf16']
 # The published run's microbatch per A100-40GB; the card's 40 GiB less the CUDA context, in results' 10^9 bytes.
@@ -300,6 +313,42 @@ def test_speed_flags_keep_the_fp32_step(tmp_path, plain_fp32, flags):
     if flags == ['--channels_last']:
         conv = unwrap(run.trainer.state.model).unet.conv_in.weight
         assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+
+
+@pytest.mark.parametrize('mode', ['max-autotune-no-cudagraphs', 'reduce-overhead'])
+def test_compile_modes_train_the_bf16_step(tmp_path, plain_bf16, mode, capfd):
+    run = train(tmp_path, *BF16, '--compile', mode)
+    assert run.results['config']['compile'] == mode
+    assert run.losses[0] == pytest.approx(plain_bf16.losses[0], rel=5e-2)
+    assert all(math.isfinite(loss) for loss in run.losses)
+    assert 'without CUDA graphs' not in capfd.readouterr().out  # reduce-overhead: every graph captured
+
+
+def test_activation_checkpointing_keeps_the_bf16_step(tmp_path, plain_bf16):
+    run = train(tmp_path, *BF16, '--activation_checkpointing')
+    assert_same_step(run, plain_bf16, gradient_tolerance=5e-2, update_tolerance=None)
+
+
+def test_fp8_trains_a_transformer_twin(tmp_path, capfd):
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip('float8 matmuls need compute capability 8.9 (an H100, H200 or newer)')
+    flags = ['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--batch_size', '8', '--max_duration', '4ba']
+    run = train(tmp_path, *flags, '--fp8')
+    assert "of the transformer's linear layers train in float8" in capfd.readouterr().out
+    assert run.results['config']['fp8'] and all(math.isfinite(loss) for loss in run.losses)
+
+
+def test_the_planned_microbatch_fits_the_gpu(tmp_path, capfd):
+    """SD2 base from precomputed latents at the microbatch the plan gives this GPU: it trains, and its peak
+    memory stays under the plan's total (the margin is calibrated on an H100)."""
+    planned = resolve_config(parse_args(['--use_synth_data', '--precomputed_latents']))
+    microbatch = planned.device_train_microbatch_size
+    flags = ['--use_synth_data', '--precomputed_latents', '--batch_size', str(microbatch), '--max_duration', '3ba']
+    run = train(tmp_path, *flags)
+    note = next(line for line in capfd.readouterr().out.splitlines() if '(planned)' in line)
+    total_gb = float(note.split(' = ')[1].split(' GB')[0])
+    assert run.results['device_train_microbatch_size'] == microbatch >= 8
+    assert run.results['peak_gpu_memory_gb'] < total_gb
 
 
 @pytest.mark.parametrize('flags', [['--low_precision_norm'], ['--encoders_bf16']], ids=' '.join)

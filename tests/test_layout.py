@@ -89,7 +89,7 @@ def test_a_run_is_settled_from_modules_that_load_no_heavy_library():
         top, _, libraries = imports(REPO / f'{name}.py')
         assert not libraries & HEAVY, f'{name}.py imports {sorted(libraries & HEAVY)} at its top level'
         todo += sorted(top - settled)
-    assert {'presets', 'recipes', 'durations', 'hardware', 'model_folder', 'tokenizer'} <= settled
+    assert {'presets', 'recipes', 'durations', 'hardware', 'memory_plan', 'model_folder', 'tokenizer'} <= settled
 
 
 def test_repo_modules_are_imported_inside_functions_only_by_entry_points():
@@ -135,6 +135,8 @@ BAD_FLAGS = {
     'benchmarks/activation_memory.py': [['--model_name', 'nosuch']],
     'benchmarks/ema_update.py': [['--repeats', 'x']],
     'benchmarks/framework_overhead.py': [['--steps', 'x']],
+    'benchmarks/host_overhead.py': [['--launch_us', '0'], ['--model_name', 'nosuch']],
+    'benchmarks/gpu_campaign.py': [['--time_limit', '0'], ['--steps', 'nosuch']],
     'benchmarks/learning_curve.py': [[]],
     'benchmarks/loader_throughput.py': [['--images', 'x']],
     'benchmarks/profile_summary.py': [[]],
@@ -212,3 +214,18 @@ def test_a_flag_error_is_kept_for_the_makefile(tmp_path):
     )
     assert run.returncode == 2 and run.stderr.count('\n') == 1
     assert verdict.read_text() == run.stderr
+
+
+@pytest.mark.parametrize(
+    'script, flags, named',
+    [
+        ('generate.py', ['--foo'], '--foo'),  # not the missing --out
+        ('benchmark.py', ['--model_nam', 'tiny'], '--model_nam'),  # no abbreviation of --model_name
+        ('precompute.py', ['--out', 'x', '--model', 'tiny'], '--model'),
+        ('benchmarks/speed_sweep.py', ['--size', '512'], '--size'),
+    ],
+)
+def test_an_unknown_or_abbreviated_flag_is_named(script, flags, named, tmp_path):
+    run = subprocess.run([sys.executable, str(REPO / script), *flags], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 2
+    assert f'unrecognized arguments: {named}' in run.stderr.splitlines()[-1]

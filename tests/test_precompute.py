@@ -364,6 +364,16 @@ def test_channels_last_keeps_the_result():
     assert_same_update(plain, channels_last)
 
 
+def test_activation_checkpointing_keeps_the_update_and_keeps_fewer_activations():
+    from benchmarks.saved_activations import saved_bytes_per_image
+
+    plain, checkpointed = train(), train('--activation_checkpointing')
+    assert checkpointed.unet.is_gradient_checkpointing and not plain.unet.is_gradient_checkpointing
+    assert_same_update(plain, checkpointed, tolerance=1e-4)  # the same ops, recomputed in the backward
+    for model_name in ('tiny', 'tiny-pixart-sigma'):
+        assert saved_bytes_per_image(model_name, 64, True) < saved_bytes_per_image(model_name, 64)
+
+
 def test_the_random_draws_of_a_step_do_not_depend_on_the_memory_layout():
     """The same seed draws the same latent noise and noise, so the same target, from channels-last latents as
     from contiguous ones: on a GPU, --channels_last makes the VAE return channels-last latents, and the step must

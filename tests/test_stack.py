@@ -112,8 +112,9 @@ def test_the_pins_agree_with_the_requirement_files():
     shared = set(pinned) & set(current)
     assert {'mosaicml', 'mosaicml-streaming', 'diffusers', 'transformers', 'huggingface-hub', 'boto3'} <= shared
     # Both files pin the same versions, except the Hugging Face libraries: requirements-current.txt has their newest
-    # releases (Transformers 5 and huggingface_hub 2), which Composer's torch <2.7.1 keeps out of the pinned stack.
-    newest = {'diffusers', 'transformers', 'huggingface-hub', 'tokenizers'}
+    # releases (Transformers 5 and huggingface_hub 2), which Composer's torch <2.7.1 keeps out of the pinned stack;
+    # and torchao, whose releases follow torch's.
+    newest = {'diffusers', 'transformers', 'huggingface-hub', 'tokenizers', 'torchao'}
     assert [p for p in shared - newest if current[p][2:] not in SpecifierSet(pinned[p])] == []
     for transformers in (pinned['transformers'], current['transformers']):
         assert any(transformers[2:] in SpecifierSet(tested) for tested in stack.TESTED['transformers'])

@@ -534,3 +534,52 @@ def test_precomputed_latents_a_transformer_cannot_patch_are_refused(tmp_path):
     flags += ['--batch_size', '4']
     with pytest.raises(ConfigError, match=r'latents of 5x5 \(40px\), but tiny-flux-schnell reads 2x2 patches'):
         resolve_config(parse_args(flags))
+
+
+# ------------------------------------------------------------------------------------------ float8 training
+
+
+@pytest.mark.parametrize(
+    'name, levels',
+    [
+        ('tiny-flux-schnell', ('sigmas', torch.tensor([0.25, 0.9]))),
+        ('tiny-sd3.5-medium', ('sigmas', torch.tensor([0.5, 0.05]))),
+        ('tiny-pixart-sigma', ('timesteps', torch.tensor([10, 900]))),
+    ],
+)
+def test_fp8_converts_the_linear_layers_and_keeps_the_loss_within_float8_rounding(name, levels):
+    """torchao's float8 training, emulated on the CPU (its casts to e4m3 and e5m2 around ordinary matmuls)."""
+    from transformer_model import convert_to_float8
+
+    torch.manual_seed(0)
+    model = build_model(CONFIGS_DIR / name)
+    batch = {**twin_batch(name), levels[0]: levels[1]}
+    reference = model.loss(model(batch), batch)
+    linear = [m for m in model.transformer.modules() if isinstance(m, torch.nn.Linear)]
+    convertible = [m for m in linear if m.in_features % 16 == 0 and m.out_features % 16 == 0]
+    assert convert_to_float8(model.transformer, emulate=True) == len(convertible) > 0
+    assert not any(type(m).__name__ == 'Float8Linear' for m in model.vae.modules())  # only the transformer's
+    loss = model.loss(model(batch), batch)
+    loss.backward()
+    # e4m3 keeps 3 mantissa bits (a relative step of 1/16): the loss moves by far less than that, but it moves.
+    assert loss.item() == pytest.approx(reference.item(), rel=0.05) and loss.item() != reference.item()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.transformer.parameters())
+
+
+def test_fp8_is_refused_where_it_cannot_run(monkeypatch):
+    import hardware
+
+    with pytest.raises(ConfigError, match=r'--fp8 needs float8 matrix units .*; no GPU here'):
+        resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--fp8']))
+    h100 = hardware.Gpu('NVIDIA H100 80GB HBM3', 85_029_158_912, True, (9, 0))
+    a100 = hardware.Gpu('NVIDIA A100-SXM4-40GB', 42_505_273_344, True, (8, 0))
+    for gpu, flags, message in (
+        (a100, [], 'NVIDIA A100-SXM4-40GB has compute capability 8.0'),
+        (h100, ['--model_name', 'tiny'], 'tiny is a UNet'),
+        (h100, ['--precision', 'amp_fp16'], 'leave --precision amp_fp16 out'),
+    ):
+        monkeypatch.setattr(hardware, 'gpu', lambda gpu=gpu: gpu)
+        with pytest.raises(ConfigError, match=message):
+            resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--fp8', *flags]))
+    monkeypatch.setattr(hardware, 'gpu', lambda: h100)
+    assert resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--fp8'])).fp8

@@ -36,7 +36,6 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: E402
 
 import benchmark  # noqa: E402
-import run  # noqa: E402
 from ema import EMA  # noqa: E402
 
 
@@ -83,13 +82,13 @@ def cpu_fsdp() -> None:
         return StateDictOptions(**{**options, 'cpu_offload': False})
 
     composer_state.StateDictOptions = without_offload
-    resolve_config = run.resolve_config
+    resolve_config = benchmark.resolve_config  # benchmark.py settles the flags before the run starts
 
     def resolve_on_cpu(args):
         config = resolve_config(argparse.Namespace(**{**vars(args), 'fsdp': 'none', 'fsdp_state_dict_type': 'full'}))
         return dataclasses.replace(config, fsdp=args.fsdp, fsdp_state_dict_type=args.fsdp_state_dict_type)
 
-    run.resolve_config = resolve_on_cpu
+    benchmark.resolve_config = resolve_on_cpu
 
 
 def kill_while_writing_checkpoint(number: int) -> None:

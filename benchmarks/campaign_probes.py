@@ -1,0 +1,120 @@
+"""The GPU campaign's measurements that are not benchmark.py runs, each run by benchmarks/gpu_campaign.py in a
+process of its own and printing one JSON line last:
+
+    python -m benchmarks.campaign_probes environment
+    python -m benchmarks.campaign_probes transformer_step --model_name flux-schnell --image_size 256 [--fp8]
+
+environment: the device, driver and versions, and two measured ceilings: a bf16 matrix multiply's FLOP/s (fp32 on
+a CPU) and a device-to-device copy's bytes per second. transformer_step: a denoiser's forward and backward per image
+from precomputed latents in bf16, weights and gradients on the device, no optimizer (one GPU holds Flux's weights,
+not its AdamW state), with its training FLOPs, for MLPerf flux1's per-GPU rows.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+import torch
+from torch.utils.data import default_collate
+
+from data import SyntheticLatentsDataset
+from model import build_model
+from model_folder import LATENT_DOWNSAMPLE, resolve_model_dir
+from results import cpu_name, package_versions
+from transformer_model import convert_to_float8
+
+
+def timed(step, device: torch.device, repeats: int) -> float:
+    """Median seconds of `step` over `repeats` calls after one warm-up, the device synchronized around each."""
+    step()
+    seconds = []
+    for _ in range(repeats):
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def environment() -> dict:
+    on_gpu = torch.cuda.is_available()
+    device = torch.device('cuda' if on_gpu else 'cpu')
+    size, dtype = (8192, torch.bfloat16) if on_gpu else (1024, torch.float32)
+    a, b = torch.randn(size, size, device=device, dtype=dtype), torch.randn(size, size, device=device, dtype=dtype)
+    matmul = timed(lambda: a @ b, device, 10)
+    source = torch.empty(2**28 if on_gpu else 2**24, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    copy = timed(lambda: target.copy_(source), device, 10)
+    return {
+        'device': torch.cuda.get_device_name() if on_gpu else cpu_name(),
+        'driver': torch.cuda.driver_version() if on_gpu and hasattr(torch.cuda, 'driver_version') else None,
+        'cuda': torch.version.cuda,
+        'python': platform.python_version(),
+        'versions': package_versions(),
+        'memory_gb': torch.cuda.get_device_properties(0).total_memory / 1e9 if on_gpu else None,
+        'matmul_tflops': 2 * size**3 / matmul / 1e12,
+        'matmul_dtype': str(dtype).removeprefix('torch.'),
+        'copy_gb_s': 2 * source.numel() / copy / 1e9,  # read and written
+    }
+
+
+def transformer_step(model_name: str, image_size: int, microbatch: int, fp8: bool) -> dict:
+    on_gpu = torch.cuda.is_available()
+    device = torch.device('cuda' if on_gpu else 'cpu')
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    model = build_model(resolve_model_dir(model_name), precomputed=True, init_device=device).to(dtype)
+    if fp8:
+        convert_to_float8(model.denoiser)
+    shapes = model.precomputed_shapes(image_size // LATENT_DOWNSAMPLE)
+    samples = SyntheticLatentsDataset(**shapes, num_samples=microbatch)
+    batch = {
+        name: tensor.to(device, dtype) if tensor.is_floating_point() else tensor.to(device)
+        for name, tensor in default_collate(list(samples)).items()
+    }
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model.loss(model(batch), batch).backward()
+
+    seconds = timed(step, device, 5)
+    flops = model.trained_flops_per_image(image_size, image_size)
+    return {
+        'model_name': model_name,
+        'image_size': image_size,
+        'microbatch': microbatch,
+        'fp8': fp8,
+        'seconds_per_image': seconds / microbatch,
+        'img_per_sec': microbatch / seconds,
+        'trained_flops_per_image': flops,
+        'trained_parameters': sum(p.numel() for p in model.denoiser.parameters()),
+        'tflops': flops * microbatch / seconds / 1e12,
+        'peak_gpu_memory_gb': torch.cuda.max_memory_allocated() / 1e9 if on_gpu else None,
+        'device': torch.cuda.get_device_name() if on_gpu else cpu_name(),
+        'on_gpu': on_gpu,
+    }
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split('\n\n')[0])
+    parser.add_argument('probe', choices=['environment', 'transformer_step'])
+    parser.add_argument('--model_name', default='flux-schnell')
+    parser.add_argument('--image_size', type=int, default=256)
+    parser.add_argument('--microbatch', type=int, default=1)
+    parser.add_argument('--fp8', action='store_true', help="torchao's float8 training of the linear layers")
+    args = parser.parse_args(argv)
+    if args.probe == 'environment':
+        measured = environment()
+    else:
+        measured = transformer_step(args.model_name, args.image_size, args.microbatch, args.fp8)
+    print(json.dumps(measured), flush=True)
+    return measured
+
+
+if __name__ == '__main__':
+    sys.exit(0 if main() else 1)
