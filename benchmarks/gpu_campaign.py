@@ -51,8 +51,7 @@ PATHS = {
     'compile max-autotune-no-cudagraphs': ('--compile', 'max-autotune-no-cudagraphs'),
     'compile reduce-overhead': ('--compile', 'reduce-overhead'),
 }
-GPU_ONLY = {'low_precision_norm', 'fp16', 'compile default', 'compile max-autotune-no-cudagraphs'}
-GPU_ONLY |= {'compile reduce-overhead'}
+GPU_ONLY = {name for name in PATHS if name.startswith('compile')} | {'low_precision_norm', 'fp16'}
 SLICE_MINUTES = 9
 
 
