@@ -6,9 +6,10 @@ reaches the same batch (Composer will not write over an existing file), and a pa
 cannot be loaded at all. Before autoresume reads a local save folder, `set_aside_incomplete` renames every
 incomplete checkpoint file and points the link at the newest complete one.
 
-A run resumed over another run's checkpoints (another model, image size or data mode) would stop in Composer's
-loading with a page of size mismatches, or, worse, train on at another setting. Each checkpoint carries the
-settings of its run (`RunDescription`), and `check_resumable` compares them, and the UNet's shapes, first.
+A run resumed over another run's checkpoints (another run name, model, image size, data mode or global batch size)
+would stop in Composer's loading with a page of size mismatches, or, worse, train on at another setting. Each
+checkpoint carries the settings of its run (`RunDescription`), and `check_resumable` compares them, and the UNet's
+shapes, first.
 
 A checkpoint that does not fit on its disk fails deep in torch.save's zip writer, with a traceback that names
 neither the folder nor the cause; `report_failed_writes` makes it a CheckpointWriteError that names both.
@@ -93,9 +94,11 @@ def report_failed_writes() -> None:
 def run_description(config: RunConfig) -> dict:
     """The settings a checkpoint must share with the run that resumes from it."""
     return {
+        'run_name': config.run_name,
         'model_name': config.model_name,
         'image_size': config.image_size,
         'precomputed_latents': config.precomputed_latents,
+        'batch_size': config.batch_size,  # another batch changes the data order and the steps under the run
     }
 
 
@@ -127,7 +130,9 @@ def check_resumable(folder: Path, config: RunConfig, model: torch.nn.Module, ran
     saved = state.get('callbacks', {}).get(RunDescription.__name__)
     if saved is not None:  # written by this version or later
         here = run_description(config)
-        differ = [f'{key} {saved[key]!r} there, {here[key]!r} here' for key in here if saved.get(key) != here[key]]
+        differ = [
+            f'{key} {saved[key]!r} there, {here[key]!r} here' for key in here if saved.get(key, here[key]) != here[key]
+        ]
         if differ:
             raise ConfigError(f'{where}: {"; ".join(differ)}; pass its flags, or a new --save_folder')
     prefix = f'{model.denoiser_name}.'

@@ -72,6 +72,7 @@ class RunConfig:
     tokenizer: str | None
     image_size: int  # with precomputed latents: the size the data was precomputed at
     num_workers: int
+    cpu_threads: int | None  # PyTorch's threads; None: its own choice (on a GPU)
     # batch and duration
     batch_size: int
     world_size: int
@@ -185,6 +186,8 @@ def check_values(draft: argparse.Namespace) -> None:
         raise ConfigError(f'--batch_size {draft.batch_size}: must be positive')
     if draft.num_workers is not None and draft.num_workers < 0:
         raise ConfigError(f'--num_workers {draft.num_workers}: must be 0 or more')
+    if draft.cpu_threads is not None and draft.cpu_threads <= 0:
+        raise ConfigError(f'--cpu_threads {draft.cpu_threads}: must be positive')
     if draft.device_train_microbatch_size not in (None, 'auto'):
         parse_microbatch(draft.device_train_microbatch_size)
     for flag in ('max_duration', 'save_interval', 'lr_warmup'):  # Composer would take a 0ba save interval, never saving
@@ -276,6 +279,9 @@ def fill_defaults(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
             setattr(draft, flag, value)
             from_recipe[flag] = value
     draft.notes.append(describe_defaults(draft, from_preset, from_recipe, has_gpu))
+    if draft.cpu_threads is None and not has_gpu:
+        draft.cpu_threads, why = hardware.cpu_threads(draft.num_workers)
+        draft.notes.append(f'cpu threads: {draft.cpu_threads} ({why}; --cpu_threads N sets it)')
 
 
 def describe_defaults(draft: argparse.Namespace, from_preset: dict, from_recipe: dict, has_gpu: bool) -> str:

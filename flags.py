@@ -81,6 +81,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     data.add_argument(
         '--num_workers', type=int, default=None, help='dataloader workers per device (default: 8 on a GPU, 0 on CPU)'
     )
+    data.add_argument(
+        '--cpu_threads',
+        type=int,
+        default=None,
+        help="PyTorch's CPU threads per process (default on a CPU: the cores this process may use, less the loader "
+        "workers and the cores busy with other work, or OMP_NUM_THREADS where set; on a GPU: PyTorch's own)",
+    )
     train = parser.add_argument_group('training')
     train.add_argument(
         '--batch_size',

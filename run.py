@@ -19,12 +19,13 @@ from composer.loggers import InMemoryLogger
 from composer.utils import dist, get_device, reproducibility
 
 from arguments import ConfigError, leave_verdict, stop
-from checkpoints import CheckpointWriteError, check_resumable, set_aside_incomplete
+from checkpoints import LATEST_LINK, CheckpointWriteError, check_resumable, set_aside_incomplete
 from config import RunConfig, resolve_config
 from dataset_checks import DataError
 from ema import export_ema_unet
 from evaluation import ValidationReport
 from export import SampleGrid, export_pipeline
+from interrupts import StopOnSignal, Stopped
 from model import DiffusionModel, build_model, describe_weights
 from results import Results, cpu_name, mfu, package_versions, peak_flops
 from stack import check_stack
@@ -35,11 +36,23 @@ from transformer_model import convert_to_float8
 
 
 def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer:
-    """Runs the benchmark; `callbacks` lets tests and scripts watch the run."""
+    """Runs the benchmark; `callbacks` lets tests and scripts watch the run. Ctrl-C and SIGTERM end it with one line
+    (interrupts.py), and the signal handlers there were before are back when it returns."""
     check_stack()  # torch, numpy and transformers: silent on the pins, one line on others, an error on broken ones
     config = args if isinstance(args, RunConfig) else resolve_config(args)
+    stop_on_signal = StopOnSignal(config)
+    stop_on_signal.install()
+    try:
+        return train(config, (stop_on_signal, *callbacks), stop_on_signal)
+    finally:
+        stop_on_signal.uninstall()
+
+
+def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal) -> Trainer:
     for note in config.notes:
         announce(note)
+    if config.cpu_threads:
+        torch.set_num_threads(config.cpu_threads)
     microbatch = config.device_train_microbatch_size
     accumulation = '?' if microbatch == 'auto' else config.device_batch_size // microbatch
     announce(f'config: {json.dumps(config.as_dict(), sort_keys=True)}')
@@ -80,13 +93,22 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
         check_resumable(Path(config.save_folder), config, model, dist.get_global_rank())
     sample_grids = (SampleGrid(config),) if config.sample_interval else ()
     trainer = build_trainer(config, model, build_dataloader(config, model), (*sample_grids, *callbacks))
+    stop_on_signal.save_checkpoint = trainer.save_checkpoint_to_save_folder if config.save_folder else None
+    resumed_at = int(trainer.state.timestamp.batch)
     if trained_to_the_end(trainer):  # resumed from the last checkpoint of a finished run: Composer would raise
+        exports = ' and exported below' if config.export_pipeline or config.export_ema_unet else ''
         announce(
             f'run {config.run_name!r} is complete: its checkpoints in {config.save_folder} hold all '
-            f'{trainer.state.timestamp.batch.value} batches of --max_duration {config.max_duration}; nothing to '
-            'train and no results written (a longer --max_duration trains on from there)'
+            f'{resumed_at} batches of --max_duration {config.max_duration}; nothing to train and no results '
+            f'written{exports} (a longer --max_duration trains on from there)'
         )
+        export(trainer, config)
         return trainer
+    if resumed_at:
+        announce(
+            f'resumed run {config.run_name!r} from {Path(config.save_folder, LATEST_LINK).resolve().name} '
+            f'(batch {resumed_at} of {config.num_batches})'
+        )
     if trainer.state.evaluators:
         trainer.eval()  # the start of the learning curve, and the untrained model's samples
     trainer.fit()
@@ -94,20 +116,25 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
     warn_of_cuda_graphs_skipped(config)
     if dist.get_global_rank() == 0:
         results = summarize(trainer, config)
-        leave_verdict(print_summary(results))
+        leave_verdict(print_summary(results, trained=config.num_batches - resumed_at, resumed=resumed_at > 0))
         if config.results_json:
             write_whole(Path(config.results_json), results.to_json())
             print(f'results written to {config.results_json}')
     if config.profile:
         traces = sorted(str(path) for path in Path(config.profile).glob('*.json'))
         announce(f'profiler traces: {", ".join(traces)} (python benchmarks/profile_summary.py {traces[0]})')
+    export(trainer, config)
+    return trainer
+
+
+def export(trainer: Trainer, config: RunConfig) -> None:
+    """The exports asked for, of the weights trained (or, for a finished run resumed, of its last checkpoint's)."""
     if config.export_ema_unet:
         export_ema_unet(trainer, config.export_ema_unet)
         announce(f'EMA UNet saved to {config.export_ema_unet}')
     if config.export_pipeline:
         pipeline = export_pipeline(trainer, config.export_pipeline, config.sample_scheduler, config.tokenizer)
         announce(f'pipeline saved to {config.export_pipeline} ({pipeline}.from_pretrained loads it)')
-    return trainer
 
 
 def warn_of_cuda_graphs_skipped(config: RunConfig) -> None:
@@ -227,10 +254,14 @@ def validation_results(logged: dict, trainer: Trainer) -> dict:
     return fields
 
 
-def print_summary(results: Results) -> str:
-    """Prints the results; returns the first line, the throughput."""
+def print_summary(results: Results, trained: int, resumed: bool) -> str:
+    """Prints the results of a run that trained `trained` batches in this process; returns the first line, the
+    throughput."""
     if results.img_per_sec is None:
-        line = 'throughput: the run was too short for a throughput window (needs at least 2 batches)'
+        line = (
+            f'throughput: none measured: this process trained {trained} batch(es){" after resuming" * resumed}, and '
+            'a throughput window needs at least 2 (the first, which holds the setup, is never in one)'
+        )
         print(line, flush=True)
         return line
     line = (
@@ -275,6 +306,8 @@ def main_reporting_errors(args: argparse.Namespace, callbacks: tuple = ()) -> Tr
     training, 1 for a run that could not finish."""
     try:
         return main(args, callbacks)
+    except Stopped as stopped:
+        stop(stopped.exit_status, str(stopped))
     except ConfigError as error:
         stop(2, str(error))
     except IncompleteRun as error:

@@ -4,6 +4,8 @@ profiler, and the random state of a checkpoint resumed mid-epoch. run.py runs it
 benchmarks/framework_overhead.py times it against a bare loop.
 """
 
+import warnings
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -34,6 +36,7 @@ from evaluation import build_evaluators, evaluation_callbacks
 from model import DiffusionModel
 from model_folder import LATENT_DOWNSAMPLE
 from presets import SYNTHETIC_SAMPLES
+from progress import ProgressLines, draws_a_bar
 from stability import lr_scheduler, stability_algorithms
 from tokenizer import TokenizerError
 
@@ -153,11 +156,9 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
     if config.low_precision_norm:
         algorithms += [LowPrecisionGroupNorm(), LowPrecisionLayerNorm()]
     algorithms += stability_algorithms(config)
-    # Throughput is a rolling mean over this many batches (100 as published, fewer on short runs),
-    # so the first batch, which holds one-off setup costs, is never inside a window.
-    speed_window = max(1, min(100, config.num_batches // 2))
     if config.save_folder:
         report_failed_writes()
+    bar = draws_a_bar()
     loggers = [InMemoryLogger()]
     if config.wandb_project:
         loggers.append(wandb_logger(config))
@@ -170,15 +171,16 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
         device_train_microbatch_size=config.device_train_microbatch_size,
         precision=config.precision,
         callbacks=[
-            SpeedMonitor(window_size=speed_window),
+            SpeedMonitor(window_size=speed_window(config.num_batches)),
             BadSampleCounter(),
             RunDescription(config),
             *evaluation_callbacks(config),
+            *(() if bar else (ProgressLines(config.num_batches),)),
             *callbacks,
         ],
         eval_dataloader=build_evaluators(config, latent_shape(config, model)) or None,
         loggers=loggers,
-        progress_bar=True,
+        progress_bar=bar,
         seed=config.seed,
         run_name=config.run_name,
         save_folder=config.save_folder,
@@ -198,7 +200,27 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
         },
     )
     restore_random_state_mid_epoch(trainer)
+    if int(trainer.state.timestamp.batch) > 0:
+        fit_speed_window(trainer, config.num_batches - int(trainer.state.timestamp.batch))
+        # Resumed at the end of an epoch, Composer first finishes that epoch, which has no batch left, and warns
+        # that no batches were trained; a run that trains none at all ends in run.check_finished instead.
+        warnings.filterwarnings('ignore', message='No batches were trained for global rank')
     return trainer
+
+
+def speed_window(batches: int) -> int:
+    """Throughput is a rolling mean over this many batches (100 as published, fewer on short runs), so that the
+    first batch a process trains, which holds one-off setup costs, is never inside a window."""
+    return max(1, min(100, batches // 2))
+
+
+def fit_speed_window(trainer: Trainer, batches: int) -> None:
+    """A resumed run trains only the batches after its checkpoint: its SpeedMonitor window is sized for those, as
+    a window longer than the batches trained is never full and the run would report no throughput at all."""
+    monitor = next(callback for callback in trainer.state.callbacks if isinstance(callback, SpeedMonitor))
+    window = speed_window(batches)
+    for name in ('history_samples', 'history_tokens', 'history_wct', 'history_flops'):
+        setattr(monitor, name, deque(maxlen=window + 1))  # SpeedMonitor keeps window + 1 batch ends
 
 
 def latent_shape(config: RunConfig, model: DiffusionModel) -> tuple[int, int, int]:

@@ -596,33 +596,133 @@ def test_autoresume_of_a_finished_run_says_it_is_complete_and_exits_0(tmp_path, 
     assert not results.exists()
 
 
+def test_a_resumed_run_says_where_it_resumed_and_measures_the_batches_it_trained(tmp_path, capfd):
+    """Resumed at batch 4 of 8: the line naming the checkpoint, a throughput of the 4 batches this process trained
+    (the window sized for them), and, the output not being a terminal, plain progress lines without escapes."""
+    flags = [*TINY, '--image_size', '32', '--batch_size', '4', '--save_interval', '2ba', '--run_name', 'r']
+    flags += ['--save_folder', str(tmp_path / 'ckpt')]
+    main(parse_args([*flags, '--max_duration', '4ba']))
+    capfd.readouterr()
+    trainer = main(parse_args([*flags, '--max_duration', '8ba', '--autoresume']))
+    captured = capfd.readouterr()
+    out = captured.out.splitlines()
+    assert "resumed run 'r' from ep0-ba4-rank0.pt (batch 4 of 8)" in out
+    assert [line.split(':')[0] for line in out if line.startswith('batch ')] == [
+        f'batch {b} of 8 ({100 * b // 8}%)' for b in (5, 6, 7, 8)
+    ]
+    assert out[-1].startswith('throughput: ') and 'img/s' in out[-1], out[-1]
+    assert '\x1b[' not in captured.out + captured.err
+    assert int(trainer.state.timestamp.batch) == 8
+    threads = next(line for line in out if line.startswith('cpu threads: '))
+    assert torch.get_num_threads() == int(threads.split()[2])
+
+
+def test_the_cpu_thread_count_leaves_the_loader_workers_and_the_busy_cores(monkeypatch):
+    import hardware
+
+    monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+    monkeypatch.delenv('LOCAL_WORLD_SIZE', raising=False)
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(8)))
+    monkeypatch.setattr(os, 'getloadavg', lambda: (0.3, 0.0, 0.0))
+    assert hardware.cpu_threads(0)[0] == 8
+    assert hardware.cpu_threads(2)[0] == 6
+    monkeypatch.setattr(os, 'getloadavg', lambda: (5.6, 0.0, 0.0))  # five cores busy with other work
+    assert hardware.cpu_threads(0) == (
+        3,
+        '8 cores for this process, 0 loader worker(s), load average 5.60 over the last minute',
+    )
+    monkeypatch.setattr(os, 'getloadavg', lambda: (12.0, 0.0, 0.0))
+    assert hardware.cpu_threads(0)[0] == 1
+    monkeypatch.setenv('LOCAL_WORLD_SIZE', '4')
+    monkeypatch.setattr(os, 'getloadavg', lambda: (0.0, 0.0, 0.0))
+    assert hardware.cpu_threads(1)[0] == 1
+    monkeypatch.setenv('OMP_NUM_THREADS', '3')
+    assert hardware.cpu_threads(1) == (3, 'OMP_NUM_THREADS=3')
+
+
+def test_export_pipeline_on_a_finished_run_exports_its_last_checkpoint(tmp_path, capfd):
+    flags = [*TINY, '--image_size', '32', '--max_duration', '2ba', '--save_folder', str(tmp_path / 'ckpt')]
+    flags += ['--run_name', 'r']
+    trained = main(parse_args(flags))
+    weights = {name: tensor.clone() for name, tensor in trained.state.model.denoiser.state_dict().items()}
+    capfd.readouterr()
+    main(parse_args([*flags, '--autoresume', '--export_pipeline', str(tmp_path / 'pipeline')]))
+    out = capfd.readouterr().out
+    assert 'is complete' in out and f'pipeline saved to {tmp_path / "pipeline"}' in out
+    from diffusers import UNet2DConditionModel
+
+    exported = UNet2DConditionModel.from_pretrained(tmp_path / 'pipeline' / 'unet').state_dict()
+    assert [name for name in weights if not torch.equal(exported[name], weights[name])] == []
+
+
+def test_a_second_signal_or_one_before_training_stops_at_once_naming_the_newest_checkpoint(tmp_path, capsys):
+    from interrupts import StopOnSignal, Stopped
+
+    folder = tmp_path / 'ckpt'
+    config = resolve_config(
+        parse_args([*TINY, '--save_folder', str(folder), '--run_name', 'r', '--max_duration', '9ba'])
+    )
+    folder.mkdir()
+    (folder / 'ep0-ba5-rank0.pt').write_bytes(b'cut short')  # not a whole checkpoint: never named
+    torch.save({'state': {}}, folder / 'ep0-ba4-rank0.pt')
+    stopper = StopOnSignal(config)
+    with pytest.raises(Stopped, match=r'^SIGTERM: stopped before training started; nothing trained') as stopped:
+        stopper.handle(signal.SIGTERM, None)
+    assert stopped.value.exit_status == 143
+    stopper.fit_start(types.SimpleNamespace(timestamp=types.SimpleNamespace(batch=6)), None)
+    stopper.handle(signal.SIGINT, None)  # the first: after this batch
+    assert stopper.requested == signal.SIGINT and 'stopping after this batch' in capsys.readouterr().out
+    with pytest.raises(Stopped) as stopped:
+        stopper.handle(signal.SIGINT, None)
+    assert str(stopped.value) == (
+        f'Ctrl-C (SIGINT): stopped at batch 6 of 9; the newest checkpoint is ep0-ba4-rank0.pt in {folder}; rerun the '
+        'same command with --autoresume to continue'
+    )
+    assert stopped.value.exit_status == 130
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signum, status', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_the_run_in_one_line_with_a_checkpoint_of_the_batch_reached(tmp_path, signum, status):
+    """Ctrl-C, or a preemption's SIGTERM: the batch in progress ends, its checkpoint is written and linked as the
+    latest, and the run ends with one line and the signal's exit status."""
+    folder = tmp_path / 'ckpt'
+    flags = [*TINY, '--image_size', '32', '--batch_size', '4', '--max_duration', '400ba', '--save_interval', '100ba']
+    command = [sys.executable, str(REPO / 'benchmark.py'), *flags, '--save_folder', str(folder), '--run_name', 'r']
+    run = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in run.stdout:  # progress lines every 20 batches
+        if line.startswith('batch 20 of 400'):
+            break
+    run.send_signal(signum)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == status, err[-2000:]
+    checkpoint = (folder / 'latest-rank0.pt').resolve()
+    reached = int(re.match(r'ep0-ba(\d+)-rank0\.pt', checkpoint.name).group(1))
+    assert 20 <= reached < 400 and reached % 100  # the batch reached, not a periodic checkpoint
+    name = 'Ctrl-C (SIGINT)' if signum == signal.SIGINT else 'SIGTERM'
+    assert f'{name}: stopping after this batch, with a checkpoint' in out
+    assert err.strip().splitlines()[-1] == (
+        f'error: {name}: stopped at batch {reached} of 400; checkpoint {checkpoint.name} written in {folder}; rerun '
+        'the same command with --autoresume to continue'
+    )
+
+
 @pytest.mark.parametrize(
     'changed, message',
     [
         (['--image_size', '32'], 'image_size 64 there, 32 here; pass its flags, or a new --save_folder'),
         (['--model_name', 'tiny-sd1.5'], "model_name 'tiny' there, 'tiny-sd1.5' here"),
+        (['--run_name', 'other'], "run_name 'r' there, 'other' here"),
+        (['--batch_size', '8'], 'batch_size 16 there, 8 here'),
     ],
 )
 def test_autoresume_over_another_runs_checkpoints_is_refused_in_one_line(tmp_path, changed, message):
     folder = tmp_path / 'ckpt'
     main(parse_args([*TINY, '--max_duration', '2ba', '--save_folder', str(folder), '--run_name', 'r']))
     files = sorted(folder.iterdir())
+    resumed = [*TINY, '--max_duration', '4ba', '--save_folder', str(folder), '--run_name', 'r', '--autoresume']
     with pytest.raises(ConfigError) as refused:
-        main(
-            parse_args(
-                [
-                    *TINY,
-                    *changed,
-                    '--max_duration',
-                    '4ba',
-                    '--save_folder',
-                    str(folder),
-                    '--run_name',
-                    'r',
-                    '--autoresume',
-                ]
-            )
-        )
+        main(parse_args([*resumed, *changed]))  # the flag given last wins
     assert str(refused.value).startswith(
         f'--autoresume: the checkpoint {(folder / "ep0-ba2-rank0.pt")} is of another run: '
     )

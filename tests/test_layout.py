@@ -125,6 +125,7 @@ BAD_FLAGS = {
         ['--sample_steps', '0'],
         ['--eval_interval', '-1ba'],
         ['--caption_dropout', '1.5'],
+        ['--cpu_threads', '0'],
     ],
     'generate.py': [['--pipeline', 'nowhere', '--prompt', 'a', '--out', 'x'], ['--steps', 'x']],
     'convert.py': [['nowhere', 'out'], ['.', 'out', '--size_limit', 'big']],

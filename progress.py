@@ -1,0 +1,57 @@
+"""What a person reads while a run trains: Composer's progress bar on a terminal, plain lines in a file.
+
+A progress bar redraws its line with cursor escapes (`\\x1b[A`), which a log file keeps as they are, and the last
+redraw has no newline, so the line printed after training lands inside it. When the output is not a terminal the
+run prints a line every few batches instead.
+"""
+
+import sys
+import time
+from datetime import timedelta
+
+from composer.core import Callback, State
+from composer.utils import dist
+
+LINES_PER_RUN = 20  # at most this many lines, and at least one every MAX_INTERVAL batches on long runs
+MAX_INTERVAL = 100
+
+
+def draws_a_bar() -> bool:
+    """Composer draws its bar on stderr: a bar only where that is a terminal."""
+    return sys.stderr.isatty()
+
+
+class ProgressLines(Callback):
+    """e.g. `batch 8 of 12 (67%): loss 0.9717, 3.21 img/s, 0:00:02 elapsed, about 0:00:01 left`, on rank 0."""
+
+    def __init__(self, num_batches: int):
+        self.num_batches = num_batches
+        self.interval = max(1, min(MAX_INTERVAL, num_batches // LINES_PER_RUN))
+        self.start = self.last = None
+
+    def fit_start(self, state: State, logger) -> None:
+        self.start = self.last = (time.perf_counter(), int(state.timestamp.batch), int(state.timestamp.sample))
+
+    def batch_end(self, state: State, logger) -> None:
+        batch = int(state.timestamp.batch)
+        if dist.get_global_rank() != 0 or (batch % self.interval and batch != self.num_batches):
+            return
+        now, sample = time.perf_counter(), int(state.timestamp.sample)
+        then, then_batch, then_sample = self.last
+        rate = (sample - then_sample) / max(now - then, 1e-9)
+        start, start_batch, _ = self.start
+        elapsed = now - start
+        left = elapsed / (batch - start_batch) * (self.num_batches - batch)
+        loss = state.loss.item() if hasattr(state.loss, 'item') else None  # one value, read every few batches
+        parts = [f'loss {loss:.4f}'] if loss is not None else []
+        parts += [f'{rate:.2f} img/s', f'{clock(elapsed)} elapsed']
+        if batch < self.num_batches:
+            parts.append(f'about {clock(left)} left')
+        print(
+            f'batch {batch} of {self.num_batches} ({100 * batch // self.num_batches}%): {", ".join(parts)}', flush=True
+        )
+        self.last = (now, batch, sample)
+
+
+def clock(seconds: float) -> str:
+    return str(timedelta(seconds=round(seconds)))
