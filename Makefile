@@ -32,6 +32,13 @@ RUN_BENCHMARK = if [ "$(call USE_LAUNCHER,$(1))" = 1 ]; then \
 bench: install
 	$(call RUN_BENCHMARK,$(VENV),--results_json results/default.json)
 
+# A T5 tokenizer folder for smoke runs of the T5 models on captions (--tokenizer data/t5-smoke-tokenizer), written
+# offline with the `tokenizers` library: T5's ids for padding and end of text, a vocabulary of under 200 pieces
+# rather than T5's (docs/models.md). Written once; the line printed is its folder.
+.PHONY: t5-smoke-tokenizer
+t5-smoke-tokenizer: install
+	@$(VENV)/bin/python -c 'from tokenizer import t5_smoke_tokenizer_folder; print(t5_smoke_tokenizer_folder())'
+
 # ruff: lint rules and formatting, configured in pyproject.toml. `make format` applies the formatting.
 lint: install
 	$(VENV)/bin/ruff check .

@@ -6,10 +6,13 @@
 
 S3-compatible servers: set S3_ENDPOINT_URL (and the usual AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
 Samples the training loader would reject (not a decodable image, a decompression bomb, no caption) are
-skipped and counted by reason. A non-empty output is refused unless --overwrite is given.
+skipped, counted by reason, and the first ten named. A non-empty output is refused unless --overwrite is given.
+A dataset appears only once it is whole and holds a sample: with none written (an empty folder, every file
+skipped) or an error on the way, the output is left as it was and the exit status is 2.
 Also builds the small generated dataset that benchmark.py trains on by default (`ensure_sample_dataset`).
 """
 
+import contextlib
 import io
 import json
 import os
@@ -33,10 +36,27 @@ from presets import SAMPLE_DATASET, SAMPLE_SIZE
 
 COLUMNS = {'jpg': 'bytes', 'caption': 'str'}  # the LAION convention of the published benchmark
 IMAGE_EXTENSIONS = ('jpg', 'jpeg', 'png', 'webp', 'bmp', 'gif', 'tif', 'tiff')
+SKIPPED_NAMED = 10  # skipped samples named one by one; the rest are only counted
+# A local output's shards and index until the conversion ends, inside the output folder (its file system, its disk).
+STAGING = '.convert-partial'
 
 
 class ConvertError(ValueError):
     """Bad input or output: reported as one line, exit status 2."""
+
+
+class NothingWritten(ConvertError):
+    """Every sample was skipped, or the inputs held none: the output was left as it was. `stats` names the skipped."""
+
+    def __init__(self, out: str, stats: dict):
+        skipped = sum(stats['skipped'].values())
+        found = f'all {skipped} skipped ({describe_skipped(stats["skipped"])})' if skipped else 'the inputs hold none'
+        super().__init__(f'{out}: no samples written, {found}; the output is left as it was')
+        self.stats = stats
+
+
+def describe_skipped(skipped: dict[str, int]) -> str:
+    return ', '.join(f'{count} {reason}' for reason, count in sorted(skipped.items()))
 
 
 # ------------------------------------------------------------------------------------------- inputs
@@ -154,32 +174,89 @@ def check_output(out: str, overwrite: bool, inputs: list[str]) -> None:
             raise ConvertError(f'{out}: is a file; give a folder (new, or with --overwrite an earlier output)')
         if any(Path(name).resolve().is_relative_to(path) for name in inputs):
             raise ConvertError(f'{out}: the output folder contains an input')
-        if path.is_dir() and any(path.iterdir()) and not overwrite:
+        if path.is_dir() and any(entry.name != STAGING for entry in path.iterdir()) and not overwrite:
             raise ConvertError(f'{out} is not empty; pass --overwrite to replace its contents')
 
 
 def write_mds(
     samples, out: str, overwrite: bool = False, size_limit=1 << 26, total: int | None = None, progress: bool = True
 ) -> dict:
-    """Write (name, image bytes, caption, reason) samples that pass the loader's own checks; count the rest."""
-    written, skipped = 0, Counter()
+    """Write (name, image bytes, caption, reason) samples that pass the loader's own checks; count the rest by reason
+    and name the first SKIPPED_NAMED of them.
+
+    A later run must never read a half-made dataset as a whole one, so a dataset appears only at the end, and only
+    with a sample in it: a local output is written into a staging folder inside it and moved into place then
+    (replacing an earlier output's contents only at that point); a remote one gets its index.json only then. With no
+    sample written (NothingWritten) or an error on the way, the output is left as it was."""
     from streaming import MDSWriter  # here, not at the top: Streaming loads torch, and --help answers without it
 
-    with MDSWriter(out=out, columns=COLUMNS, size_limit=size_limit, exist_ok=overwrite) as writer:
-        for _name, image, caption, reason in tqdm(
-            samples, total=total, unit='img', disable=not progress, desc='converting'
-        ):
-            if reason is None:
-                reason = problem(image, caption)
-            if reason is not None:
-                skipped[reason] += 1
-                continue
-            if isinstance(caption, bytes):
-                caption = caption.decode('utf-8')
-            writer.write({'jpg': image, 'caption': caption.strip()})
-            written += 1
-    # Counted after the writer closes, which flushes the last shard.
-    return {'written': written, 'skipped': dict(skipped), 'shards': len(writer.shards), 'out': out}
+    remote = bool(urllib.parse.urlparse(out).scheme)
+    if not remote:
+        folder = Path(out)
+        created = not folder.exists()
+        staging = folder / STAGING
+        shutil.rmtree(staging, ignore_errors=True)  # left by an interrupted conversion
+        staging.mkdir(parents=True)
+    writer = MDSWriter(out=out if remote else str(staging), columns=COLUMNS, size_limit=size_limit)
+    # An earlier remote dataset's index would list the shards this one writes over: it goes before the first shard.
+    before_first_sample = (lambda: drop_remote_index(out)) if remote and overwrite else None
+    try:
+        stats = write_samples(writer, samples, total, progress, before_first_sample)
+        if not stats['written']:
+            raise NothingWritten(out, stats)
+    except BaseException:
+        writer.executor.shutdown(wait=True)  # uploads of shards already written end; no index.json: no dataset
+        shutil.rmtree(writer.local, ignore_errors=True)  # the staging folder, or a remote's temporary one
+        if not remote and created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # made by this conversion, and empty again
+        raise
+    writer.finish()  # the last shard, then index.json (uploaded after every shard)
+    if not remote:
+        move_into_place(staging, folder)
+    return {**stats, 'shards': len(writer.shards), 'out': out}
+
+
+def write_samples(writer, samples, total: int | None, progress: bool, before_first_sample) -> dict:
+    written, skipped, skipped_named = 0, Counter(), []
+    for name, image, caption, reason in tqdm(samples, total=total, unit='img', disable=not progress, desc='converting'):
+        if reason is None:
+            reason = problem(image, caption)
+        if reason is not None:
+            skipped[reason] += 1
+            if len(skipped_named) < SKIPPED_NAMED:
+                skipped_named.append((name, reason))
+            continue
+        if isinstance(caption, bytes):
+            caption = caption.decode('utf-8')
+        if not written and before_first_sample is not None:
+            before_first_sample()
+        writer.write({'jpg': image, 'caption': caption.strip()})
+        written += 1
+    return {'written': written, 'skipped': dict(skipped), 'skipped_named': skipped_named}
+
+
+def move_into_place(staging: Path, folder: Path) -> None:
+    """The staged dataset becomes the folder's contents (replacing an earlier output's, with --overwrite). The old
+    index.json goes first and the new one comes last, so the folder never holds an index of shards that are not
+    there."""
+    for path in sorted(folder.iterdir(), key=lambda path: path.name != 'index.json'):
+        if path == staging:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    for path in sorted(staging.iterdir(), key=lambda path: path.name == 'index.json'):
+        path.rename(folder / path.name)
+    staging.rmdir()
+
+
+def drop_remote_index(out: str) -> None:
+    url = urllib.parse.urlparse(out)
+    if url.scheme == 's3':
+        prefix = url.path.strip('/')
+        s3_client(timeout=30).delete_object(Bucket=url.netloc, Key=f'{prefix}/index.json' if prefix else 'index.json')
 
 
 def problem(image: bytes, caption) -> str | None:
@@ -203,6 +280,11 @@ def convert(inputs: list[str], out: str, overwrite: bool = False, size_limit=1 <
     total = None
     if all(kind == 'folder' for kind, _ in sources):
         total = sum(sum(map(len, image_files(folder))) for _, folder in sources)
+        if not total:
+            extensions = ', '.join(f'.{extension}' for extension in IMAGE_EXTENSIONS)
+            raise ConvertError(
+                f'{", ".join(inputs)}: no .tar files, and no image files ({extensions}) at any depth; nothing written'
+            )
 
     def samples():
         for kind, path in sources:
@@ -315,13 +397,27 @@ def main(argv=None) -> dict:
     if not re.fullmatch(r'\d+(kb|mb|gb|tb|b)?', args.size_limit.strip().lower()):
         raise ConvertError(f"--size_limit {args.size_limit!r}: a byte count, optionally with kb, mb, gb (e.g. '64mb')")
     start = time.perf_counter()
-    stats = convert(args.inputs, args.out, args.overwrite, args.size_limit, progress=True)
-    skipped = ', '.join(f'{count} {reason}' for reason, count in sorted(stats['skipped'].items())) or 'none'
+    try:
+        stats = convert(args.inputs, args.out, args.overwrite, args.size_limit, progress=True)
+    except NothingWritten as error:
+        print_skipped(error.stats)
+        raise
+    print_skipped(stats)
     print(
         f'wrote {stats["written"]} samples in {stats["shards"]} shard(s) to {args.out} '
-        f'in {time.perf_counter() - start:.1f} s; skipped {sum(stats["skipped"].values())}: {skipped}'
+        f'in {time.perf_counter() - start:.1f} s; skipped {sum(stats["skipped"].values())}: '
+        f'{describe_skipped(stats["skipped"]) or "none"}'
     )
     return stats
+
+
+def print_skipped(stats: dict) -> None:
+    """The first skipped samples by name, with their reasons, then how many more (the summary counts every reason)."""
+    for name, reason in stats['skipped_named']:
+        print(f'skipped {name}: {reason}', file=sys.stderr)
+    more = sum(stats['skipped'].values()) - len(stats['skipped_named'])
+    if more:
+        print(f'... and {more} more skipped', file=sys.stderr)
 
 
 if __name__ == '__main__':

@@ -1,38 +1,39 @@
 """Prompts to images with a trained model (generate.py's work, once its flags check out): its Diffusers pipeline,
 loaded from a pipeline folder or built from a Composer checkpoint (export.build_pipeline), images drawn in batches
-from one seed per image and written as PNGs, and their CLIP score and FID where the local weights are given.
+from one seed per image at the size the run trained at, written as PNGs and as a grid labeled with their prompts,
+and their CLIP score and FID where the local weights are given.
 """
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
 from composer.utils import reproducibility
 from diffusers import DiffusionPipeline, StableDiffusionPipeline
+from diffusers.utils import is_accelerate_available
 from PIL import Image
 from tqdm import tqdm
 
 from arguments import ConfigError
+from checkpoints import RunDescription
 from evaluation import ValidationSplit
-from export import SCHEDULERS, build_pipeline, generate
+from export import RUN_DESCRIPTION_FILE, SCHEDULERS, build_pipeline, generate, labeled_grid
 from model import build_model
 from model_folder import caption_pad_ids, is_transformer_folder
 from recipes import is_flow_matching
 from tokenizer import CaptionTokenizer
 from transformer_model import DiffusionTransformer
 
-FID_WEIGHTS_NEEDED = (
-    "FID: not computed; it needs --fid_weights FILE (torchvision's Inception v3 weights, "
-    'inception_v3_google-0cc3c7bd.pth) and --fid_reference DIR (an MDS split of reference images)'
-)
-CLIP_WEIGHTS_NEEDED = 'CLIP score: not computed; it needs --clip_model DIR (a local Transformers CLIP model folder)'
+# grid.png: the first images in rows of 8, each under its prompt (a grid of thousands would be too big to look at).
+GRID_IMAGES, GRID_COLUMNS = 64, 8
 
 
 def draw(args: argparse.Namespace, prompts: list[str]) -> torch.Tensor:
     """Writes the images of generate.py's checked flags, prints the scores asked for; returns the images
     (N, 3, H, W) in [0, 1]."""
     reproducibility.seed_all(args.seed)
-    pipeline = load_pipeline(args)
+    pipeline, trained_size = load_pipeline(args)
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     pipeline.to(device)
     pipeline.set_progress_bar_config(disable=True)
@@ -42,7 +43,14 @@ def draw(args: argparse.Namespace, prompts: list[str]) -> torch.Tensor:
         tokenizer = CaptionTokenizer(args.tokenizer, caption_pad_ids(args.model_dir)[0])
     else:
         tokenizer = CaptionTokenizer(str(Path(args.pipeline) / 'tokenizer'))
-    size = args.image_size or default_image_size(pipeline)
+    if args.image_size:
+        size, origin = args.image_size, '--image_size'
+    elif trained_size:
+        size, origin = trained_size, 'the size the run trained at'
+    else:
+        size = default_image_size(pipeline)
+        origin = f"the model's sample size; {args.pipeline or args.checkpoint} records no training size"
+    print(f'generating {len(prompts)} image(s) of {size}x{size} ({origin})')
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     images = []
@@ -55,15 +63,26 @@ def draw(args: argparse.Namespace, prompts: list[str]) -> torch.Tensor:
             Image.fromarray(array).save(out / f'{start + i:04d}.png')
     images = torch.cat(images)
     (out / 'prompts.txt').write_text(''.join(f'{i:04d}.png\t{args.seed + i}\t{p}\n' for i, p in enumerate(prompts)))
-    print(f'{len(prompts)} image(s) of {size}x{size} written to {out}')
-    print(clip_score(images, prompts, args.clip_model) if args.clip_model else CLIP_WEIGHTS_NEEDED)
-    print(fid(images, args.fid_reference, args.fid_weights, size) if args.fid_weights else FID_WEIGHTS_NEEDED)
+    shown = min(len(prompts), GRID_IMAGES)
+    labeled_grid(images[:shown], prompts[:shown], min(shown, GRID_COLUMNS)).save(out / 'grid.png')
+    print(f'{len(prompts)} image(s) of {size}x{size} written to {out} (grid.png: {shown} with their prompts)')
+    if args.clip_model:
+        print(clip_score(images, prompts, args.clip_model))
+    if args.fid_weights:
+        print(fid(images, args.fid_reference, args.fid_weights, size))
     return images
 
 
-def load_pipeline(args: argparse.Namespace) -> DiffusionPipeline:
+def load_pipeline(args: argparse.Namespace) -> tuple[DiffusionPipeline, int | None]:
+    """The pipeline of --pipeline or --checkpoint, and the image size its run trained at (None where neither
+    records it: a pipeline folder that Diffusers saved, a checkpoint of an older version)."""
     if args.pipeline:
-        pipeline = DiffusionPipeline.from_pretrained(args.pipeline, local_files_only=True)
+        # Diffusers' default low_cpu_mem_usage needs the accelerate package, which this stack does not install, and
+        # warns that it falls back to False; a pipeline loaded whole from a local folder onto one device needs
+        # nothing more.
+        pipeline = DiffusionPipeline.from_pretrained(
+            args.pipeline, local_files_only=True, low_cpu_mem_usage=is_accelerate_available()
+        )
         if args.scheduler:
             if 'FlowMatch' in type(pipeline.scheduler).__name__:
                 raise ConfigError(
@@ -71,7 +90,7 @@ def load_pipeline(args: argparse.Namespace) -> DiffusionPipeline:
                     'its own Euler sampler'
                 )
             pipeline.scheduler = SCHEDULERS[args.scheduler].from_config(pipeline.scheduler.config)
-        return pipeline
+        return pipeline, trained_image_size(Path(args.pipeline) / RUN_DESCRIPTION_FILE)
     model_dir = args.model_dir
     if (model_dir / 'text_encoder_2').is_dir() and not is_transformer_folder(model_dir):
         raise ConfigError(
@@ -95,7 +114,18 @@ def load_pipeline(args: argparse.Namespace) -> DiffusionPipeline:
     except RuntimeError as error:  # missing keys or other shapes
         reason = str(error).strip().splitlines()[0]
         raise ConfigError(f'--checkpoint {args.checkpoint}: does not fit --model_name {args.model_name} ({reason})')
-    return build_pipeline(model, args.scheduler or 'ddim', args.tokenizer)
+    description = state.get('callbacks', {}).get(RunDescription.__name__) or {}  # checkpoints.RunDescription's
+    return build_pipeline(model, args.scheduler or 'ddim', args.tokenizer), description.get('image_size')
+
+
+def trained_image_size(record: Path) -> int | None:
+    """The image size in an exported pipeline's run description (export.RUN_DESCRIPTION_FILE), if it has one."""
+    if not record.is_file():
+        return None
+    try:
+        return json.loads(record.read_text()).get('image_size')
+    except (ValueError, AttributeError):
+        raise ConfigError(f'{record}: not the JSON object of a run description; pass --image_size')
 
 
 def default_image_size(pipeline: DiffusionPipeline) -> int:

@@ -1,5 +1,6 @@
-"""A trained model as a Diffusers pipeline: for the sample grids drawn during a run (SampleGrid), for generate.py,
-and saved whole by `--export_pipeline DIR`, so that the pipeline's class loads it offline: StableDiffusionPipeline
+"""A trained model as a Diffusers pipeline: for the sample grids drawn during a run (SampleGrid, labeled as
+generate.py's grid: labeled_grid), for generate.py, and saved whole by `--export_pipeline DIR` with the run's
+description (the image size it trained at), so that the pipeline's class loads it offline: StableDiffusionPipeline
 for the UNets (one text encoder), FluxPipeline, StableDiffusion3Pipeline and PixArtSigmaPipeline for the diffusion
 transformers (`DiffusionPipeline.from_pretrained(DIR)` picks the class from the folder).
 
@@ -13,20 +14,22 @@ captions and lets the pipeline tokenize them.
 """
 
 import contextlib
+import json
 from pathlib import Path
 
 import diffusers
+import numpy as np
 import torch
 from composer.core import Callback, State
 from composer.core.precision import get_precision_context
 from composer.loggers import Logger
 from composer.utils import dist
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler, StableDiffusionPipeline
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 from tokenizers import Regex, normalizers
-from torchvision.utils import make_grid
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from checkpoints import RunDescription
 from ema import EMA, full_unet
 from model import DiffusionModel, StableDiffusion
 from model_folder import CAPTION_LENGTH, CLIP_PAD_ID, T5_CAPTION_LENGTH, TRANSFORMER_PIPELINE_NAMES, caption_pad_ids
@@ -41,6 +44,11 @@ SCHEDULERS = {name: getattr(diffusers, scheduler) for name, scheduler in SAMPLER
 TRANSFORMER_PIPELINES = {
     family: getattr(diffusers, pipeline) for family, pipeline in TRANSFORMER_PIPELINE_NAMES.items()
 }
+# The exported folder's record of its run (checkpoints.run_description: the image size it trained at, ...), beside
+# the pipeline's own files, which Diffusers loads without reading it.
+RUN_DESCRIPTION_FILE = 'run_description.json'
+# White pixels between and around a grid's images.
+GRID_SPACING = 2
 
 
 def pipeline_tokenizer(folder: str | None = None, pad_id: int = CLIP_PAD_ID):
@@ -191,15 +199,19 @@ def transformer_images(
 
 
 def export_pipeline(trainer, out_dir: str | Path, scheduler: str = 'ddim', tokenizer: str | None = None) -> str:
-    """Saves the trained model as a pipeline folder (rank 0), with the averaged denoiser when the run has an EMA;
-    returns the pipeline's class name."""
+    """Saves the trained model as a pipeline folder (rank 0), with the averaged denoiser when the run has an EMA,
+    and the run's description (RUN_DESCRIPTION_FILE: generate.py draws at the size the run trained at); returns the
+    pipeline's class name."""
     model = trainer.state.model.module if hasattr(trainer.state.model, 'module') else trainer.state.model
     ema = next((a for a in trainer.state.algorithms if isinstance(a, EMA)), None)
+    description = next((c.state_dict() for c in trainer.state.callbacks if isinstance(c, RunDescription)), None)
     with ema.ema_weights() if ema is not None else contextlib.nullcontext():
         denoiser = full_unet(model.denoiser)  # a collective under FSDP
         if denoiser is not None:
             pipeline = build_pipeline(model, scheduler, tokenizer, denoiser)
             pipeline.save_pretrained(out_dir, safe_serialization=True)
+            if description is not None:
+                (Path(out_dir) / RUN_DESCRIPTION_FILE).write_text(json.dumps(description, indent=2) + '\n')
     dist.barrier()
     return pipeline_class(model)
 
@@ -211,10 +223,56 @@ def pipeline_class(model: DiffusionModel) -> str:
     return TRANSFORMER_PIPELINES[model.family].__name__
 
 
+def labeled_grid(images: torch.Tensor, labels: list[str], columns: int) -> Image.Image:
+    """Images (N, 3, H, W) in [0, 1] in rows of `columns` on white, each under its label (one per image), shortened
+    to fit the image's width; a row whose labels are all empty has no band of labels."""
+    count, _, height, width = images.shape
+    font = ImageFont.load_default(max(10, width // 20))  # Pillow's own font, grown with the images
+    line_height = font.getbbox('Ag')[3] + 2
+    lines = [label_lines(label, font, width) for label in labels]
+    rows = [range(start, min(start + columns, count)) for start in range(0, count, columns)]
+    bands = [line_height * max(len(lines[i]) for i in row) for row in rows]
+    step = GRID_SPACING + width
+    grid = Image.new(
+        'RGB', (columns * step + GRID_SPACING, sum(bands) + len(rows) * (height + GRID_SPACING) + GRID_SPACING), 'white'
+    )
+    draw = ImageDraw.Draw(grid)
+    pixels = (images.float().clamp(0, 1) * 255).round().byte().permute(0, 2, 3, 1).cpu().numpy()
+    top = GRID_SPACING
+    for row, band in zip(rows, bands):
+        for column, i in enumerate(row):
+            left = GRID_SPACING + column * step
+            for n, line in enumerate(lines[i]):
+                draw.text((left, top + n * line_height), line, fill='black', font=font)
+            grid.paste(Image.fromarray(pixels[i]), (left, top + band))
+        top += band + height + GRID_SPACING
+    return grid
+
+
+def label_lines(text: str, font: ImageFont.ImageFont, width: int, most: int = 2) -> list[str]:
+    """The text in at most `most` lines of `width` pixels, broken between words where a word fits, and ending
+    in '...' where it is cut short."""
+    rest, lines = ' '.join(text.split()), []
+    while rest and len(lines) < most:
+        end = len(rest)
+        while end > 1 and font.getlength(rest[:end]) > width:
+            end -= 1
+        if end < len(rest) and rest[end] != ' ' and ' ' in rest[:end]:
+            end = rest.rindex(' ', 0, end)  # the last whole word that fits
+        lines.append(rest[:end].rstrip())
+        rest = rest[end:].lstrip()
+    if rest:
+        last = lines[-1]
+        while last and font.getlength(last + '...') > width:
+            last = last[:-1]
+        lines[-1] = last.rstrip() + '...'
+    return lines
+
+
 class SampleGrid(Callback):
-    """Draws the grid of prompts (rows) and seeds (columns) at the start of a 'samples' evaluator, with the model's
-    current weights (the averaged ones under 'samples_ema'); rank 0 saves it as PNG and logs it to W&B. Every rank
-    generates, so that FSDP's collectives match; the grid is a few images."""
+    """Draws the grid of prompts (columns, labeled above the first row) and seeds (rows) at the start of a 'samples'
+    evaluator, with the model's current weights (the averaged ones under 'samples_ema'); rank 0 saves it as PNG and
+    logs it to W&B. Every rank generates, so that FSDP's collectives match; the grid is a few images."""
 
     def __init__(self, config):
         self.config = config
@@ -229,18 +287,20 @@ class SampleGrid(Callback):
         config = self.config
         pipeline = build_pipeline(model, config.sample_scheduler, config.tokenizer)
         pipeline.set_progress_bar_config(disable=True)
-        prompts = [prompt for prompt in config.sample_prompts for _ in SAMPLE_SEEDS]
-        seeds = [seed for _ in config.sample_prompts for seed in SAMPLE_SEEDS]
+        prompts = [prompt for _ in SAMPLE_SEEDS for prompt in config.sample_prompts]  # a row of the grid per seed
+        seeds = [seed for seed in SAMPLE_SEEDS for _ in config.sample_prompts]
         with get_precision_context(state.precision, state.precision_config):
             images = generate(
                 pipeline, prompts, seeds, config.sample_steps, config.guidance_scale, config.image_size, self.tokenize
             )
         if dist.get_global_rank() != 0:
             return
-        grid = make_grid(images.float().cpu(), nrow=len(SAMPLE_SEEDS), padding=2, pad_value=1.0)
+        columns = len(config.sample_prompts)
+        labels = [*config.sample_prompts, *[''] * (len(prompts) - columns)]  # above the first row only
+        grid = labeled_grid(images, labels, columns)
         weights = 'ema-' if state.dataloader_label.endswith('_ema') else ''
         path = Path(config.sample_dir) / f'samples-{weights}ba{int(state.timestamp.batch):06d}.png'
         path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray((grid.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()).save(path)
+        grid.save(path)
         self.saved.append(path)
-        logger.log_images(grid, name=f'samples/{weights or "trained"}', channels_last=False)
+        logger.log_images(np.asarray(grid), name=f'samples/{weights or "trained"}', channels_last=True)

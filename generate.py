@@ -5,9 +5,11 @@ PixArt-Sigma's. A T5 model's checkpoint needs its T5 tokenizer folder (--tokeniz
     python generate.py --checkpoint runs/ckpt/latest-rank0.pt --model_name tiny --prompt 'a red circle' --out out/
     python generate.py --pipeline results/pipeline --prompts prompts.txt --out out/ --batch_size 8
 
-Image i is drawn from seed --seed + i, so a prompt list gives the same images with any batch size. With
---clip_model (a local CLIP folder) it prints the CLIP score of the images against their prompts, and with
---fid_reference and --fid_weights the FID against reference images (docs/quality.md); no weights are downloaded.
+Image i is drawn from seed --seed + i, so a prompt list gives the same images with any batch size. The images are
+as large as the run's training images (the exported folder and the checkpoint record their size) unless
+--image_size says otherwise; grid.png shows them under their prompts. With --clip_model (a local CLIP folder) it
+prints the CLIP score of the images against their prompts, and with --fid_reference and --fid_weights the FID
+against reference images (docs/quality.md); no weights are downloaded.
 """
 
 import argparse
@@ -58,7 +60,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=sorted(SAMPLERS),
         help="sampler of a DDPM model (default: ddim, or the folder's); Flux and SD3.5 sample with their flow's",
     )
-    parser.add_argument('--image_size', type=int, help="pixels per side (default: the model's sample size)")
+    parser.add_argument(
+        '--image_size',
+        type=int,
+        help="pixels per side (default: the size the run trained at, else the model's sample size)",
+    )
     parser.add_argument('--clip_model', metavar='DIR', help='print the CLIP score with this local CLIP model')
     parser.add_argument('--fid_reference', metavar='DIR', help='print the FID against this MDS split of images')
     parser.add_argument('--fid_weights', metavar='FILE', help="torchvision's Inception v3 weights file, for the FID")

@@ -5,7 +5,8 @@ The built-in CLIP tokenizer is a `tokenizers` BPE built from the merges clip-any
 CLIP's own split pattern and byte symbols, checked against CLIP's ids when it loads; `--tokenizer` loads a local
 folder with Transformers' AutoTokenizer instead. No package here ships T5's SentencePiece vocabulary: a model with
 a T5 encoder reads real captions only with `--tokenizer` naming a local folder of T5's tokenizer (its CLIP
-columns keep the built-in one).
+columns keep the built-in one). For smoke runs, `t5_smoke_tokenizer_folder` (`make t5-smoke-tokenizer`) writes
+such a folder offline: T5's conventions with a vocabulary of under 200 pieces.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import gzip
 import html
 import importlib.util
+import json
 import shutil
 import tempfile
 from functools import cache
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING
 import ftfy
 import regex
 import tokenizers
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 if TYPE_CHECKING:
     import torch
@@ -120,16 +122,81 @@ def build_clip_tokenizer() -> Tokenizer:
 
 def clip_tokenizer_folder(folder: Path = TOKENIZER_CACHE) -> Path:
     """A folder with the built-in tokenizer's tokenizer.json, built once (building reads 49k merges)."""
+    return written_once(folder, lambda work: build_clip_tokenizer().save(str(work / 'tokenizer.json')))
+
+
+def written_once(folder: Path, write) -> Path:
+    """`folder` as write(a new folder) fills it, unless it holds a tokenizer.json already."""
+    folder = Path(folder)
     if (folder / 'tokenizer.json').is_file():
         return folder
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise TokenizerError(f'{folder}: not empty, and no tokenizer.json in it: give a new folder')
     folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f'.{folder.name}-'))
-    build_clip_tokenizer().save(str(work / 'tokenizer.json'))
+    write(work)
     try:
         work.rename(folder)  # atomic: concurrent ranks or workers never read a half-written folder
     except OSError:  # another process got there first
         shutil.rmtree(work, ignore_errors=True)
+    if not (folder / 'tokenizer.json').is_file():
+        raise TokenizerError(f'{folder}: cannot be written (a mount point, or no permission?): give another folder')
     return folder
+
+
+# ------------------------------------------------------------------------------- T5's, for smoke runs
+
+T5_SMOKE_TOKENIZER = TOKENIZER_CACHE.parent / 't5-smoke-tokenizer'
+T5_PAD, T5_END, T5_UNKNOWN = '<pad>', '</s>', '<unk>'  # ids 0, 1, 2 as in T5's vocabulary
+# The smoke tokenizer's whole words: those of the sample dataset's captions and a few common ones. Any other
+# printable ASCII text is spelled out one character at a time; any other character is <unk>, as T5 reads characters
+# its vocabulary lacks.
+T5_SMOKE_WORDS = (
+    'a an the of on in at by with and or to from is are this that it its',
+    'photo picture image painting drawing render close up view number caption',
+    'red orange yellow green blue purple white black gray brown pink',
+    'circle square triangle shape background small large big little old new',
+    'cat dog bird horse person man woman child tree flower house car street city sky water mountain',
+)
+
+
+def build_t5_smoke_tokenizer() -> Tokenizer:
+    """A stand-in for T5's tokenizer, for smoke runs of the T5 models on captions: T5's conventions, not its
+    vocabulary, so a model trained with it reads captions only with it.
+
+    As T5's own tokenizer.json: a SentencePiece unigram model (words start with '\u2581'), runs of spaces
+    collapsed, case kept, <pad> 0, </s> 1 after every caption (the empty caption is [</s>]), <unk> 2; every id far
+    below T5's 32,128.
+    """
+    specials = [T5_PAD, T5_END, T5_UNKNOWN]  # in id order: T5_PAD_ID, T5_END_ID, then <unk>
+    words = [word for line in T5_SMOKE_WORDS for word in line.split()]
+    pieces = [(token, 0.0) for token in specials]
+    # Scores: a whole word always beats spelling it out.
+    pieces += [(f'\u2581{word}', -1.0) for word in words] + [('\u2581', -10.0)]
+    pieces += [(chr(code), -10.0) for code in range(ord('!'), ord('~') + 1)]
+    tokenizer = Tokenizer(models.Unigram(pieces, unk_id=specials.index(T5_UNKNOWN)))
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(' {2,}'), ' ')])
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    tokenizer.add_special_tokens(specials)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f'$A {T5_END}', special_tokens=[(T5_END, T5_END_ID)]
+    )
+    return tokenizer
+
+
+def t5_smoke_tokenizer_folder(folder: Path = T5_SMOKE_TOKENIZER) -> Path:
+    """A `--tokenizer` folder of the smoke T5 tokenizer in Transformers' layout (AutoTokenizer loads tokenizer.json
+    as it is, in the generic fast class), written once."""
+
+    def write(work: Path) -> None:
+        build_t5_smoke_tokenizer().save(str(work / 'tokenizer.json'))
+        special = {'pad_token': T5_PAD, 'eos_token': T5_END, 'unk_token': T5_UNKNOWN}
+        (work / 'special_tokens_map.json').write_text(json.dumps(special, indent=2))
+        config = {'tokenizer_class': 'PreTrainedTokenizerFast', **special, 'model_max_length': 512}
+        (work / 'tokenizer_config.json').write_text(json.dumps({**config, 'clean_up_tokenization_spaces': False}))
+
+    return written_once(folder, write)
 
 
 def id_tensor(ids: list[int]) -> torch.Tensor:

@@ -111,6 +111,98 @@ def test_img2dataset_tars_round_trip(tmp_path):
     ]
 
 
+def skipped_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(('skipped ', '... and'))]
+
+
+def test_skipped_files_are_named_with_their_reason(tmp_path, capsys):
+    make_photo_folder(tmp_path / 'photos')
+    convert.main([str(tmp_path / 'photos'), str(tmp_path / 'out')])
+    photos = tmp_path / 'photos'
+    assert skipped_lines(capsys.readouterr().err) == [
+        f'skipped {photos}/c.jpg: no caption file',
+        f'skipped {photos}/d.jpg: not an image',
+        f'skipped {photos}/e.jpg: corrupt image',
+    ]
+    assert not (tmp_path / 'out' / convert.STAGING).exists() and len(read_mds(tmp_path / 'out')) == 3
+
+
+def write_uncaptioned(folder: Path, n: int) -> Path:
+    folder.mkdir()
+    for i in range(n):
+        (folder / f'{i:02}.jpg').write_bytes(jpeg(i))
+    return folder
+
+
+def test_a_conversion_that_writes_nothing_fails_and_leaves_the_output_as_it_was(tmp_path, capsys):
+    uncaptioned = write_uncaptioned(tmp_path / 'uncaptioned', 12)
+    with pytest.raises(convert.ConvertError, match=r'no samples written, all 12 skipped \(12 no caption file\)'):
+        convert.main([str(uncaptioned), str(tmp_path / 'new')])
+    lines = skipped_lines(capsys.readouterr().err)
+    assert lines == [f'skipped {uncaptioned}/{i:02}.jpg: no caption file' for i in range(10)] + [
+        '... and 2 more skipped'
+    ]
+    assert not (tmp_path / 'new').exists()  # no empty dataset for a later run to read
+    # An earlier output given with --overwrite keeps its samples.
+    expected = make_photo_folder(tmp_path / 'photos')
+    convert.convert([str(tmp_path / 'photos')], str(tmp_path / 'earlier'), progress=False)
+    with pytest.raises(convert.ConvertError, match='the output is left as it was'):
+        convert.main([str(uncaptioned), str(tmp_path / 'earlier'), '--overwrite'])
+    assert read_mds(tmp_path / 'earlier') == expected and not (tmp_path / 'earlier' / convert.STAGING).exists()
+    write_tar(tmp_path / 'empty.tar', [])
+    with pytest.raises(convert.ConvertError, match='no samples written, the inputs hold none'):
+        convert.convert([str(tmp_path / 'empty.tar')], str(tmp_path / 'new'), progress=False)
+    assert not (tmp_path / 'new').exists()
+
+
+def test_an_empty_folder_is_one_line_and_exit_status_2(tmp_path):
+    (tmp_path / 'empty' / 'sub').mkdir(parents=True)
+    (tmp_path / 'empty' / 'sub' / 'notes.txt').write_text('a caption without an image')
+    run = subprocess.run(
+        [sys.executable, str(REPO / 'convert.py'), str(tmp_path / 'empty'), str(tmp_path / 'out')],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2
+    assert run.stderr.splitlines() == [
+        f'error: {tmp_path}/empty: no .tar files, and no image files (.jpg, .jpeg, .png, .webp, .bmp, .gif, .tif, '
+        '.tiff) at any depth; nothing written'
+    ]
+    assert not (tmp_path / 'out').exists()
+
+
+def test_a_dataset_appears_only_whole(tmp_path):
+    """An error part way (here the inputs' reader; Ctrl-C alike) leaves the earlier output, or none; a staging
+    folder a killed conversion left behind is not counted as contents and is cleared by the next one."""
+    photos = tmp_path / 'photos'
+    expected = make_photo_folder(photos)
+    out = tmp_path / 'out'
+    convert.convert([str(photos)], str(out), progress=False)
+
+    def failing_part_way():
+        for i in range(8):
+            yield f'sample {i}', jpeg(i), f'caption {i}', None
+        raise RuntimeError('the disk went away')
+
+    for target in (out, tmp_path / 'new'):
+        with pytest.raises(RuntimeError, match='the disk went away'):
+            convert.write_mds(failing_part_way(), str(target), overwrite=True, size_limit=len(jpeg(0)), progress=False)
+    assert read_mds(out) == expected and not (out / convert.STAGING).exists()
+    assert not (tmp_path / 'new').exists()
+
+    (tmp_path / 'killed' / convert.STAGING).mkdir(parents=True)
+    (tmp_path / 'killed' / convert.STAGING / 'shard.00000.mds').write_bytes(b'half a shard')
+    assert convert.convert([str(photos)], str(tmp_path / 'killed'), progress=False)['written'] == 3
+    assert sorted(path.name for path in (tmp_path / 'killed').iterdir()) == ['index.json', 'shard.00000.mds']
+    # --overwrite replaces an earlier output's files, shards it no longer needs included.
+    many = convert.convert([str(photos)], str(out), overwrite=True, size_limit=len(jpeg(0)), progress=False)
+    small = convert.convert([str(photos)], str(out), overwrite=True, progress=False)
+    assert many['shards'] > 1 and small['shards'] == 1
+    assert sorted(path.name for path in out.iterdir()) == ['index.json', 'shard.00000.mds']
+    assert read_mds(out) == expected
+
+
 @pytest.mark.slow
 def test_many_shards_and_refusing_a_non_empty_output(tmp_path, capsys):
     photos = tmp_path / 'photos'
@@ -182,6 +274,35 @@ def test_converter_uploads_and_training_streams_from_s3(s3, tmp_path):
     first, second = (StreamingLAIONDataset(remote=remote, image_size=32, batch_size=4) for _ in range(2))
     assert first.streams[0].local != second.streams[0].local
     assert len(list(first)) == len(list(second)) == 24
+
+
+@pytest.mark.slow
+def test_a_remote_gets_an_index_only_when_whole(s3, tmp_path):
+    """No index.json for a conversion that wrote nothing (an earlier one's stays) or stopped part way (an earlier
+    one's is gone, since its shards were being written over)."""
+    remote = upload(s3, tmp_path, 'whole', n=4)
+    client = boto3.client('s3', endpoint_url=s3)
+
+    def index():
+        return client.get_object(Bucket='bucket', Key='whole/mds/index.json')['Body'].read()
+
+    earlier = index()
+    uncaptioned = write_uncaptioned(tmp_path / 'uncaptioned', 3)
+    for target in (remote, 's3://bucket/whole/new'):
+        with pytest.raises(convert.ConvertError, match='no samples written'):
+            convert.convert([str(uncaptioned)], target, overwrite=True, progress=False)
+    assert index() == earlier
+    assert 'Contents' not in client.list_objects_v2(Bucket='bucket', Prefix='whole/new')
+
+    def failing_part_way():
+        for i in range(6):
+            yield f'sample {i}', jpeg(i), f'caption {i}', None
+        raise RuntimeError('the network went away')
+
+    with pytest.raises(RuntimeError, match='the network went away'):
+        convert.write_mds(failing_part_way(), remote, overwrite=True, size_limit=len(jpeg(0)), progress=False)
+    keys = {item['Key'] for item in client.list_objects_v2(Bucket='bucket', Prefix='whole/mds')['Contents']}
+    assert 'whole/mds/index.json' not in keys and 'whole/mds/shard.00000.mds' in keys
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 windows), sample grids, the exported pipeline and generate.py, the learning curve, and the stability options."""
 
 import json
+import logging
 import time
 from types import SimpleNamespace
 
@@ -243,6 +244,91 @@ def test_generate_bad_input_is_one_line(flags, message, capsys):
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def label_band(grid, columns, width, rows_below):
+    """The band of labels above a grid's first row: the grid's pixels above `rows_below` rows of `width`-pixel
+    images, one column at a time, as (H, W, 3) arrays."""
+    import numpy as np
+
+    pixels = np.asarray(grid)
+    band = pixels[2 : pixels.shape[0] - rows_below * (width + 2)]
+    return [band[:, 2 + c * (width + 2) : 2 + c * (width + 2) + width] for c in range(columns)]
+
+
+class RecordMessages(logging.Handler):
+    """Keeps the messages of the records a logger hands it."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def diffusers_messages():
+    """What Diffusers logs: to its own handler, which neither pytest's capture nor caplog sees."""
+    handler = RecordMessages()
+    logging.getLogger('diffusers').addHandler(handler)
+    yield handler.messages
+    logging.getLogger('diffusers').removeHandler(handler)
+
+
+def test_generate_draws_at_the_trained_size_and_grids_carry_their_prompts(tmp_path, capfd, diffusers_messages):
+    """A run at 32px (the tiny model's own sample size is 64px): generate.py draws 32px images from its exported
+    folder and from its checkpoint unless --image_size says otherwise, prints no score it was not asked for, and
+    loads the folder without Diffusers' warning about accelerate. The run's sample grids and generate.py's grid
+    carry each prompt above its column."""
+    from PIL import Image
+
+    pipe, samples, checkpoints = tmp_path / 'pipe', tmp_path / 'samples', tmp_path / 'ckpt'
+    flags = [*SMALL, '--max_duration', '1ba', '--export_pipeline', str(pipe), '--save_folder', str(checkpoints)]
+    flags += ['--save_interval', '1ba', '--sample_interval', '1ba', '--sample_steps', '1', '--sample_dir', str(samples)]
+    main(parse_args(flags))
+    capfd.readouterr()
+    common = ['--prompt', 'a red circle on a blue background', '--prompt', 'a square', '--steps', '1']
+    checkpoint = ['--checkpoint', str(checkpoints / 'latest-rank0.pt'), '--model_name', 'tiny']
+    for name, source in (('folder', ['--pipeline', str(pipe)]), ('checkpoint', checkpoint)):
+        images = generate.main(generate.parse_args([*common, *source, '--out', str(tmp_path / name)]))
+        assert images.shape == (2, 3, 32, 32), name
+        out = capfd.readouterr().out
+        assert 'generating 2 image(s) of 32x32 (the size the run trained at)' in out
+        assert 'CLIP score' not in out and 'FID' not in out
+    assert not [message for message in diffusers_messages if 'accelerate' in message]
+    larger = generate.main(
+        generate.parse_args([*common, *checkpoint, '--image_size', '64', '--out', str(tmp_path / 'x')])
+    )
+    assert larger.shape == (2, 3, 64, 64) and 'of 64x64 (--image_size)' in capfd.readouterr().out
+
+    grid = Image.open(tmp_path / 'folder' / 'grid.png')
+    assert grid.width == 2 * 34 + 2 and grid.height > 34 + 2  # two columns of 32px, under a band of labels
+    saved = [Image.open(tmp_path / 'folder' / f'000{i}.png') for i in range(2)]
+    assert [
+        list(grid.crop((2 + 34 * i, grid.height - 34, 34 + 34 * i, grid.height - 2)).getdata()) for i in range(2)
+    ] == [list(image.getdata()) for image in saved]
+    sample_grids = sorted(samples.iterdir())
+    assert [path.name for path in sample_grids] == ['samples-ba000000.png', 'samples-ba000001.png']
+    sample_grid = Image.open(sample_grids[-1])
+    # The default 4 prompts as columns, the 2 seeds as rows, and the prompts above the first row only.
+    assert sample_grid.width == 4 * 34 + 2 and sample_grid.height > 2 * 34 + 2
+    for labels, columns, rows in ((grid, 2, 1), (sample_grid, 4, 2)):
+        for column in label_band(labels, columns, 32, rows):
+            assert column.shape[0] >= 10 and (column.min(axis=2) < 100).sum() > 10  # dark text on white
+
+
+def test_a_label_is_shortened_to_fit_its_column():
+    from PIL import ImageFont
+
+    from export import label_lines
+
+    font = ImageFont.load_default(10)
+    lines = label_lines('a watercolor painting of a lighthouse on a rocky coast at dawn', font, 64)
+    assert len(lines) == 2 and lines[-1].endswith('...')
+    assert all(font.getlength(line) <= 64 for line in lines)
+    assert label_lines('a  red   circle', font, 200) == ['a red circle'] and label_lines('', font, 64) == []
+    assert ' '.join(line.removesuffix('...') for line in lines).startswith('a watercolor')
+
+
 # ------------------------------------------------------------------------------------ the learning curve
 
 
@@ -355,8 +441,10 @@ def test_exported_pipeline_checkpoint_and_sample_grids(split, tmp_path, capfd):
         'samples-ema-ba000000.png',
         'samples-ema-ba000030.png',
     ]
-    untrained, trained = (torch.tensor(list(Image.open(samples / grid).getdata())) for grid in grids[:2])
-    assert untrained.shape == trained.shape == ((4 * 34 + 2) * (2 * 34 + 2), 3)  # 4 prompts x 2 seeds, 32px + padding
+    untrained, trained = (Image.open(samples / grid) for grid in grids[:2])
+    assert untrained.size == trained.size and untrained.width == 4 * 34 + 2  # 4 prompts x 2 seeds, 32px + padding
+    below_labels = (0, trained.height - 2 * 34 - 2, trained.width, trained.height)
+    untrained, trained = (torch.tensor(list(grid.crop(below_labels).getdata())) for grid in (untrained, trained))
     assert (untrained - trained).abs().float().mean() > 5  # what it learned shows
 
     pipeline = StableDiffusionPipeline.from_pretrained(pipe, local_files_only=True)
@@ -393,9 +481,13 @@ def test_exported_pipeline_checkpoint_and_sample_grids(split, tmp_path, capfd):
     from_checkpoint = generate.main(args)
     assert from_folder.shape == from_checkpoint.shape == (2, 3, 32, 32)
     assert torch.allclose(from_folder, from_checkpoint, atol=1e-5)
-    assert sorted(path.name for path in (tmp_path / 'g2').iterdir()) == ['0000.png', '0001.png', 'prompts.txt']
+    assert sorted(path.name for path in (tmp_path / 'g2').iterdir()) == [
+        '0000.png',
+        '0001.png',
+        'grid.png',
+        'prompts.txt',
+    ]
     out = capfd.readouterr().out
-    assert 'CLIP score: not computed; it needs --clip_model DIR' in out  # the run without weights says what it needs
     assert 'CLIP score: ' in out.split('2 image(s)')[-1] and 'FID: ' in out.split('2 image(s)')[-1]
     direct = draw(pipeline, prompts, [0, 1], 4, 7.5, 32, CaptionTokenizer(str(pipe / 'tokenizer')))
     assert torch.allclose(direct, from_folder, atol=1e-5)  # as above: float rounding of two loads of one model
