@@ -99,6 +99,7 @@ def run_description(config: RunConfig) -> dict:
         'image_size': config.image_size,
         'precomputed_latents': config.precomputed_latents,
         'batch_size': config.batch_size,  # another batch changes the data order and the steps under the run
+        'flux_guidance': config.flux_guidance,  # what a guidance-distilled Flux trains at, and samples with
     }
 
 

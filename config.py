@@ -31,7 +31,9 @@ from model_folder import (
     T5_CAPTION_LENGTH,
     CaptionInputs,
     caption_inputs,
+    check_training_fields,
     denoiser_config,
+    embeds_guidance,
     is_transformer_folder,
     pooled_text_width,
     resolve_model_dir,
@@ -48,7 +50,7 @@ from presets import (
     SD2_BASE,
     SYNTHETIC_SAMPLES,
 )
-from recipes import RECIPES, Recipe, is_flow_matching
+from recipes import FLUX_GUIDANCE, RECIPES, Recipe, is_flow_matching
 from tokenizer import check_tokenizer
 
 
@@ -130,6 +132,8 @@ class RunConfig:
     logit_std: float | None
     mode_scale: float | None
     loss_weighting: str | None
+    precondition_outputs: bool | None
+    flux_guidance: float | None  # the guidance a guidance-distilled Flux embeds in training; None for other models
     recipe: Recipe | None  # a diffusion transformer's training recipe, with the flags above applied
     # what resolving chose on the user's behalf, printed at start
     notes: tuple[str, ...] = ()
@@ -210,6 +214,8 @@ def check_values(draft: argparse.Namespace) -> None:
     for flag in ('logit_std', 'mode_scale'):
         if getattr(draft, flag) is not None and not getattr(draft, flag) > 0:
             raise ConfigError(f'--{flag} {getattr(draft, flag)}: must be positive')
+    if draft.flux_guidance is not None and not 0 <= draft.flux_guidance < float('inf'):
+        raise ConfigError(f'--flux_guidance {draft.flux_guidance}: must be a number, 0 or more')
 
 
 def check_image_size(image_size: int) -> None:
@@ -311,25 +317,35 @@ def describe_defaults(draft: argparse.Namespace, from_preset: dict, from_recipe:
     )
 
 
-FLOW_FLAGS = ('timestep_density', 'logit_mean', 'logit_std', 'mode_scale', 'loss_weighting')
+FLOW_FLAGS = ('timestep_density', 'logit_mean', 'logit_std', 'mode_scale', 'loss_weighting', 'precondition_outputs')
 
 
 def settle_recipe(draft: argparse.Namespace) -> None:
     """A diffusion transformer's training recipe (transformer_model.RECIPES) with the flags given applied, and the
-    defaults it gives --grad_clip_norm and --caption_dropout; the UNet-only flags refused for it, and the flow
-    matching flags for the models that do not learn a flow."""
+    defaults it gives --grad_clip_norm and --caption_dropout; the UNet-only flags refused for it, the flow matching
+    flags for the models that do not learn a flow, and a folder whose configs ask for what the step would not do
+    (model_folder.check_training_fields)."""
     given_flow = [flag for flag in FLOW_FLAGS if getattr(draft, flag) is not None]
     draft.recipe = None
+    guidance = embeds_guidance(draft.model_dir)
+    if draft.flux_guidance is not None and not guidance:
+        raise ConfigError(
+            f'--flux_guidance: {draft.model_name} embeds no guidance scale (a Flux whose transformer config has '
+            'guidance_embeds: true does, as Flux.1-dev); the sampling scale is --guidance_scale'
+        )
     if not is_transformer_folder(draft.model_dir):
         if given_flow:
             raise ConfigError(f'--{given_flow[0]}: a flow matching option; {draft.model_name} is a UNet (DDPM)')
+        check_training_fields(draft.model_name, draft.model_dir, draft.prediction_type)
         if draft.caption_dropout is None:
             draft.caption_dropout = 0.0
         return
     family = denoiser_config(draft.model_dir)['_class_name']
-    for flag, why in (('prediction_type', "the family's objective is fixed"), ('export_ema_unet', 'a UNet export')):
+    objective = "the family's objective is fixed, PixArt's by its scheduler's prediction_type"
+    for flag, why in (('prediction_type', objective), ('export_ema_unet', 'a UNet export')):
         if getattr(draft, flag) is not None:
             raise ConfigError(f'--{flag}: a UNet option ({why}); {draft.model_name} is a diffusion transformer')
+    check_training_fields(draft.model_name, draft.model_dir)
     if draft.attention != 'sdpa':
         raise ConfigError(f'--attention {draft.attention}: the diffusion transformers run PyTorch SDPA attention only')
     reads_captions = not (draft.use_synth_data or draft.precomputed_latents)
@@ -349,6 +365,9 @@ def settle_recipe(draft: argparse.Namespace) -> None:
         raise ConfigError(f'--{given_flow[0]}: a flow matching option; {draft.model_name} predicts DDPM noise')
     recipe = RECIPES[family]
     recipe = dataclasses.replace(recipe, **{flag: getattr(draft, flag) for flag in given_flow})
+    if guidance:
+        draft.flux_guidance = FLUX_GUIDANCE if draft.flux_guidance is None else draft.flux_guidance
+        recipe = dataclasses.replace(recipe, flux_guidance=draft.flux_guidance)
     draft.recipe = recipe  # its values were given (checked in check_values) or are the recipe's own
     if is_flow_matching(family):
         for flag in FLOW_FLAGS:

@@ -33,7 +33,8 @@ def draw(args: argparse.Namespace, prompts: list[str]) -> torch.Tensor:
     """Writes the images of generate.py's checked flags, prints the scores asked for; returns the images
     (N, 3, H, W) in [0, 1]."""
     reproducibility.seed_all(args.seed)
-    pipeline, trained_size = load_pipeline(args)
+    pipeline, description = load_pipeline(args)
+    trained_size = description.get('image_size')
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     pipeline.to(device)
     pipeline.set_progress_bar_config(disable=True)
@@ -57,7 +58,10 @@ def draw(args: argparse.Namespace, prompts: list[str]) -> torch.Tensor:
     for start in tqdm(range(0, len(prompts), args.batch_size), desc='generating', unit='batch'):
         batch = prompts[start : start + args.batch_size]
         seeds = [args.seed + start + i for i in range(len(batch))]
-        images.append(generate(pipeline, batch, seeds, args.steps, args.guidance_scale, size, tokenizer).float().cpu())
+        drawn = generate(
+            pipeline, batch, seeds, args.steps, args.guidance_scale, size, tokenizer, description.get('flux_guidance')
+        )
+        images.append(drawn.float().cpu())
         for i, image in enumerate(images[-1]):
             array = (image.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
             Image.fromarray(array).save(out / f'{start + i:04d}.png')
@@ -73,9 +77,10 @@ def draw(args: argparse.Namespace, prompts: list[str]) -> torch.Tensor:
     return images
 
 
-def load_pipeline(args: argparse.Namespace) -> tuple[DiffusionPipeline, int | None]:
-    """The pipeline of --pipeline or --checkpoint, and the image size its run trained at (None where neither
-    records it: a pipeline folder that Diffusers saved, a checkpoint of an older version)."""
+def load_pipeline(args: argparse.Namespace) -> tuple[DiffusionPipeline, dict]:
+    """The pipeline of --pipeline or --checkpoint, and its run's description (checkpoints.run_description: the
+    image size it trained at, a guidance-distilled Flux's guidance), empty where neither records it: a pipeline
+    folder that Diffusers saved, a checkpoint of an older version."""
     if args.pipeline:
         # Diffusers' default low_cpu_mem_usage needs the accelerate package, which this stack does not install, and
         # warns that it falls back to False; a pipeline loaded whole from a local folder onto one device needs
@@ -90,7 +95,7 @@ def load_pipeline(args: argparse.Namespace) -> tuple[DiffusionPipeline, int | No
                     'its own Euler sampler'
                 )
             pipeline.scheduler = SCHEDULERS[args.scheduler].from_config(pipeline.scheduler.config)
-        return pipeline, trained_image_size(Path(args.pipeline) / RUN_DESCRIPTION_FILE)
+        return pipeline, recorded_description(Path(args.pipeline) / RUN_DESCRIPTION_FILE)
     model_dir = args.model_dir
     if (model_dir / 'text_encoder_2').is_dir() and not is_transformer_folder(model_dir):
         raise ConfigError(
@@ -115,15 +120,17 @@ def load_pipeline(args: argparse.Namespace) -> tuple[DiffusionPipeline, int | No
         reason = str(error).strip().splitlines()[0]
         raise ConfigError(f'--checkpoint {args.checkpoint}: does not fit --model_name {args.model_name} ({reason})')
     description = state.get('callbacks', {}).get(RunDescription.__name__) or {}  # checkpoints.RunDescription's
-    return build_pipeline(model, args.scheduler or 'ddim', args.tokenizer), description.get('image_size')
+    return build_pipeline(model, args.scheduler or 'ddim', args.tokenizer), description
 
 
-def trained_image_size(record: Path) -> int | None:
-    """The image size in an exported pipeline's run description (export.RUN_DESCRIPTION_FILE), if it has one."""
+def recorded_description(record: Path) -> dict:
+    """An exported pipeline's run description (export.RUN_DESCRIPTION_FILE), if it has one."""
     if not record.is_file():
-        return None
+        return {}
     try:
-        return json.loads(record.read_text()).get('image_size')
+        description = json.loads(record.read_text())
+        description.get('image_size')  # a JSON object, not a list or a number
+        return description
     except (ValueError, AttributeError):
         raise ConfigError(f'{record}: not the JSON object of a run description; pass --image_size')
 

@@ -34,7 +34,7 @@ from ema import EMA, full_unet
 from model import DiffusionModel, StableDiffusion
 from model_folder import CAPTION_LENGTH, CLIP_PAD_ID, T5_CAPTION_LENGTH, TRANSFORMER_PIPELINE_NAMES, caption_pad_ids
 from presets import SAMPLE_SEEDS, SAMPLERS
-from recipes import FLUX, PIXART, SD3, is_flow_matching
+from recipes import FLUX, FLUX_GUIDANCE, PIXART, SD3, is_flow_matching
 from tokenizer import CLIP_END, CLIP_START, CaptionTokenizer, build_clip_tokenizer, clean_caption
 from transformer_model import DiffusionTransformer
 
@@ -142,13 +142,15 @@ def generate(
     guidance_scale: float,
     image_size: int,
     tokenizer: CaptionTokenizer | None = None,
+    flux_guidance: float | None = None,
 ) -> torch.Tensor:
     """Images (N, 3, H, W) in [0, 1], one per prompt and seed: prompts encoded with the training tokenizer and
     the pipeline's text encoder, initial latents drawn from each seed, so an image depends on its prompt and seed
     only. Classifier-free guidance against the empty prompt (`guidance_scale` above 1). A diffusion transformer's
-    pipeline tokenizes the prompts itself (`tokenizer` unused)."""
+    pipeline tokenizes the prompts itself (`tokenizer` unused); a guidance-distilled Flux embeds `flux_guidance`, the
+    scale it trained at (recipes.FLUX_GUIDANCE where not given)."""
     if not isinstance(pipeline, StableDiffusionPipeline):
-        return transformer_images(pipeline, prompts, seeds, steps, guidance_scale, image_size)
+        return transformer_images(pipeline, prompts, seeds, steps, guidance_scale, image_size, flux_guidance)
     device = pipeline.unet.device
     encoder = pipeline.text_encoder
 
@@ -168,7 +170,13 @@ def generate(
 
 
 def transformer_images(
-    pipeline: DiffusionPipeline, prompts: list[str], seeds: list[int], steps: int, guidance_scale: float, size: int
+    pipeline: DiffusionPipeline,
+    prompts: list[str],
+    seeds: list[int],
+    steps: int,
+    guidance_scale: float,
+    size: int,
+    flux_guidance: float | None = None,
 ) -> torch.Tensor:
     """generate() for Flux's, SD3's and PixArt-Sigma's pipelines: the prompts cleaned as training cleans captions,
     T5 reading as many tokens as in training. Flux-schnell's transformer has no guidance embedding: its guidance is
@@ -185,6 +193,8 @@ def transformer_images(
     )
     if isinstance(pipeline, TRANSFORMER_PIPELINES[FLUX]):
         arguments.update(true_cfg_scale=guidance_scale, max_sequence_length=pipeline.tokenizer_2.model_max_length)
+        if denoiser.config.get('guidance_embeds'):  # Flux.1-dev: the embedded scale, as in training
+            arguments.update(guidance_scale=FLUX_GUIDANCE if flux_guidance is None else flux_guidance)
     elif isinstance(pipeline, TRANSFORMER_PIPELINES[SD3]):
         arguments.update(guidance_scale=guidance_scale, max_sequence_length=pipeline.tokenizer_3.model_max_length)
     else:  # PixArt: T5's mask as in training; no resizing to its aspect-ratio bins, no caption rewriting
@@ -291,7 +301,14 @@ class SampleGrid(Callback):
         seeds = [seed for seed in SAMPLE_SEEDS for _ in config.sample_prompts]
         with get_precision_context(state.precision, state.precision_config):
             images = generate(
-                pipeline, prompts, seeds, config.sample_steps, config.guidance_scale, config.image_size, self.tokenize
+                pipeline,
+                prompts,
+                seeds,
+                config.sample_steps,
+                config.guidance_scale,
+                config.image_size,
+                self.tokenize,
+                config.flux_guidance,
             )
         if dist.get_global_rank() != 0:
             return

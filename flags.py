@@ -8,7 +8,7 @@ import argparse
 import arguments
 from model_folder import BUILTIN_MODELS
 from presets import SAMPLERS
-from recipes import LOSS_WEIGHTINGS, TIMESTEP_DENSITIES
+from recipes import FLUX_GUIDANCE, LOSS_WEIGHTINGS, TIMESTEP_DENSITIES
 
 # Inductor's modes (torch.compile's mode=), passed through Composer's compile_config.
 COMPILE_MODES = ('default', 'max-autotune-no-cudagraphs', 'reduce-overhead')
@@ -306,4 +306,19 @@ def add_quality_flags(parser: argparse.ArgumentParser) -> None:
         choices=LOSS_WEIGHTINGS,
         default=None,
         help="each sample's loss weight by its noise level, as Diffusers' SD3 training example (default: none)",
+    )
+    add_switch(
+        flow,
+        '--precondition_outputs',
+        'the loss on the output turned into an estimate of the image, noisy - sigma x output, against the latents, '
+        "as Diffusers' SD3 training example by default: the velocity error scaled by sigma (default: off, the "
+        'rectified-flow target noise - latents)',
+    )
+    flow.add_argument(
+        '--flux_guidance',
+        type=float,
+        default=None,
+        help='the guidance scale a guidance-distilled Flux (transformer config guidance_embeds: true, as Flux.1-dev) '
+        f"embeds while it trains (default: {FLUX_GUIDANCE}, Diffusers' Flux training example's); not the sampling "
+        '--guidance_scale',
     )

@@ -1,9 +1,10 @@
 """What a model folder holds: the built-in configs, the Diffusers pipeline layout a folder must have (a UNet's, or a
 diffusion transformer's), which parts carry weights, and what the denoiser's config says about its inputs (SDXL's
-micro-conditioning, the pooled text width, a transformer's text encoders and caption lengths), and what the model's
-batches carry beside the image (`CaptionInputs`: a caption column per text encoder, with its length, padding id and
-vocabulary; the shapes of a transformer's text embeddings). Light on purpose: no torch, so that the flags
-(flags.py, config.py) are checked at once.
+micro-conditioning, the pooled text width, a transformer's text encoders and caption lengths, a Flux's guidance
+embedding), the config fields a training step would not honour (refused before a run builds anything), and what
+the model's batches carry beside the image (`CaptionInputs`: a caption column per text encoder, with its length,
+padding id and vocabulary; the shapes of a transformer's text embeddings). Light on purpose: no torch, so that the
+flags (flags.py, config.py) are checked at once.
 """
 
 import functools
@@ -49,6 +50,13 @@ LATENT_DOWNSAMPLE = 8  # SD's VAE: image pixels per latent pixel along each side
 # The values SDXL's UNet embeds beside the pooled text ('time_ids'): original height and width, crop top and
 # left, target height and width.
 MICRO_CONDITIONS = 6
+# The noise schedule each training step builds from a folder's scheduler config (transformer_model.py, model.py):
+# Flux's and SD3's flow from FlowMatchEulerDiscreteScheduler's fields (num_train_timesteps, shift,
+# use_dynamic_shifting); the DDPM models' (the UNets, PixArt) from DDPMScheduler's (num_train_timesteps, the betas,
+# rescale_betas_zero_snr), with the target its prediction_type names.
+FLOW_SCHEDULER = 'FlowMatchEulerDiscreteScheduler'
+DDPM_BETA_SCHEDULES = ('linear', 'scaled_linear', 'squaredcos_cap_v2', 'sigmoid')
+DDPM_TARGETS = ('epsilon', 'v_prediction')
 
 
 class ModelFolderError(ConfigError):
@@ -196,6 +204,69 @@ def pooled_text_width(unet_config) -> int | None:
     )
 
 
+def check_training_fields(model_name: str, model_dir: Path, prediction_type: str | None = None) -> None:
+    """Refuses a folder whose configs ask for a training its family's step would not do, so that none is silently
+    trained otherwise: a scheduler of another noise process than the step's (Flux and SD3: FlowMatchEulerDiscrete;
+    the DDPM models: betas, not a flow or EDM schedule), a DDPM target other than epsilon or v_prediction,
+    per-channel latent statistics in the VAE's config (and a shift for a UNet), a UNet's timestep-condition
+    embedding. prediction_type: --prediction_type, which replaces the scheduler's (UNets only). docs/models.md
+    lists what is honoured."""
+    model_dir = Path(model_dir)
+    family = transformer_family(model_dir)
+    scheduler = json.loads((model_dir / 'scheduler' / 'scheduler_config.json').read_text())
+    scheduler_class = scheduler.get('_class_name')
+    where = f'--model_name {model_name!r}: scheduler/scheduler_config.json'
+    model = family or 'a UNet'
+    if family in (FLUX, SD3):
+        if scheduler_class != FLOW_SCHEDULER:
+            raise ModelFolderError(
+                f"{where} names {scheduler_class!r}, but {family}'s training step draws its noise levels from "
+                f"{FLOW_SCHEDULER}'s sigmas whatever the folder names: give the folder a {FLOW_SCHEDULER} config"
+            )
+    else:
+        flow_sigmas = bool(scheduler.get('use_flow_sigmas'))
+        flow = str(scheduler_class).startswith('FlowMatch') or flow_sigmas
+        if flow or str(scheduler_class).startswith('EDM'):
+            raise ModelFolderError(
+                f'{where} names {scheduler_class!r}{" with flow sigmas" if flow_sigmas else ""}, '
+                f"{'a flow matching' if flow else 'an EDM'} schedule; {model} trains on the DDPM noise of the config's "
+                'betas (beta_schedule, beta_start, beta_end), which this one does not define'
+            )
+        beta_schedule = scheduler.get('beta_schedule', 'linear')
+        if scheduler.get('trained_betas') is None and beta_schedule not in DDPM_BETA_SCHEDULES:
+            raise ModelFolderError(
+                f'{where}: beta_schedule {beta_schedule!r}; the DDPM training step knows '
+                f'{", ".join(DDPM_BETA_SCHEDULES)} (or trained_betas)'
+            )
+        target = prediction_type or scheduler.get('prediction_type', 'epsilon')
+        if target not in DDPM_TARGETS:
+            raise ModelFolderError(
+                f'{where}: prediction_type {target!r}; {model} trains the target epsilon or v_prediction'
+                + ('' if family else ': pass --prediction_type to choose one')
+            )
+    vae = json.loads((model_dir / 'vae' / 'config.json').read_text())
+    if vae.get('latents_mean') is not None or vae.get('latents_std') is not None:
+        raise ModelFolderError(
+            f'--model_name {model_name!r}: vae/config.json holds per-channel latents_mean/latents_std; the training '
+            'step normalizes latents by shift_factor and scaling_factor alone'
+        )
+    if family is None and vae.get('shift_factor'):
+        raise ModelFolderError(
+            f"--model_name {model_name!r}: vae/config.json has shift_factor {vae['shift_factor']}, which the UNets' "
+            'training step does not subtract (it scales latents by scaling_factor alone, as Stable Diffusion did)'
+        )
+    if family is None and denoiser_config(model_dir).get('time_cond_proj_dim') is not None:
+        raise ModelFolderError(
+            f"--model_name {model_name!r}: unet/config.json has time_cond_proj_dim (a distilled UNet's embedding of "
+            'a guidance scale beside the timestep), which the training step gives no input: it would stay untrained'
+        )
+
+
+def embeds_guidance(model_dir: Path) -> bool:
+    """A guidance-distilled Flux (Flux.1-dev): its transformer embeds a guidance scale beside the timestep."""
+    return transformer_family(model_dir) == FLUX and bool(denoiser_config(model_dir).get('guidance_embeds'))
+
+
 # ------------------------------------------------------------------------------------ caption inputs
 
 # CLIP's text encoder has 77 positions (SD2 tokenizes every caption to exactly this length).
@@ -276,5 +347,6 @@ def t5_tokenizer_needed(who: str, reads: str = 'reads captions', flag: str = '--
     """The one-line message for a T5 model given no --tokenizer: `who` (the model, or its pipeline) `reads` ..."""
     return (
         f'{flag}: {who} {reads} with T5, whose tokenizer no package here ships: pass --tokenizer DIR, a local '
-        "folder of T5's tokenizer (e.g. FLUX.1-schnell's tokenizer_2)"
+        "folder of T5's tokenizer (e.g. FLUX.1-schnell's tokenizer_2), or for a smoke run data/t5-smoke-tokenizer "
+        '(make t5-smoke-tokenizer)'
     )

@@ -1,12 +1,15 @@
-"""The diffusion transformers' families and how each trains by default: the timestep density, loss weighting, AdamW
-and stability options of its published recipe. Facts only (no torch), read by config.py to settle a run's flags and
-by transformer_model.py to train."""
+"""The diffusion transformers' families and how each trains by default: the timestep density, loss weighting, output
+preconditioning, AdamW and stability options of its published recipe. Facts only (no torch), read by config.py to
+settle a run's flags and by transformer_model.py to train."""
 
 from dataclasses import dataclass
 
 FLUX, SD3, PIXART = 'FluxTransformer2DModel', 'SD3Transformer2DModel', 'PixArtTransformer2DModel'
 TIMESTEP_DENSITIES = ('uniform', 'logit_normal', 'mode')
 LOSS_WEIGHTINGS = ('none', 'sigma_sqrt', 'cosmap')
+# The guidance scale a guidance-distilled Flux (transformer config `guidance_embeds: true`, as Flux.1-dev's) embeds
+# while it trains: the default --guidance_scale of Diffusers' Flux training example (train_dreambooth_flux.py).
+FLUX_GUIDANCE = 3.5
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,10 @@ class Recipe:
     logit_std: float = 1.0
     mode_scale: float = 1.29
     loss_weighting: str = 'none'
+    # Flow matching only: the loss on `noisy - sigma * prediction` against the latents (an estimate of the image,
+    # as Diffusers' SD3 example by default) instead of the prediction against the velocity `noise - latents`.
+    precondition_outputs: bool = False
+    flux_guidance: float | None = None  # a guidance-distilled Flux's embedded guidance (None: FLUX_GUIDANCE)
     learning_rate: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 1e-4
@@ -30,7 +37,9 @@ RECIPES = {
     # MLPerf Training's flux1 reference: uniform timesteps, no shift (the scheduler's shift is 1), AdamW with beta2
     # 0.95 and weight decay 0.1, gradient norm clipped to 1, captions dropped with probability 0.1.
     FLUX: Recipe(betas=(0.9, 0.95), weight_decay=0.1, caption_dropout=0.1),
-    # Diffusers' SD3 training example: logit-normal noise levels (mean 0, std 1) on the shift-3 grid, its AdamW.
+    # The SD3 paper's rectified flow (target noise - x, no preconditioning) with the noise levels and AdamW of
+    # Diffusers' SD3 training example: logit-normal (mean 0, std 1) on the shift-3 grid. The example itself also
+    # preconditions the outputs by default (precondition_outputs, off here: --precondition_outputs).
     SD3: Recipe(timestep_density='logit_normal'),
     # Diffusers' PixArt example: DDPM timesteps uniformly, its AdamW.
     PIXART: Recipe(),

@@ -4,13 +4,16 @@ FLOPs.
 
 Flux and SD3 learn a flow: latents normalized with the VAE's shift and scale, a noise level sigma in [0, 1] drawn
 from a timestep density (uniform, logit-normal or "mode") on the scheduler's shifted grid, noisy latents
-`(1 - sigma) x + sigma noise`, and the target `noise - x`, the loss optionally weighted per sigma. Flux reads its
-latents as a sequence of 2x2 patches with (0, row, column) position ids and its text as T5 tokens beside a pooled
-CLIP embedding; SD3 reads CLIP-L and CLIP-G penultimate states (side by side, zero-padded to T5's width) followed by
-T5's tokens, and both CLIPs' pooled embeddings. PixArt-Sigma predicts DDPM noise (epsilon) from T5 tokens with
-their padding masked, of which the loss takes the first half of the output channels (the rest is the learned
-variance, left untrained as in Diffusers' PixArt example); where its config asks for it (PixArt-alpha's 1024px
-models) it is also conditioned on the image's resolution and aspect ratio.
+`(1 - sigma) x + sigma noise`, and the target `noise - x` (the rectified flow of the SD3 paper), the loss optionally
+weighted per sigma; or, with the recipe's precondition_outputs (Diffusers' SD3 example's default), the output turned
+into an estimate of x, `noisy - sigma prediction`, against x: the same error scaled by sigma. Flux reads its latents
+as a sequence of 2x2 patches with (0, row, column) position ids and its text as T5 tokens beside a pooled CLIP
+embedding, and a guidance-distilled Flux (Flux.1-dev) also a guidance scale; SD3 reads CLIP-L and CLIP-G
+penultimate states (side by side, zero-padded to T5's width) followed by T5's tokens, and both CLIPs' pooled
+embeddings. PixArt-Sigma predicts DDPM noise (epsilon, or v where its scheduler's prediction_type says so) from T5
+tokens with their padding masked, of which the loss takes the first half of the output channels (the rest is the
+learned variance, left untrained as in Diffusers' PixArt example); where its config asks for it (PixArt-alpha's
+1024px models) it is also conditioned on the image's resolution and aspect ratio.
 """
 
 from pathlib import Path
@@ -25,6 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from images import unit_range
 from model_folder import (
     CAPTION_LENGTH,
+    DDPM_TARGETS,
     LATENT_DOWNSAMPLE,
     T5_CAPTION_LENGTH,
     T5_PAD_ID,
@@ -40,7 +44,7 @@ from model_parts import (
     validation_timesteps,
 )
 from presets import VALIDATION_TIMESTEPS
-from recipes import FLUX, RECIPES, SD3, Recipe, is_flow_matching
+from recipes import FLUX, FLUX_GUIDANCE, RECIPES, SD3, Recipe, is_flow_matching
 
 
 class DiffusionTransformer(FrozenEncodersModel):
@@ -73,6 +77,14 @@ class DiffusionTransformer(FrozenEncodersModel):
         for name, encoder in zip(self.text_encoder_names, text_encoders):
             setattr(self, name, encoder.requires_grad_(False).eval())
         self.noise_scheduler = noise_scheduler
+        if not is_flow_matching(self.family) and noise_scheduler.config.prediction_type not in DDPM_TARGETS:
+            raise ValueError(f'prediction_type {noise_scheduler.config.prediction_type!r}: one of {DDPM_TARGETS}')
+        if not is_flow_matching(self.family) and self.recipe.precondition_outputs:
+            raise ValueError(f'precondition_outputs: a flow matching option; {self.family} learns DDPM noise')
+        # A guidance-distilled Flux embeds a guidance scale beside the timestep: trained at the recipe's.
+        self.guidance = None
+        if transformer.config.get('guidance_embeds'):
+            self.guidance = FLUX_GUIDANCE if self.recipe.flux_guidance is None else self.recipe.flux_guidance
         self.latent_channels = vae_config['latent_channels']
         self.latent_shift = vae_config.get('shift_factor') or 0.0
         self.latent_scale = vae_config['scaling_factor']
@@ -124,7 +136,7 @@ class DiffusionTransformer(FrozenEncodersModel):
             sigmas = batch.get('sigmas')
             if sigmas is None:
                 sigmas = self.draw_sigmas(latents.shape[0]).to(latents.device)
-            return self.predict(latents, text, noise, sigmas)
+            return self.predict(latents, text, noise, sigmas, self.recipe.precondition_outputs)
         timesteps = batch.get('timesteps')
         if timesteps is None:  # uniform over all training steps
             steps = self.noise_scheduler.config.num_train_timesteps
@@ -143,10 +155,11 @@ class DiffusionTransformer(FrozenEncodersModel):
         return self.noise_scheduler.sigmas[indices].float()
 
     def predict(
-        self, latents: torch.Tensor, text: dict, noise: torch.Tensor, levels: torch.Tensor
+        self, latents: torch.Tensor, text: dict, noise: torch.Tensor, levels: torch.Tensor, precondition: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The transformer's prediction for latents noised to `levels` (sigmas for flow matching, DDPM timesteps for
-        PixArt), its training target, and each sample's loss weight."""
+        PixArt), its training target, and each sample's loss weight. precondition (flow matching): the prediction
+        turned into an estimate of the latents, `noisy - sigma prediction`, and the latents as the target."""
         if is_flow_matching(self.family):
             sigma = levels.view(-1, 1, 1, 1)
             noisy = (1 - sigma) * latents + sigma * noise
@@ -156,9 +169,13 @@ class DiffusionTransformer(FrozenEncodersModel):
         else:
             noisy = self.noise_scheduler.add_noise(latents, noise, levels)
             target = noise
+            if self.noise_scheduler.config.prediction_type == 'v_prediction':
+                target = self.noise_scheduler.get_velocity(latents, noise, levels)
             weights = torch.ones_like(levels, dtype=torch.float32)
             timesteps = levels
-        prediction = run_transformer(self.transformer, self.family, noisy, timesteps, text)
+        prediction = run_transformer(self.transformer, self.family, noisy, timesteps, text, self.guidance)
+        if precondition:
+            return noisy - sigma * prediction, latents, weights
         return prediction, target, weights
 
     @torch.no_grad()
@@ -266,9 +283,12 @@ def encode_text(family: str, text_encoders: list[torch.nn.Module], batch: dict) 
     return {'text_embedding': t5(batch['input_ids'], attention_mask=mask)[0].float(), 'text_mask': mask}
 
 
-def run_transformer(transformer, family: str, noisy: torch.Tensor, timesteps: torch.Tensor, text: dict) -> torch.Tensor:
+def run_transformer(
+    transformer, family: str, noisy: torch.Tensor, timesteps: torch.Tensor, text: dict, guidance: float | None = None
+) -> torch.Tensor:
     """The output of a transformer of `family` for noisy latents (batch, channels, height, width), in the same
-    layout. The family is given: under FSDP the module is a FullyShardedDataParallel wrapper."""
+    layout. The family is given: under FSDP the module is a FullyShardedDataParallel wrapper. guidance: the scale a
+    guidance-distilled Flux embeds (None for the others)."""
     batch, channels, height, width = noisy.shape
     if family == FLUX:
         # Flux reads 2x2 latent patches as a sequence, with (0, row, column) position ids, and timesteps in [0, 1].
@@ -283,6 +303,7 @@ def run_transformer(transformer, family: str, noisy: torch.Tensor, timesteps: to
             encoder_hidden_states=text_states,
             txt_ids=text_ids,
             img_ids=image_ids,
+            guidance=None if guidance is None else torch.full((batch,), guidance, device=noisy.device),
             return_dict=False,
         )[0]
         pixels = (height * LATENT_DOWNSAMPLE, width * LATENT_DOWNSAMPLE)
@@ -353,8 +374,9 @@ def count_forward_flops(
         text = {
             name: torch.empty(1, *shape) for name, shape in text_shapes(family, transformer.config, t5_length).items()
         }
+        guidance = FLUX_GUIDANCE if transformer.config.get('guidance_embeds') else None
         with FlopCounterMode(display=False) as counter:
-            run_transformer(meta_transformer, family, latents, torch.tensor([500.0]), text)
+            run_transformer(meta_transformer, family, latents, torch.tensor([500.0]), text, guidance)
         counts['transformer'] = counter.get_total_flops()
     return counts
 

@@ -125,6 +125,8 @@ BAD_FLAGS = {
         ['--sample_steps', '0'],
         ['--eval_interval', '-1ba'],
         ['--caption_dropout', '1.5'],
+        ['--flux_guidance', '-1'],
+        ['--precondition_outputs', '1'],  # Diffusers' spelling; here a switch
         ['--cpu_threads', '0'],
     ],
     'generate.py': [['--pipeline', 'nowhere', '--prompt', 'a', '--out', 'x'], ['--steps', 'x']],

@@ -20,6 +20,7 @@ import precompute
 from arguments import ConfigError
 from config import resolve_config
 from data import PrecomputedLatentsDataset, StreamingLAIONDataset, SyntheticImageCaptionDataset
+from export import generate as generate_images
 from flags import parse_args
 from images import unit_range
 from model import build_model
@@ -124,19 +125,24 @@ def flux_loss_by_hand(model, batch, sigmas):
         x = (dist.mean + dist.std * batch['latent_noise'] - vae.config.shift_factor) * vae.config.scaling_factor
         pooled = clip(batch['input_ids']).pooler_output
         states = t5(batch['input_ids_2'])[0]
+    return flux_flow_loss(model.transformer, x, batch['noise'], sigmas, pooled, states)
+
+
+def flux_flow_loss(transformer, x, noise, sigmas, pooled, states, guidance=None):
+    """Pack 2x2, noise, predict (with a guidance tensor where given), unpack, MSE to noise - x."""
     n, c, h, w = x.shape
     s = sigmas.view(-1, 1, 1, 1)
-    noisy = (1 - s) * x + s * batch['noise']
-    prediction = model.transformer(
-        hidden_states=FluxPipeline._pack_latents(noisy, n, c, h, w),
+    prediction = transformer(
+        hidden_states=FluxPipeline._pack_latents((1 - s) * x + s * noise, n, c, h, w),
         timestep=sigmas,
+        guidance=None if guidance is None else torch.full([n], guidance),
         pooled_projections=pooled,
         encoder_hidden_states=states,
         txt_ids=torch.zeros(states.shape[1], 3),
         img_ids=FluxPipeline._prepare_latent_image_ids(n, h // 2, w // 2, x.device, x.dtype),
     ).sample
     prediction = FluxPipeline._unpack_latents(prediction, h * 8, w * 8, 8)
-    return ((prediction - (batch['noise'] - x)) ** 2).mean()
+    return ((prediction - (noise - x)) ** 2).mean()
 
 
 def sd3_loss_by_hand(model, batch, sigmas):
@@ -583,3 +589,225 @@ def test_fp8_is_refused_where_it_cannot_run(monkeypatch):
             resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--fp8', *flags]))
     monkeypatch.setattr(hardware, 'gpu', lambda: h100)
     assert resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--fp8'])).fp8
+
+
+# ------------------------------------------------------------------------------------- the smoke T5 tokenizer
+
+
+def test_the_smoke_t5_tokenizer_gives_t5s_ids_padding_and_end_of_text(tmp_path):
+    from transformers import AutoTokenizer
+
+    from tokenizer import TokenizerError, check_tokenizer, empty_caption_ids, t5_smoke_tokenizer_folder
+
+    folder = str(t5_smoke_tokenizer_folder(tmp_path / 't5-smoke'))
+    for name in TWINS.values():
+        check_tokenizer(folder, caption_inputs(CONFIGS_DIR / name))  # T5's ids, or a one-line ConfigError
+    inputs = caption_inputs(CONFIGS_DIR / 'tiny-flux-schnell')
+    t5 = column_tokenizers(folder, inputs)[inputs.id_columns[inputs.vocab_sizes.index(T5_VOCAB_SIZE)]]
+    caption = 'A red circle on a blue background, 3 cats!'
+    ids = t5(caption).tolist()
+    words = ids[: ids.index(T5_END_ID)]
+    assert len(ids) == 256 and ids[len(words) + 1 :] == [T5_PAD_ID] * (255 - len(words))
+    assert all(2 < i < T5_VOCAB_SIZE for i in words)  # no padding, </s> or <unk> inside an ASCII caption
+    loaded = AutoTokenizer.from_pretrained(folder)  # as an exported pipeline loads it
+    assert loaded.decode(words) == caption
+    assert loaded(caption, padding='max_length', max_length=256).input_ids == ids  # the pipeline's ids: training's
+    assert t5('').tolist() == empty_caption_ids(T5_PAD_ID, 256).tolist()  # the empty caption of caption dropout
+    assert t5('A cat').tolist() != t5('a cat').tolist()  # cased, as T5
+    assert t5(' '.join(['cat'] * 400))[-1] == T5_END_ID  # truncated with </s> kept last
+    # Written once: a second call (make t5-smoke-tokenizer again, another rank) leaves the folder as it is.
+    written = (tmp_path / 't5-smoke' / 'tokenizer.json').stat().st_mtime_ns
+    assert t5_smoke_tokenizer_folder(tmp_path / 't5-smoke') == tmp_path / 't5-smoke'
+    assert (tmp_path / 't5-smoke' / 'tokenizer.json').stat().st_mtime_ns == written
+    with pytest.raises(TokenizerError, match='not empty, and no tokenizer.json in it: give a new folder'):
+        t5_smoke_tokenizer_folder(tmp_path)  # a folder of other files is never mixed into
+
+
+def test_tiny_flux_trains_on_a_converted_folder_with_the_smoke_t5_tokenizer(tmp_path):
+    """The smoke run of docs/models.md: captioned images through convert.py, then Flux's twin on them."""
+    from conftest import jpeg
+
+    import convert
+    from tokenizer import t5_smoke_tokenizer_folder
+
+    photos = tmp_path / 'photos'
+    photos.mkdir()
+    for i in range(8):
+        (photos / f'{i}.jpg').write_bytes(jpeg(i))
+        (photos / f'{i}.txt').write_text(f'A photo of {i} red circles on a blue background')
+    assert convert.convert([str(photos)], str(tmp_path / 'mds'), progress=False)['written'] == 8
+    tokenizer = str(t5_smoke_tokenizer_folder(tmp_path / 't5-smoke'))
+    flags = ['--model_name', 'tiny-flux-schnell', '--local', str(tmp_path / 'mds'), '--tokenizer', tokenizer]
+    trainer = main(parse_args([*flags, '--image_size', '32', '--batch_size', '4', '--max_duration', '2ba']))
+    assert trainer.state.timestamp.batch.value == 2 and math.isfinite(float(trainer.state.loss))
+
+
+# ------------------------------------------------------------------------------------- a folder's own fields
+
+SCHEDULER, VAE_CONFIG, UNET_CONFIG = 'scheduler/scheduler_config.json', 'vae/config.json', 'unet/config.json'
+TRANSFORMER_CONFIG_FILE = 'transformer/config.json'
+
+
+def twin_folder(tmp_path, name, changes):
+    """A copy of a twin's folder with fields of its configs changed: {config file: {field: value}}."""
+    import shutil
+
+    folder = tmp_path / name
+    shutil.copytree(CONFIGS_DIR / name, folder)
+    for file, fields in changes.items():
+        path = folder / file
+        path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+    return folder
+
+
+def flux_dev_twin(tmp_path):
+    """Flux.1-dev's differences from schnell: a guidance embedding, and the scheduler's dynamic shifting."""
+    changes = {TRANSFORMER_CONFIG_FILE: {'guidance_embeds': True}}
+    changes[SCHEDULER] = {'use_dynamic_shifting': True, 'shift': 3.0}
+    return twin_folder(tmp_path, 'tiny-flux-schnell', changes)
+
+
+def flux_loss_with_guidance_by_hand(folder, model, batch, guidance):
+    """Diffusers' Flux training example on a precomputed batch (latent log-variance 0), its guidance tensor passed."""
+    vae = json.loads((folder / VAE_CONFIG).read_text())
+    x = (batch['latent_mean'] + batch['latent_noise'] - vae['shift_factor']) * vae['scaling_factor']
+    pooled, states = batch['pooled_text_embedding'], batch['text_embedding']
+    return flux_flow_loss(model.transformer, x, batch['noise'], batch['sigmas'], pooled, states, guidance)
+
+
+def test_a_guidance_distilled_flux_embeds_its_guidance_in_the_step(tmp_path):
+    folder = flux_dev_twin(tmp_path)
+    torch.manual_seed(0)
+    model = build_model(folder, precomputed=True, recipe=Recipe(flux_guidance=2.0))
+    generator = torch.Generator().manual_seed(0)
+    batch = {name: torch.randn(2, 16, 8, 8, generator=generator) for name in ('latent_mean', 'latent_noise', 'noise')}
+    batch['latent_logvar'] = torch.zeros(2, 16, 8, 8)
+    batch['text_embedding'] = torch.randn(2, 256, 32, generator=generator)
+    batch['pooled_text_embedding'] = torch.randn(2, 32, generator=generator)
+    batch['sigmas'] = torch.tensor([0.3, 0.8])
+    loss = model.loss(model(batch), batch)
+    with torch.no_grad():
+        at_two, at_default = (flux_loss_with_guidance_by_hand(folder, model, batch, g) for g in (2.0, 3.5))
+    assert loss.item() == pytest.approx(at_two.item(), rel=1e-5)
+    assert at_two.item() != pytest.approx(at_default.item(), rel=1e-4)  # the guidance reaches the output
+    loss.backward()
+    assert model.transformer.time_text_embed.guidance_embedder.linear_1.weight.grad.abs().sum() > 0  # and trains
+    assert build_model(folder, precomputed=True).guidance == 3.5  # Diffusers' Flux example's default
+
+
+def test_a_guidance_distilled_flux_folder_trains_and_samples_at_its_guidance(tmp_path, t5_tokenizer):
+    flags = ['--model_name', str(flux_dev_twin(tmp_path)), '--use_synth_data', '--image_size', '64']
+    pipe = tmp_path / 'pipe'
+    exported = ['--export_pipeline', str(pipe), '--tokenizer', t5_tokenizer]
+    trainer = main(
+        parse_args([*flags, '--batch_size', '4', '--max_duration', '2ba', '--flux_guidance', '2.5', *exported])
+    )
+    assert trainer.state.timestamp.batch.value == 2 and math.isfinite(float(trainer.state.loss))
+    assert trainer.state.model.guidance == 2.5
+    # The exported folder records the guidance, and the pipeline embeds the one it is given.
+    assert json.loads((pipe / 'run_description.json').read_text())['flux_guidance'] == 2.5
+    pipeline = DiffusionPipeline.from_pretrained(pipe, local_files_only=True)
+    pipeline.set_progress_bar_config(disable=True)
+    at_trained, at_other = (generate_images(pipeline, ['a cat'], [0], 1, 1.0, 32, None, g) for g in (2.5, 9.0))
+    assert (at_trained - at_other).abs().max() > 1e-4
+    config = resolve_config(parse_args(flags))
+    assert (config.flux_guidance, config.recipe.flux_guidance) == (3.5, 3.5)
+    assert resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data'])).flux_guidance is None
+
+
+def test_pixart_trains_the_target_its_scheduler_names(tmp_path):
+    folder = twin_folder(tmp_path, 'tiny-pixart-sigma', {SCHEDULER: {'prediction_type': 'v_prediction'}})
+    torch.manual_seed(0)
+    model = build_model(folder)
+    timesteps = torch.tensor([10, 900])
+    batch = {**twin_batch('tiny-pixart-sigma'), 'timesteps': timesteps}
+    prediction, target, weights = model(batch)
+    with torch.no_grad():
+        x, _ = model.encode(batch)
+    # v = sqrt(alpha_bar) noise - sqrt(1 - alpha_bar) x, on PixArt's linear betas 0.0001 to 0.02 over 1000 steps.
+    alpha_bar = torch.cumprod(1 - torch.linspace(0.0001, 0.02, 1000), 0)[timesteps].view(-1, 1, 1, 1)
+    velocity = alpha_bar.sqrt() * batch['noise'] - (1 - alpha_bar).sqrt() * x
+    torch.testing.assert_close(target, velocity)
+    assert not torch.allclose(target, batch['noise'], atol=0.1)
+    assert model.loss((prediction, target, weights), batch).item() == pytest.approx(
+        ((prediction - velocity) ** 2).mean().item(), rel=1e-5
+    )
+    assert resolve_config(parse_args(['--model_name', str(folder), '--use_synth_data', '--image_size', '64'])).recipe
+
+
+@pytest.mark.parametrize(
+    'name, changes, flags, message',
+    [
+        ('tiny-flux-schnell', {SCHEDULER: {'_class_name': 'DDPMScheduler'}}, [], r"names 'DDPMScheduler', but Flux"),
+        ('tiny-sd3.5-medium', {SCHEDULER: {'_class_name': 'FlowMatchHeunDiscreteScheduler'}}, [], r'draws its noise'),
+        (
+            'tiny-pixart-sigma',
+            {SCHEDULER: {'_class_name': 'FlowMatchEulerDiscreteScheduler'}},
+            [],
+            r'a flow matching schedule; PixArtTransformer2DModel trains on the DDPM noise',
+        ),
+        (
+            'tiny-pixart-sigma',
+            {SCHEDULER: {'_class_name': 'DPMSolverMultistepScheduler', 'use_flow_sigmas': True}},
+            [],
+            r"'DPMSolverMultistepScheduler' with flow sigmas",
+        ),
+        ('tiny-pixart-sigma', {SCHEDULER: {'prediction_type': 'sample'}}, [], r"prediction_type 'sample'; PixArt.*$"),
+        ('tiny', {SCHEDULER: {'prediction_type': 'sample'}}, [], r"'sample'; a UNet trains .*: pass --prediction_type"),
+        ('tiny', {SCHEDULER: {'_class_name': 'EDMEulerScheduler'}}, [], r'an EDM schedule; a UNet trains'),
+        ('tiny', {SCHEDULER: {'beta_schedule': 'exp'}}, [], r"beta_schedule 'exp'; the DDPM training step knows"),
+        ('tiny', {VAE_CONFIG: {'latents_mean': [0.0] * 4, 'latents_std': [1.0] * 4}}, [], r'latents_mean/latents_std'),
+        ('tiny', {UNET_CONFIG: {'time_cond_proj_dim': 32}}, [], r'time_cond_proj_dim .* would stay untrained$'),
+        ('tiny', {VAE_CONFIG: {'shift_factor': 0.1159}}, [], r'shift_factor 0.1159, which the UNets'),
+        ('tiny-flux-schnell', {}, ['--flux_guidance', '2'], r'^--flux_guidance: .* embeds no guidance scale'),
+        ('tiny-pixart-sigma', {}, ['--precondition_outputs'], r'^--precondition_outputs: a flow matching option'),
+        ('tiny', {}, ['--no-precondition_outputs'], r'^--precondition_outputs: .* is a UNet \(DDPM\)'),
+    ],
+)
+def test_a_field_the_step_would_not_honour_is_refused_in_one_line(tmp_path, name, changes, flags, message):
+    folder = twin_folder(tmp_path, name, changes)
+    with pytest.raises(ConfigError, match=message) as error:
+        resolve_config(parse_args(['--model_name', str(folder), '--use_synth_data', '--image_size', '64', *flags]))
+    assert '\n' not in str(error.value)
+
+
+def test_a_unet_folders_target_is_the_flags_where_given(tmp_path):
+    folder = twin_folder(tmp_path, 'tiny', {SCHEDULER: {'prediction_type': 'sample'}})
+    flags = ['--model_name', str(folder), '--use_synth_data', '--image_size', '64', '--prediction_type', 'epsilon']
+    assert resolve_config(parse_args(flags)).prediction_type == 'epsilon'
+
+
+@pytest.mark.parametrize('weighting', ['none', 'cosmap'])
+def test_preconditioned_outputs_give_the_sd3_examples_loss(weighting):
+    torch.manual_seed(0)
+    plain = build_model(CONFIGS_DIR / 'tiny-sd3.5-medium', recipe=Recipe(loss_weighting=weighting))
+    preconditioned = build_model(
+        CONFIGS_DIR / 'tiny-sd3.5-medium', recipe=Recipe(loss_weighting=weighting, precondition_outputs=True)
+    )
+    preconditioned.load_state_dict(plain.state_dict())
+    sigmas = torch.tensor([0.3, 0.9])
+    batch = {**twin_batch('tiny-sd3.5-medium'), 'sigmas': sigmas}
+    loss = preconditioned.loss(preconditioned(batch), batch)
+    # Diffusers' SD3 example with --precondition_outputs 1: the output v becomes noisy - sigma v, against x.
+    with torch.no_grad():
+        x, _ = plain.encode(batch)
+        output, _, _ = plain(batch)
+    s = sigmas.view(-1, 1, 1, 1)
+    noisy = (1 - s) * x + s * batch['noise']
+    weight = 2 / (math.pi * (1 - 2 * sigmas + 2 * sigmas**2)) if weighting == 'cosmap' else torch.ones(2)
+    by_hand = (weight * ((output * (-s) + noisy - x) ** 2).flatten(1).mean(1)).mean()
+    assert loss.item() == pytest.approx(by_hand.item(), rel=1e-5)
+    # which is the rectified-flow loss scaled by sigma squared per sample
+    flow = (weight * sigmas**2 * ((output - (batch['noise'] - x)) ** 2).flatten(1).mean(1)).mean()
+    assert loss.item() == pytest.approx(flow.item(), rel=1e-4)
+    assert loss.item() < 0.9 * plain.loss(plain(batch), batch).item()
+    # The validation loss stays the velocity's, so runs with and without it compare.
+    validation = {**batch, 'noise': torch.randn(2, 8, 16, 8, 8)}
+    torch.testing.assert_close(preconditioned.validation_losses(validation), plain.validation_losses(validation))
+
+
+def test_precondition_outputs_is_a_flow_recipe_option_off_by_default():
+    flags = ['--model_name', 'tiny-sd3.5-medium', '--use_synth_data']
+    assert resolve_config(parse_args(flags)).recipe.precondition_outputs is False
+    config = resolve_config(parse_args([*flags, '--precondition_outputs']))
+    assert config.precondition_outputs is True and config.recipe.precondition_outputs is True
