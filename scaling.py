@@ -337,10 +337,16 @@ class ScalingModel:
     assumptions: Assumptions
     image_seconds: float  # compute time of one image on one GPU, forward and backward
     origin: str = 'solved from the measured run'
+    measured_batch: int | None = None  # the global batch of the run it was calibrated on; None: another phase's
 
     def step(self, gpus: int) -> Step:
         check_gpus(self.workload, gpus)
         return step(self.workload, self.assumptions, gpus, self.image_seconds)
+
+    def at_measured_batch(self, gpus: int) -> bool:
+        """Whether a predicted step on `gpus` GPUs trains the global batch of the run the model was solved from
+        (at the measured count, then, it is that run)."""
+        return self.workload.at(gpus).global_batch == self.measured_batch
 
     def img_per_sec(self, gpus: int) -> float:
         return self.step(gpus).img_per_sec
@@ -386,7 +392,7 @@ def calibrate(workload: Workload, assumptions: Assumptions, run: Measurement) ->
             low = middle
         else:
             high = middle
-    return ScalingModel(workload, assumptions, (low + high) / 2)
+    return ScalingModel(workload, assumptions, (low + high) / 2, measured_batch=measured.global_batch)
 
 
 def uncertain_inputs(assumptions: Assumptions, workload: Workload) -> dict[str, tuple[str, tuple]]:
@@ -628,6 +634,12 @@ def relative_image_times(curve: tuple[tuple[int, float], ...], microbatch: int, 
     return tuple((m, seconds / reference) for m, seconds in sorted(times))
 
 
+def scaling_efficiency(img_per_sec: float, gpus: int, base_img_per_sec: float, base_gpus: int) -> float:
+    """Throughput per GPU relative to the base run's: 1 where more GPUs lose nothing. report.py's table and the step
+    model's breakdown both compute it here, from the same base, so the two cannot disagree."""
+    return (img_per_sec / gpus) / (base_img_per_sec / base_gpus)
+
+
 def overall_img_per_sec(models: dict, budget: dict, gpus: int) -> float:
     """Throughput over the whole budget: each phase's samples at its own rate."""
     return sum(budget.values()) / sum(budget[ph] / models[ph].img_per_sec(gpus) for ph in models)
@@ -650,10 +662,18 @@ def prediction_range(models: dict, bands: dict, budget: dict, gpus: int) -> tupl
 
 
 def describe_prediction(
-    label: str, models: dict, bands: dict, budget: dict, counts: list[int], references: list[tuple[int, float]]
+    label: str,
+    models: dict,
+    bands: dict,
+    budget: dict,
+    counts: list[int],
+    references: list[tuple[int, float]],
+    base: tuple[int, dict],
 ) -> str:
     """The model's inputs, each predicted step's breakdown at `counts`, its range, and its error against
-    `references` ([(GPUs, img/s)])."""
+    `references` ([(GPUs, img/s)]). Scaling efficiency is against `base`, (GPUs, {phase: img/s}): the base row of
+    report.py's table, so that both give one figure for a row."""
+    base_gpus, base_img_per_sec = base
     lines = []
     for phase, model in models.items():
         w, a = model.workload, model.assumptions
@@ -704,14 +724,13 @@ def describe_prediction(
             ),
             '',
             '| GPUs | nodes | img/GPU/step | microbatches | compute s | communication s | exposed s | fixed s '
-            '| node losses s | step s | img/s | scaling eff. | range img/s |',
+            f'| node losses s | step s | img/s | scaling eff. (vs {base_gpus:,}) | range img/s |',
             '|' + '---|' * 13,
         ]
-        base = model.step(counts[0])
         for gpus in counts:
             st = model.step(gpus)
             low, high = prediction_range({phase: model}, {phase: bands[phase]}, {phase: 1}, gpus)
-            efficiency = (st.img_per_sec / gpus) / (base.img_per_sec / base.gpus)
+            efficiency = scaling_efficiency(st.img_per_sec, gpus, base_img_per_sec[phase], base_gpus)
             lines.append(
                 f'| {gpus:,} | {st.nodes} | {st.images_per_gpu:g} | {st.microbatches} | {st.compute:.3f} '
                 f'| {st.communication:.3f} | {st.exposed:.3f} | {st.fixed:.3f} | {st.node_losses:.3f} '

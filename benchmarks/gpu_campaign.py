@@ -272,11 +272,29 @@ def predict(done: dict, row: dict, work: Path) -> dict:
         image_size=step['image_size'],
         model_name=step['model_name'],
         device_train_microbatch_size=step['microbatch'],
-        config={'model_name': step['model_name'], 'precomputed_latents': True, 'fsdp': 'full_shard'},
+        config={
+            'model_name': step['model_name'],
+            'precomputed_latents': True,
+            'fsdp': 'full_shard',
+            'batch_size': step['microbatch'],  # one GPU, one microbatch a step
+            'device_train_microbatch_size': step['microbatch'],
+        },
     )
     path = work / 'transformer-step.json'
     path.write_text(results.to_json())
-    argv = [str(REPO / 'report.py'), str(path), '--predict', '16', '72', '--samples', '1000000']
+    # A global batch that 16 and 72 GPUs both split into whole microbatches (144 = lcm(16, 72)).
+    batch = str(144 * step['microbatch'])
+    argv = [
+        str(REPO / 'report.py'),
+        str(path),
+        '--predict',
+        '16',
+        '72',
+        '--samples',
+        '1000000',
+        '--global_batch',
+        batch,
+    ]
     finished = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True)
     (work / 'predict.log').write_text(finished.stdout + finished.stderr)
     if finished.returncode:

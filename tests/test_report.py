@@ -231,7 +231,7 @@ def test_the_plot_names_devices_that_are_not_gpus(tmp_path, monkeypatch):
     assert report.device_axis_label({'H100', 'A100'}) == 'Number of GPUs'
     assert report.device_axis_label({'AMD EPYC'}) == 'Number of devices (AMD EPYC)'
     labels = []
-    monkeypatch.setattr(report, 'plot', lambda *args: labels.append(args[-1]))
+    monkeypatch.setattr(report, 'plot', lambda path, tables, budget, names, xlabel, price: labels.append(xlabel))
     cpu = results_file(tmp_path / 'cpu.json', device_type='cpu', device_name='AMD EPYC', mfu=None)
     run_report(tmp_path, [cpu])
     run_report(tmp_path, [results_file(tmp_path / 'h100.json')])
@@ -279,8 +279,14 @@ def test_report_from_tiny_benchmark_run(tmp_path, capsys):
     assert (tmp_path / 'report.png').stat().st_size > 0
     # The file holds what the step model needs: the UNet's parameters, its FLOPs share, batch and microbatch.
     assert 0 < data['trained_flops_per_image'] < data['flops_per_image'] and data['trained_parameters'] > 0
-    tables = run_report(tmp_path, [str(results), '--predict', '2', '8', '--cluster', 'A100', '--global_batch', '8'])
-    predicted = rows_by_kind(tables, 'predicted')
+    argv = ['--predict', '2', '8', '--cluster', 'A100', '--global_batch', '8']
+    if data['device_type'] == 'cpu':  # a CPU's step predicts no GPU cluster
+        with pytest.raises(report.ReportError, match=f'--predict: {results} was measured on a CPU'):
+            run_report(tmp_path, [str(results), *argv])
+        # The step model reads the rest of the file as it would a GPU's.
+        data.update(device_type='gpu', device_name='NVIDIA A100-SXM4-40GB')
+        results.write_text(json.dumps(data))
+    predicted = rows_by_kind(run_report(tmp_path, [str(results), *argv]), 'predicted')
     assert sorted(predicted) == [2, 8] and predicted[8]['img_per_sec'] > data['img_per_sec']
 
 
@@ -458,9 +464,9 @@ def test_predict_from_a_results_file_uses_its_configuration(tmp_path, capsys):
         assert '8x H100 SXM per node' in out  # the preset of the file's GPU
         assert '4.00 GB of fp32 gradients (1,000,000,000 parameters)' in out or name == 'fsdp'
     assert rows['ddp']['img_per_sec'] != pytest.approx(rows['fsdp']['img_per_sec'])
-    # The global batch of the prediction is the published 2048 unless given.
-    assert '| 64 | 8 | 32 | 4 |' in run_report_out(tmp_path, capsys, [ddp, '--predict', '64'])
-    assert '| 64 | 8 | 4 | 1 |' in run_report_out(tmp_path, capsys, [ddp, '--predict', '64', '--global_batch', '256'])
+    # The global batch of the prediction is the run's own 256 unless given.
+    assert '| 64 | 8 | 4 | 1 |' in run_report_out(tmp_path, capsys, [ddp, '--predict', '64'])
+    assert '| 64 | 8 | 32 | 4 |' in run_report_out(tmp_path, capsys, [ddp, '--predict', '64', '--global_batch', '2048'])
 
 
 def test_predict_from_a_throughput_measured_at_another_batch(tmp_path, capsys):
@@ -574,7 +580,7 @@ def test_bad_prediction_inputs(tmp_path):
         run_report(tmp_path, [auto, '--predict', '16'])
     tiny = results_file(tmp_path / 'tiny.json', model_name='tiny', config={'batch_size': 8})
     with pytest.raises(report.ReportError, match="no 'trained_parameters'"):
-        run_report(tmp_path, [tiny, '--predict', '16'])
+        run_report(tmp_path, [tiny, '--predict', '4'])
 
 
 def test_models_side_by_side(tmp_path, capsys):
@@ -628,3 +634,185 @@ def test_a_diffusion_transformer_is_costed_with_its_own_flops_parameters_and_sha
     out = capsys.readouterr().out
     assert "H100 flux-schnell: the budget is SD2 base's published 2,867,200,000 samples, not flux-schnell's" in out
     assert 'H100 sd2-base: the budget' not in out
+
+
+# ------------------------------------------------------------------------------ one set of figures
+
+
+def markdown_rows(out):
+    """Every row of the Markdown tables in `out` whose first column is GPUs, as {column: cell}."""
+    rows, header = [], None
+    for line in out.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip('|').split('|')]
+        if line.startswith('| GPUs |'):
+            header = cells
+        elif line.startswith('|---'):
+            continue
+        elif line.startswith('|') and header:
+            rows.append(dict(zip(header, cells)))
+        else:
+            header = None
+    return rows
+
+
+def efficiency(row):
+    return next(cell for column, cell in row.items() if column.startswith('scaling eff.'))
+
+
+# An H100 node's results file at the run's own global batch of 256, in microbatches of 8.
+H100_RUN = dict(
+    num_devices=8,
+    img_per_sec=1000.0,
+    trained_parameters=865_910_724,
+    trained_flops_per_image=2.41e12,
+    config={'batch_size': 256, 'device_train_microbatch_size': 8},
+)
+
+
+@pytest.mark.parametrize('batch', [[], ['--global_batch', '2048']])
+def test_both_tables_print_one_scaling_efficiency_for_a_row(tmp_path, capsys, batch):
+    """The cost table and the step model's breakdown compute a row's scaling efficiency with one function, against
+    one base, the measured run at its own batch: each step row reads as the cost table's row of its GPU count (its
+    prediction where the predicted batch is not the measured run's)."""
+    h100 = results_file(tmp_path / 'h100.json', **H100_RUN)
+    out = run_report_out(tmp_path, capsys, [h100, '--predict', '16', '32', *batch])
+    rows = markdown_rows(out)
+    steps = [row for row in rows if 'nodes' in row]
+    cost = {row['GPUs']: row for row in rows if row.get('kind') == 'measured'}
+    cost |= {row['GPUs']: row for row in rows if row.get('kind') == 'predicted'}
+    assert [row['GPUs'] for row in steps] == ['8', '16', '32']
+    for step in steps:
+        row = cost[step['GPUs']]
+        assert (step['img/s'], efficiency(step)) == (row['img/s'], efficiency(row)), step
+    measured = next(row for row in rows if row.get('kind') == 'measured')
+    assert measured['GPUs'] == '8' and efficiency(measured) == '100.0%'
+    assert out.count('scaling eff. (vs 8)') == 2  # the same base named in both
+    # At the run's own batch its step is the measured run; at another, a predicted row of the same count.
+    assert [row.get('kind') for row in rows if row['GPUs'] == '8'][:2] == ['measured', 'predicted' if batch else None]
+    assert ('the 8-GPU count is shown both as measured and as predicted at 2,048' in out) == bool(batch)
+
+
+def test_predict_uses_the_runs_own_batch_unless_one_is_given(tmp_path, capsys):
+    h100 = results_file(tmp_path / 'h100.json', **H100_RUN)
+    tables = run_report(tmp_path, [h100, '--predict', '32'])
+    out = capsys.readouterr().out
+    assert 'global batch 256, microbatch 8' in out
+    ((_, rows, _, _),) = tables
+    step_rows = [row for row in markdown_rows(out) if 'nodes' in row]
+    assert [(row['GPUs'], row['img/GPU/step']) for row in step_rows] == [('8', '32'), ('32', '8')]
+    assert 'global batch 2048, microbatch 8' in run_report_out(
+        tmp_path, capsys, [h100, '--predict', '32', '--global_batch', '2048']
+    )
+    with pytest.raises(
+        report.ReportError,
+        match=f"^--predict: 512 GPUs do not divide the global batch of 256, the measured run's \\({h100}\\); give "
+        "the predicted runs' with --global_batch$",
+    ):
+        run_report(tmp_path, [h100, '--predict', '512'])
+    run_report(tmp_path, [h100, '--predict', '512', '--global_batch', '2048'])  # given: any batch the GPUs divide
+
+
+def test_a_cpu_run_predicts_no_gpu_cluster(tmp_path):
+    cpu = results_file(
+        tmp_path / 'cpu.json',
+        device_type='cpu',
+        device_name='AMD EPYC 7B13',
+        mfu=None,
+        num_devices=1,
+        img_per_sec=0.9,
+        trained_parameters=865_910_724,
+        config={'batch_size': 4, 'device_train_microbatch_size': 4},
+    )
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / 'report.py'),
+            cpu,
+            '--predict',
+            '64',
+            '--cluster',
+            'H100',
+            '--csv',
+            '',
+            '--plot',
+            '',
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and run.stdout == ''
+    assert run.stderr.strip() == (
+        f'error: --predict: {cpu} was measured on a CPU (AMD EPYC 7B13), whose step time predicts nothing of the '
+        'H100 cluster; measure on H100s, or give their throughput by hand: --gpu_type H100 --throughput GPUS=IMG_S'
+    )
+    with pytest.raises(report.ReportError, match='predicts nothing of a GPU cluster; measure on GPUs, or give'):
+        run_report(tmp_path, [cpu, '--predict', '64', '--global_batch', '2048'])
+    run_report(tmp_path, [cpu])  # its own days and cost, measured, stay reported
+
+
+def test_a_prediction_on_another_gpus_cluster_says_so(tmp_path, capsys):
+    a100 = results_file(tmp_path / 'a100.json', device_name='NVIDIA A100-SXM4-40GB', mfu=None, **H100_RUN)
+    out = run_report_out(tmp_path, capsys, [a100, '--predict', '32', '--cluster', 'H100'])
+    assert '### A100 measured, H100 cluster: step model' in out
+    assert (
+        '- A100: predicted on the H100 cluster preset from a run measured on A100: the compute per image is the '
+        "A100's as measured, only the interconnect and memory bandwidth are the H100's, so these are not H100 figures"
+    ) in out
+    out = run_report_out(tmp_path, capsys, [a100, '--predict', '32'])  # its own GPU's preset
+    assert '### A100: step model' in out and 'not A100 figures' not in out
+
+
+def drawn(fig):
+    fig.draw_without_rendering()  # lays out the ticks and their labels
+    return fig.axes
+
+
+def tick_labels(axis):
+    """(position, label) of each labelled tick, major and minor, of a drawn axis."""
+    ticks = axis.get_major_ticks() + axis.get_minor_ticks()
+    return [
+        (tick.get_loc(), tick.label1.get_text())
+        for tick in ticks
+        if tick.label1.get_visible() and tick.label1.get_text()
+    ]
+
+
+def test_the_figure_labels_log_axes_in_plain_numbers(tmp_path):
+    # 1 to 4,096 GPUs: from over 1,000 days down to 0.1 and below.
+    argv = ['--gpu_type', 'H100', '--throughput', '1=1', '64=60', '4096=3000', '--samples', '1e8']
+    tables = run_report(tmp_path, argv)
+    days_axes, cost_axes = drawn(report.figure([t[:3] for t in tables], {None: 10**8}, ['SD2'], price=2.0))
+    days = tick_labels(days_axes.yaxis)
+    assert {label for _, label in days} >= {'0.1', '1', '10', '100', '1,000'}
+    for value, label in days:  # each label reads as its tick's value
+        assert float(label.replace(',', '')) == pytest.approx(value), (value, label)
+    cost = tick_labels(cost_axes.yaxis)
+    assert cost and all(label.startswith('$') for _, label in cost)
+    for value, label in cost:
+        assert float(label.lstrip('$').replace(',', '')) == pytest.approx(value), (value, label)
+    assert days_axes.get_ylabel() == 'Days to train' and cost_axes.get_ylabel().startswith('Cost (USD')
+    assert [label for _, label in tick_labels(cost_axes.xaxis)] == ['1', '64', '4,096', '8,192']
+
+
+def test_the_figure_draws_the_predictions_range_as_a_band(tmp_path):
+    from matplotlib.collections import PolyCollection
+
+    h100 = results_file(tmp_path / 'h100.json', **H100_RUN)
+    tables = run_report(tmp_path, [h100, '--predict', '32', '256', '--global_batch', '2048'])
+    ((label, rows, curve, _),) = tables
+    days_axes, cost_axes = drawn(
+        report.figure([(label, rows, curve)], report.parse_budget(['2867200000'], None), ['SD2'])
+    )
+    row = rows_by_kind(tables, 'predicted')[256]
+    low, high = row['img_per_sec_range']
+    assert low < row['img_per_sec'] < high
+    for axes, scale in ((days_axes, 1.0), (cost_axes, 24 * 256 * 2.0)):
+        (band,) = [c for c in axes.collections if isinstance(c, PolyCollection)]
+        vertices = band.get_paths()[0].vertices
+        at_256 = sorted(y for x, y in vertices if x == 256)
+        # The band at 256 GPUs spans the days (and their cost) from the range's highest throughput to its lowest.
+        assert at_256[0] == pytest.approx(row['days'] * row['img_per_sec'] / high * scale)
+        assert at_256[-1] == pytest.approx(row['days'] * row['img_per_sec'] / low * scale)
+    assert any(text.get_text() == 'H100 step model range' for text in days_axes.get_legend().get_texts())

@@ -352,3 +352,20 @@ def test_prediction_errors_are_complete_and_the_step_models_are_not():
     with pytest.raises(scaling.ScalingError, match='^3 GPUs do not divide the global batch of 2048') as error:
         scaling.prediction_models([Run(8, 128.2)], [None], [3], A100, SETTINGS, 'A100')
     assert not isinstance(error.value, scaling.PredictionError)  # report.py prefixes these with '--predict: '
+
+
+def test_the_breakdown_measures_scaling_efficiency_against_the_base_it_is_given():
+    """report.py's table and the step model's breakdown compute scaling efficiency with one function from one base:
+    the measured run at its own batch (here 256), not the model's step at the predicted batch (2048), whose
+    optimizer and EMA work weigh less per image."""
+    settings = replace(SETTINGS, measured_batch=256)
+    models, bands, _ = scaling.prediction_models([Run(8, 128.2)], [512], [64], A100, settings, 'A100')
+    text = scaling.describe_prediction('A100', models, bands, {512: 1}, [8, 64], [], (8, {512: 128.2}))
+    row = next(line for line in text.splitlines() if line.startswith('| 64 |')).split(' | ')
+    measured_base = scaling.scaling_efficiency(models[512].img_per_sec(64), 64, 128.2, 8)
+    own_step_base = scaling.scaling_efficiency(models[512].img_per_sec(64), 64, models[512].img_per_sec(8), 8)
+    assert row[11] == f'{measured_base:.1%}' != f'{own_step_base:.1%}'
+    assert '| scaling eff. (vs 8) |' in text
+    assert scaling.scaling_efficiency(200.0, 16, 100.0, 8) == 1.0
+    assert scaling.scaling_efficiency(150.0, 16, 100.0, 8) == 0.75
+    assert not models[512].at_measured_batch(8) and models[512].measured_batch == 256
