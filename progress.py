@@ -12,7 +12,7 @@ from datetime import timedelta
 from composer.core import Callback, State
 from composer.utils import dist
 
-LINES_PER_RUN = 20  # at most this many lines, and at least one every MAX_INTERVAL batches on long runs
+LINES_PER_RUN = 20  # about this many lines a run, and on long runs one every MAX_INTERVAL batches at least
 MAX_INTERVAL = 100
 
 
