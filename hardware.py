@@ -40,8 +40,9 @@ def cpu_threads(loader_workers: int) -> tuple[int, str]:
     """PyTorch's threads for a run on the CPU, and why: the cores this process may use (its affinity, shared by the
     launcher's processes on this machine), less one per loader worker and less the cores other work kept busy over
     the last minute (the load average), at least one. PyTorch's default, a thread per core, collapses when other
-    work holds those cores: its threads wait for each other at every operation (measured: 0.4 to 1.5 img/s on two
-    busy cores against 15 with one thread). OMP_NUM_THREADS, where set, is taken instead."""
+    work holds those cores: its threads wait for each other at every operation (the tiny model on two busy cores:
+    18 to 28 img/s with two threads, 56 with one; benchmarks/results.md). OMP_NUM_THREADS, where set, is taken
+    instead."""
     given = os.environ.get('OMP_NUM_THREADS', '')
     if given.isdigit() and int(given) > 0:
         return int(given), f'OMP_NUM_THREADS={given}'
