@@ -37,15 +37,19 @@ def saved_bytes_per_image(model_name: str, image_size: int, activation_checkpoin
     each block's inputs, and the most one block keeps while the backward recomputes it."""
     with torch.device('meta'):
         model = build_model(resolve_model_dir(model_name), precomputed=True)
-    block_inputs, largest_block = {}, [0]
+    # Tensors are told apart by id(), so every tensor counted is kept alive until the count ends: a freed tensor's
+    # id can be reused by the next one, which would then be taken for it and counted once for both.
+    block_inputs, largest_block, kept = {}, [0], []
     if activation_checkpointing:
 
         def checkpointed(block, *args):
             # What torch.utils.checkpoint keeps of a block (its tensor inputs), and what the block alone saves,
             # which its recomputation holds during the backward; on the meta device nothing is recomputed.
-            block_inputs.update({id(a): a.numel() * BYTES_PER_ELEMENT for a in args if isinstance(a, torch.Tensor)})
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            kept.extend(tensors)
+            block_inputs.update({id(a): a.numel() * BYTES_PER_ELEMENT for a in tensors})
             inside = {}
-            with torch.autograd.graph.saved_tensors_hooks(counter(inside, parameters), lambda tensor: tensor):
+            with torch.autograd.graph.saved_tensors_hooks(counter(inside, parameters, kept), lambda tensor: tensor):
                 output = block(*args)
             largest_block[0] = max(largest_block[0], sum(inside.values()))
             return output
@@ -66,21 +70,23 @@ def saved_bytes_per_image(model_name: str, image_size: int, activation_checkpoin
     sdpa = torch.nn.functional.scaled_dot_product_attention
     torch.nn.functional.scaled_dot_product_attention = fused_attention
     try:
-        with torch.autograd.graph.saved_tensors_hooks(counter(saved, parameters), lambda tensor: tensor):
+        with torch.autograd.graph.saved_tensors_hooks(counter(saved, parameters, kept), lambda tensor: tensor):
             model.loss(model(batch), batch)
     finally:
         torch.nn.functional.scaled_dot_product_attention = sdpa
     return sum({**saved, **block_inputs}.values()) + largest_block[0]  # a tensor both saved and an input: once
 
 
-def counter(saved: dict, parameters: set[int]):
-    """A saved-tensor hook that records each saved tensor's bytes in `saved`, once per tensor, weights left out."""
+def counter(saved: dict, parameters: set[int], kept: list):
+    """A saved-tensor hook that records each saved tensor's bytes in `saved`, once per tensor, weights left out;
+    each tensor counted is appended to `kept`, which holds it until the count ends."""
 
     def count(tensor):
         is_weight = id(tensor) in parameters or (tensor._base is not None and id(tensor._base) in parameters)
         if not is_weight:
             size = BYTES_PER_ELEMENT if tensor.is_floating_point() else tensor.element_size()
             saved[id(tensor)] = tensor.numel() * size  # by identity: a tensor saved twice is held once
+            kept.append(tensor)
         return tensor
 
     return count
