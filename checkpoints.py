@@ -131,8 +131,9 @@ def check_resumable(folder: Path, config: RunConfig, model: torch.nn.Module, ran
     saved = state.get('callbacks', {}).get(RunDescription.__name__)
     if saved is not None:  # written by this version or later
         here = run_description(config)
+        # A setting the checkpoint does not record (an older version's, or a run given no --run_name) is not compared.
         differ = [
-            f'{key} {saved[key]!r} there, {here[key]!r} here' for key in here if saved.get(key, here[key]) != here[key]
+            f'{key} {saved[key]!r} there, {here[key]!r} here' for key in here if saved.get(key) not in (None, here[key])
         ]
         if differ:
             raise ConfigError(f'{where}: {"; ".join(differ)}; pass its flags, or a new --save_folder')

@@ -74,7 +74,8 @@ class StopOnSignal(Callback):
         if self.state is None:
             return f'{SIGNALS[signum]}: stopped before training started; nothing trained, no results written'
         reached = f'stopped at batch {int(self.state.timestamp.batch)} of {config.num_batches}'
-        resume = 'rerun the same command with --autoresume to continue'
+        # --autoresume needs a --run_name; a run given none may resume under any name (checkpoints.check_resumable).
+        resume = f'rerun the same command with {"--run_name NAME " * (config.run_name is None)}--autoresume to continue'
         if not config.save_folder:
             return f'{SIGNALS[signum]}: {reached}; no checkpoint (no --save_folder), no results written'
         newest = newest_checkpoint(config.save_folder)

@@ -45,6 +45,7 @@ from config import resolve_config
 from data import StreamingLAIONDataset
 from dataset_checks import DataError
 from flags import parse_args
+from interrupts import StopOnSignal, Stopped
 from run import IncompleteRun, main
 from streaming_fixes import S3DownloaderOneTransferAttempt
 
@@ -656,8 +657,6 @@ def test_export_pipeline_on_a_finished_run_exports_its_last_checkpoint(tmp_path,
 
 
 def test_a_second_signal_or_one_before_training_stops_at_once_naming_the_newest_checkpoint(tmp_path, capsys):
-    from interrupts import StopOnSignal, Stopped
-
     folder = tmp_path / 'ckpt'
     config = resolve_config(
         parse_args([*TINY, '--save_folder', str(folder), '--run_name', 'r', '--max_duration', '9ba'])
@@ -679,6 +678,20 @@ def test_a_second_signal_or_one_before_training_stops_at_once_naming_the_newest_
         'same command with --autoresume to continue'
     )
     assert stopped.value.exit_status == 130
+
+
+def test_a_run_given_no_name_is_told_to_name_itself_and_resumes_under_the_name(tmp_path, capfd):
+    folder = tmp_path / 'ckpt'
+    flags = [*TINY, '--image_size', '32', '--batch_size', '4', '--save_folder', str(folder)]
+    stopper = StopOnSignal(resolve_config(parse_args([*flags, '--max_duration', '2ba'])))
+    main(parse_args([*flags, '--max_duration', '2ba']))
+    stopper.fit_start(types.SimpleNamespace(timestamp=types.SimpleNamespace(batch=2)), None)
+    with pytest.raises(Stopped, match='rerun the same command with --run_name NAME --autoresume to continue$'):
+        stopper.handle(signal.SIGINT, None)  # one process with a --save_folder: the first signal waits for the batch
+        stopper.handle(signal.SIGINT, None)
+    capfd.readouterr()
+    trainer = main(parse_args([*flags, '--max_duration', '3ba', '--run_name', 'named', '--autoresume']))
+    assert int(trainer.state.timestamp.batch) == 3 and 'from ep0-ba2-rank0.pt (batch 2 of 3)' in capfd.readouterr().out
 
 
 @pytest.mark.slow
