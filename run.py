@@ -105,10 +105,11 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal) -> 
         export(trainer, config)
         return trainer
     if resumed_at:
-        announce(
-            f'resumed run {config.run_name!r} from {Path(config.save_folder, LATEST_LINK).resolve().name} '
-            f'(batch {resumed_at} of {config.num_batches})'
+        remote = '://' in config.save_folder  # Composer fetched the checkpoint its latest link names
+        source = (
+            f'the latest in {config.save_folder}' if remote else Path(config.save_folder, LATEST_LINK).resolve().name
         )
+        announce(f'resumed run {config.run_name!r} from {source} (batch {resumed_at} of {config.num_batches})')
     if trainer.state.evaluators:
         trainer.eval()  # the start of the learning curve, and the untrained model's samples
     trainer.fit()
