@@ -129,10 +129,11 @@ def recorded_description(record: Path) -> dict:
         return {}
     try:
         description = json.loads(record.read_text())
-        description.get('image_size')  # a JSON object, not a list or a number
-        return description
-    except (ValueError, AttributeError):
+    except ValueError:
+        description = None
+    if not isinstance(description, dict):
         raise ConfigError(f'{record}: not the JSON object of a run description; pass --image_size')
+    return description
 
 
 def default_image_size(pipeline: DiffusionPipeline) -> int:

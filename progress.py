@@ -2,7 +2,8 @@
 
 A progress bar redraws its line with cursor escapes (`\\x1b[A`), which a log file keeps as they are, and the last
 redraw has no newline, so the line printed after training lands inside it. When the output is not a terminal the
-run prints a line every few batches instead.
+run prints a line every few batches instead: one line, where Composer's ConsoleLogger prints each logged metric
+on a line of its own at every interval.
 """
 
 import sys
@@ -37,7 +38,7 @@ class ProgressLines(Callback):
         if dist.get_global_rank() != 0 or (batch % self.interval and batch != self.num_batches):
             return
         now, sample = time.perf_counter(), int(state.timestamp.sample)
-        then, then_batch, then_sample = self.last
+        then, _, then_sample = self.last
         rate = (sample - then_sample) / max(now - then, 1e-9)
         start, start_batch, _ = self.start
         elapsed = now - start

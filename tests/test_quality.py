@@ -491,3 +491,16 @@ def test_exported_pipeline_checkpoint_and_sample_grids(split, tmp_path, capfd):
     assert 'CLIP score: ' in out.split('2 image(s)')[-1] and 'FID: ' in out.split('2 image(s)')[-1]
     direct = draw(pipeline, prompts, [0, 1], 4, 7.5, 32, CaptionTokenizer(str(pipe / 'tokenizer')))
     assert torch.allclose(direct, from_folder, atol=1e-5)  # as above: float rounding of two loads of one model
+
+
+def test_a_run_description_that_is_not_a_json_object_is_one_line(tmp_path):
+    from drawing import recorded_description
+
+    record = tmp_path / 'run_description.json'
+    assert recorded_description(record) == {}  # a folder Diffusers saved: no record
+    record.write_text('{"image_size": 32}')
+    assert recorded_description(record) == {'image_size': 32}
+    for text in ('[32]', '{"image_size": '):
+        record.write_text(text)
+        with pytest.raises(ConfigError, match='not the JSON object of a run description; pass --image_size$'):
+            recorded_description(record)
