@@ -149,9 +149,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     train.add_argument('--seed', type=int, default=17, help='seeds the random init and the data (default: %(default)s)')
     speed = parser.add_argument_group(
-        'speed paths (docs/speed.md): on a GPU the fast recipe turns on channels_last, fused_adamw, '
-        'low_precision_norm, encoders_bf16 and pin_memory and plans the microbatch from memory; the published '
-        'recipe none of them. --no-<flag> turns one off'
+        'speed paths (docs/speed.md): on a GPU the fast recipe turns on fused_adamw, low_precision_norm, '
+        'encoders_bf16 and pin_memory and plans the microbatch from memory; the published recipe none of them. '
+        '--<flag> turns one on, --no-<flag> off'
     )
     speed.add_argument(
         '--recipe',

@@ -148,6 +148,18 @@ class FrozenEncodersModel(ComposerModel):
     def validation_losses(self, batch: dict) -> torch.Tensor:
         raise NotImplementedError
 
+    def _apply(self, fn, recurse: bool = True):
+        # Diffusers' DDPM add_noise and get_velocity move the scheduler's alphas_cumprod to the batch's device on
+        # each call. Inside a compiled forward, the first graph then guards on the CPU table and the second step
+        # recompiles; so the table follows the model's device (nn.Module.to and .cuda call _apply).
+        super()._apply(fn, recurse)
+        scheduler = getattr(self, 'noise_scheduler', None)
+        table = getattr(scheduler, 'alphas_cumprod', None)
+        parameter = next(self.parameters(), None)
+        if isinstance(table, torch.Tensor) and parameter is not None and not parameter.is_meta:
+            scheduler.alphas_cumprod = table.to(parameter.device)
+        return self
+
     def train(self, mode: bool = True):
         # Composer calls model.train() every epoch; the frozen encoders must stay in eval mode.
         super().train(mode)

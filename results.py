@@ -39,6 +39,8 @@ class Results:
     mfu: float | None = None  # flops_per_sec / (num_devices x peak), against PEAK_FLOPS
     throughput_windows: int | None = None
     peak_gpu_memory_gb: float | None = None  # torch.cuda.max_memory_allocated of rank 0, in 1e9 bytes
+    # torch.cuda.max_memory_reserved of rank 0: what the caching allocator held, the figure an out-of-memory meets
+    peak_gpu_memory_reserved_gb: float | None = None
     device_train_microbatch_size: int | None = None  # what the run trained with; with 'auto', what Composer found
     bad_samples: int | None = None  # reads of bad samples, each replaced by the next good one
     bad_samples_distinct: int | None = None  # how many samples those were (each bad one is read every epoch)

@@ -221,6 +221,7 @@ def summarize(trainer: Trainer, config: RunConfig) -> Results:
         mfu=mfu(flops_per_sec, config.world_size, peak),
         throughput_windows=len(logged.get('throughput/samples_per_sec', [])),
         peak_gpu_memory_gb=torch.cuda.max_memory_allocated() / 1e9 if has_gpu else None,
+        peak_gpu_memory_reserved_gb=torch.cuda.max_memory_reserved() / 1e9 if has_gpu else None,
         device_train_microbatch_size=trainer.state.device_train_microbatch_size,
         bad_samples=int(logged['data/bad_samples'][-1][1]) if logged.get('data/bad_samples') else 0,
         bad_samples_distinct=int(logged['data/bad_samples_distinct'][-1][1])
@@ -276,7 +277,10 @@ def print_summary(results: Results, trained: int, resumed: bool) -> str:
     throughput = line + f'; median of {results.throughput_windows} rolling windows'
     print(throughput, flush=True)
     if results.peak_gpu_memory_gb is not None:
-        line = f'peak GPU memory: {results.peak_gpu_memory_gb:.1f} GB allocated (rank 0)'
+        line = (
+            f'peak GPU memory: {results.peak_gpu_memory_gb:.1f} GB allocated, '
+            f'{results.peak_gpu_memory_reserved_gb:.1f} GB reserved (rank 0)'
+        )
         if results.config.get('device_train_microbatch_size') == 'auto':
             line += f'; --device_train_microbatch_size auto found {results.device_train_microbatch_size}'
         print(line, flush=True)

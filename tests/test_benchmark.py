@@ -223,7 +223,9 @@ def test_compile_traces_the_whole_step_in_one_graph_and_trains_as_eager(monkeypa
     assert hasattr(forwards[True], '_torchdynamo_orig_callable') and not hasattr(
         forwards[False], '_torchdynamo_orig_callable'
     )
-    assert counters['stats']['unique_graphs'] >= 1, 'nothing was compiled'
+    # One graph for the three steps: a recompile (e.g. on a scheduler table moved to the device inside the forward)
+    # would double the compile time on a GPU.
+    assert counters['stats']['unique_graphs'] == 1, f'{counters["stats"]["unique_graphs"]} graphs compiled'
     assert not counters['graph_break'], f'graph breaks: {dict(counters["graph_break"])}'
     assert len(losses[True]) == 3
     torch.testing.assert_close(losses[True], losses[False], rtol=1e-5, atol=0)

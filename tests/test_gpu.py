@@ -140,11 +140,13 @@ def plain_bf16(tmp_path_factory):
 # ------------------------------------------------------------------------------------------ defaults
 
 
-def test_gpu_defaults_are_the_published_run():
-    run_config = resolve_config(parse_args(['--use_synth_data']))
-    assert run_config.model_name == 'sd2-base' and any('a GPU is present' in note for note in run_config.notes)
-    assert (run_config.image_size, run_config.batch_size, run_config.device_train_microbatch_size) == (512, 2048, 4)
-    assert (run_config.precision, run_config.pin_memory, run_config.num_workers) == ('amp_bf16', True, 8)
+def test_gpu_defaults_are_the_fast_recipe_and_the_published_run_on_request():
+    fast = resolve_config(parse_args(['--use_synth_data']))
+    assert fast.model_name == 'sd2-base' and any('a GPU is present' in note for note in fast.notes)
+    assert (fast.image_size, fast.batch_size) == (512, 2048) and any('(planned)' in note for note in fast.notes)
+    assert (fast.precision, fast.pin_memory, fast.num_workers) == ('amp_bf16', True, 8)
+    published = resolve_config(parse_args(['--use_synth_data', '--recipe', 'published']))
+    assert (published.device_train_microbatch_size, published.precision, published.use_ema) == (4, 'amp_fp16', True)
 
 
 def test_tiny_model_trains_on_the_gpu_in_bf16(plain_bf16):
@@ -313,6 +315,19 @@ def test_speed_flags_keep_the_fp32_step(tmp_path, plain_fp32, flags):
     if flags == ['--channels_last']:
         conv = unwrap(run.trainer.state.model).unet.conv_in.weight
         assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+
+
+def test_compiled_steps_compile_the_forward_once(tmp_path):
+    """Diffusers' add_noise moves the scheduler's alphas_cumprod to the batch's device inside the compiled forward;
+    the model moves it when it moves to the GPU (FrozenEncodersModel._apply), so no step after the first
+    recompiles (each recompile of SD2 base costs minutes)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    run = train(tmp_path, *BF16, '--compile')
+    assert unwrap(run.trainer.state.model).noise_scheduler.alphas_cumprod.device.type == 'cuda'
+    assert counters['stats']['unique_graphs'] == 1, f'{counters["stats"]["unique_graphs"]} graphs for 4 steps'
 
 
 @pytest.mark.parametrize('mode', ['max-autotune-no-cudagraphs', 'reduce-overhead'])

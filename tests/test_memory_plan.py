@@ -119,14 +119,15 @@ def test_the_fast_recipe_on_a_gpu_plans_the_microbatch_and_turns_the_speed_paths
     config = settle(monkeypatch, '--precomputed_latents')
     assert config.model_name == 'sd2-base' and config.run_recipe == 'fast'
     assert config.device_train_microbatch_size == 32 and config.precision == 'amp_bf16'
-    assert config.channels_last and config.fused_adamw and config.low_precision_norm and config.pin_memory
+    assert config.fused_adamw and config.low_precision_norm and config.pin_memory
+    assert not config.channels_last  # measured slower on an H200 (config.FAST_PATHS)
     assert not config.encoders_bf16 and not config.use_ema  # precomputed: no encoders; EMA as the flags say
     planned = next(note for note in config.notes if 'planned' in note)
     assert planned.startswith('microbatch 32 (planned): 13.9 GB state + 32 x 1.03 GB activations')
     defaults = next(note for note in config.notes if note.startswith('defaults:'))
     assert defaults.startswith('defaults: image_size 512, batch_size 2048, max_duration 10ba from the sd2-base preset')
     assert (
-        "on: channels_last, fused_adamw, low_precision_norm, pin_memory, off: use_ema, encoders_bf16 from the 'fast'"
+        "on: fused_adamw, low_precision_norm, pin_memory, off: use_ema, channels_last, encoders_bf16 from the 'fast'"
         in defaults
     )
     online = settle(monkeypatch)
