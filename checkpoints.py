@@ -15,6 +15,7 @@ A checkpoint that does not fit on its disk fails deep in torch.save's zip writer
 neither the folder nor the cause; `report_failed_writes` makes it a CheckpointWriteError that names both.
 """
 
+import dataclasses
 import pickle
 import re
 import shutil
@@ -104,10 +105,11 @@ def run_description(config: RunConfig) -> dict:
 
 
 class RunDescription(Callback):
-    """Saves run_description() in every checkpoint (Composer keeps each callback's state_dict there)."""
+    """Saves run_description() in every checkpoint (Composer keeps each callback's state_dict there), and the CPU
+    thread count the weights were trained with, which a resumed run takes rather than compares (resumed_cpu_threads)."""
 
     def __init__(self, config: RunConfig):
-        self.description = run_description(config)
+        self.description = {**run_description(config), 'cpu_threads': config.cpu_threads}
 
     def state_dict(self) -> dict:
         return dict(self.description)
@@ -116,17 +118,18 @@ class RunDescription(Callback):
         pass  # compared before loading, by check_resumable
 
 
-def check_resumable(folder: Path, config: RunConfig, model: torch.nn.Module, rank: int = 0) -> None:
+def check_resumable(folder: Path, config: RunConfig, model: torch.nn.Module, rank: int = 0) -> dict:
     """Raises ConfigError naming what differs between this run and the checkpoint autoresume would load: a
-    setting of run_description(), or the trained network's (model.denoiser's) parameter shapes. Reads the checkpoint
-    memory-mapped, so that only its small parts are read from disk."""
+    setting of run_description(), or the trained network's (model.denoiser's) parameter shapes. Returns the
+    checkpoint's RunDescription ({} where it has none). Reads the checkpoint memory-mapped, so that only its small
+    parts are read from disk."""
     latest = folder / f'latest-rank{rank}.pt'
     if not latest.is_file():
-        return
+        return {}
     try:
         state = torch.load(latest, map_location='cpu', weights_only=False, mmap=True)['state']
     except (OSError, RuntimeError, KeyError, pickle.UnpicklingError):
-        return  # not a checkpoint file this check can read (Composer's own loading reports what is wrong)
+        return {}  # not a checkpoint file this check can read (Composer's own loading reports what is wrong)
     where = f'--autoresume: the checkpoint {latest.resolve()} is of another run'
     saved = state.get('callbacks', {}).get(RunDescription.__name__)
     if saved is not None:  # written by this version or later
@@ -154,3 +157,23 @@ def check_resumable(folder: Path, config: RunConfig, model: torch.nn.Module, ran
             f'{here} here '
             '(another model?); pass its flags, or a new --save_folder'
         )
+    return saved or {}
+
+
+def resumed_cpu_threads(config: RunConfig, saved: dict) -> tuple[RunConfig, str | None]:
+    """The configuration a run resumed on the CPU continues with, and a line to print where it differs from this
+    one: the checkpoint's thread count, which its weights were trained with, where this run chose its own (so the
+    continuation is bitwise the uninterrupted run's on any machine); a count given that differs is kept, with a
+    warning."""
+    threads = saved.get('cpu_threads')
+    if threads is None or config.cpu_threads is None or threads == config.cpu_threads:
+        return config, None
+    if config.cpu_threads_given:
+        return config, (
+            f'warning: cpu threads: {config.cpu_threads} given, where the checkpoint was trained with {threads}: '
+            'the continuation will not be bitwise what one uninterrupted run trains'
+        )
+    return dataclasses.replace(config, cpu_threads=threads), (
+        f"cpu threads: {threads}, the checkpoint's (this process would choose {config.cpu_threads}): the same count "
+        'keeps the continuation bitwise; --cpu_threads N sets another'
+    )

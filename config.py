@@ -75,6 +75,8 @@ class RunConfig:
     image_size: int  # with precomputed latents: the size the data was precomputed at
     num_workers: int
     cpu_threads: int | None  # PyTorch's threads; None: its own choice (on a GPU)
+    # --cpu_threads or OMP_NUM_THREADS gave the count; else it was chosen, and a resumed run takes its checkpoint's
+    cpu_threads_given: bool
     # batch and duration
     batch_size: int
     world_size: int
@@ -288,8 +290,9 @@ def fill_defaults(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
             setattr(draft, flag, value)
             from_recipe[flag] = value
     draft.notes.append(describe_defaults(draft, from_preset, from_recipe, has_gpu))
+    draft.cpu_threads_given = draft.cpu_threads is not None
     if draft.cpu_threads is None and not has_gpu:
-        draft.cpu_threads, why = hardware.cpu_threads(draft.num_workers)
+        draft.cpu_threads, draft.cpu_threads_given, why = hardware.cpu_threads(draft.num_workers)
         draft.notes.append(f'cpu threads: {draft.cpu_threads} ({why}; --cpu_threads N sets it)')
 
 

@@ -36,22 +36,37 @@ def world_size() -> int:
     return int(os.environ.get('WORLD_SIZE', '1'))
 
 
-def cpu_threads(loader_workers: int) -> tuple[int, str]:
-    """PyTorch's threads for a run on the CPU, and why: the cores this process may use (its affinity, shared by the
-    launcher's processes on this machine), less one per loader worker and less the cores other work kept busy over
-    the last minute (the load average), at least one. PyTorch's default, a thread per core, collapses when other
-    work holds those cores: its threads wait for each other at every operation (the tiny model on two busy cores:
-    18 to 28 img/s with two threads, 56 with one; benchmarks/results.md). OMP_NUM_THREADS, where set, is taken
-    instead."""
+def cpu_threads(loader_workers: int) -> tuple[int, bool, str]:
+    """PyTorch's threads for a run on the CPU, whether they were given (OMP_NUM_THREADS) rather than chosen, and
+    why. Chosen from what this process is given and nothing else: the cores of its affinity (shared by the
+    launcher's processes on this machine) less one per loader worker, at least one. Never from the machine's load:
+    the thread count changes how sums are split, so the weights a run trains; one command must train the same
+    weights on a busy machine and a quiet one. A busy machine gets a hint instead, as more threads than free cores
+    wait for each other at every operation (the tiny model on two busy cores: 18 to 28 img/s with two threads, 56
+    with one; benchmarks/results.md)."""
     given = os.environ.get('OMP_NUM_THREADS', '')
     if given.isdigit() and int(given) > 0:
-        return int(given), f'OMP_NUM_THREADS={given}'
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+        return int(given), True, f'OMP_NUM_THREADS={given}'
+    cores = process_cores()
     processes = int(os.environ.get('LOCAL_WORLD_SIZE', '1'))
-    load = os.getloadavg()[0] if hasattr(os, 'getloadavg') else 0.0
-    threads = max(1, min(cores // processes - loader_workers, cores - int(load)))
+    threads = max(1, cores // processes - loader_workers)
     shared = f' shared by {processes} processes' if processes > 1 else ''
-    return threads, (
-        f'{cores} cores for this process{shared}, {loader_workers} loader worker(s), load average {load:.2f} over '
-        'the last minute'
-    )
+    why = f'{cores} cores for this process{shared}, {loader_workers} loader worker(s)'
+    load = load_average()
+    free = max(1, cores - int(load))
+    if free < threads:
+        why += (
+            f'; load average {load:.2f}: other work holds {cores - free} of the cores, and fewer threads may run '
+            f'faster here (--cpu_threads {free}), with other numerics'
+        )
+    return threads, False, why
+
+
+def process_cores() -> int:
+    """The cores this process may run on (its affinity, as taskset or a container's cpuset sets it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+
+
+def load_average() -> float:
+    """The machine's load average over the last minute: runnable processes, this one's own included."""
+    return os.getloadavg()[0] if hasattr(os, 'getloadavg') else 0.0

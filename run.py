@@ -19,7 +19,13 @@ from composer.loggers import InMemoryLogger
 from composer.utils import dist, get_device, reproducibility
 
 from arguments import ConfigError, leave_verdict, stop
-from checkpoints import LATEST_LINK, CheckpointWriteError, check_resumable, set_aside_incomplete
+from checkpoints import (
+    LATEST_LINK,
+    CheckpointWriteError,
+    check_resumable,
+    resumed_cpu_threads,
+    set_aside_incomplete,
+)
 from config import RunConfig, resolve_config
 from dataset_checks import DataError
 from ema import export_ema_unet
@@ -90,7 +96,11 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal) -> 
             for change in set_aside_incomplete(Path(config.save_folder)):
                 announce(f'warning: {change}')
         dist.barrier()  # every rank resumes from the folder as rank 0 left it
-        check_resumable(Path(config.save_folder), config, model, dist.get_global_rank())
+        saved = check_resumable(Path(config.save_folder), config, model, dist.get_global_rank())
+        config, line = resumed_cpu_threads(config, saved)
+        if line:
+            announce(line)
+            torch.set_num_threads(config.cpu_threads)
     sample_grids = (SampleGrid(config),) if config.sample_interval else ()
     trainer = build_trainer(config, model, build_dataloader(config, model), (*sample_grids, *callbacks))
     stop_on_signal.save_checkpoint = trainer.save_checkpoint_to_save_folder if config.save_folder else None

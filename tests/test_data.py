@@ -420,9 +420,16 @@ def test_default_run_builds_and_trains_on_the_sample_dataset(tmp_path, monkeypat
 
 @pytest.mark.slow
 @pytest.mark.parametrize('workers, ema', [(0, False), (2, True)], ids=['0 workers', '2 workers, EMA'])
-def test_mid_epoch_resumption_is_exact(workers, ema, tmp_path):
+def test_mid_epoch_resumption_is_exact(workers, ema, tmp_path, monkeypatch, capfd):
     """Stopped after batch 2 of 6 and resumed: the same remaining batches, and bitwise the same weights (and
-    average) as an uninterrupted run: the noise and timesteps continue where the checkpoint left them."""
+    average) as an uninterrupted run: the noise and timesteps continue where the checkpoint left them. Whatever the
+    machine's state: the uninterrupted run beside busy work (load average 5 on 2 cores), the stopped one on an idle
+    machine, the resumed one on 1 core (which takes its checkpoint's thread count)."""
+    import hardware
+
+    monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+    monkeypatch.setattr(hardware, 'process_cores', lambda: 2)
+    monkeypatch.setattr(hardware, 'load_average', lambda: 5.0)
     location = write_dataset(tmp_path / 'mds', good_samples(24))
     flags = TINY + ['--local', location, '--batch_size', '4', '--max_duration', '1ep', '--num_workers', str(workers)]
     flags += ['--use_ema'] if ema else []
@@ -431,10 +438,13 @@ def test_mid_epoch_resumption_is_exact(workers, ema, tmp_path):
     assert len(uninterrupted.batches) == 6
     assert sorted(i for batch in uninterrupted.batches for i in batch) == list(range(24))
 
+    monkeypatch.setattr(hardware, 'load_average', lambda: 0.0)
     checkpoints = [*flags, '--run_name', 'resume', '--save_folder', str(tmp_path / 'ckpt'), '--save_interval', '2ba']
     crashed = RecordSamples(stop_after=2)
     with pytest.raises(RuntimeError, match='simulated crash'):
         main(parse_args(checkpoints), (crashed,))
+    monkeypatch.setattr(hardware, 'process_cores', lambda: 1)
+    capfd.readouterr()
     resumed = RecordSamples()
     trainer = main(parse_args([*checkpoints, '--autoresume']), (resumed,))
     assert crashed.batches == uninterrupted.batches[:2]
@@ -444,6 +454,9 @@ def test_mid_epoch_resumption_is_exact(workers, ema, tmp_path):
     assert weights.keys() == expected.keys() and any(name.startswith('ema.') for name in weights) == ema
     different = [name for name in expected if not torch.equal(weights[name], expected[name])]
     assert different == []
+    if workers == 0:  # 2 threads chosen on 2 cores; this process, on 1, would choose 1
+        assert "cpu threads: 2, the checkpoint's (this process would choose 1)" in capfd.readouterr().out
+        assert torch.get_num_threads() == 2
 
 
 @pytest.mark.slow

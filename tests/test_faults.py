@@ -618,27 +618,47 @@ def test_a_resumed_run_says_where_it_resumed_and_measures_the_batches_it_trained
     assert torch.get_num_threads() == int(threads.split()[2])
 
 
-def test_the_cpu_thread_count_leaves_the_loader_workers_and_the_busy_cores(monkeypatch):
+def test_the_cpu_thread_count_is_the_cores_given_less_the_loader_workers_whatever_the_load(monkeypatch):
     import hardware
 
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
     monkeypatch.delenv('LOCAL_WORLD_SIZE', raising=False)
-    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(8)))
-    monkeypatch.setattr(os, 'getloadavg', lambda: (0.3, 0.0, 0.0))
-    assert hardware.cpu_threads(0)[0] == 8
+    monkeypatch.setattr(hardware, 'process_cores', lambda: 8)
+    monkeypatch.setattr(hardware, 'load_average', lambda: 0.3)
+    assert hardware.cpu_threads(0) == (8, False, '8 cores for this process, 0 loader worker(s)')
     assert hardware.cpu_threads(2)[0] == 6
-    monkeypatch.setattr(os, 'getloadavg', lambda: (5.6, 0.0, 0.0))  # five cores busy with other work
+    monkeypatch.setattr(hardware, 'load_average', lambda: 5.6)  # five cores busy with other work: the same count
     assert hardware.cpu_threads(0) == (
-        3,
-        '8 cores for this process, 0 loader worker(s), load average 5.60 over the last minute',
+        8,
+        False,
+        '8 cores for this process, 0 loader worker(s); load average 5.60: other work holds 5 of the cores, and '
+        'fewer threads may run faster here (--cpu_threads 3), with other numerics',
     )
-    monkeypatch.setattr(os, 'getloadavg', lambda: (12.0, 0.0, 0.0))
-    assert hardware.cpu_threads(0)[0] == 1
+    monkeypatch.setattr(hardware, 'load_average', lambda: 12.0)
+    assert hardware.cpu_threads(0)[0] == 8 and '(--cpu_threads 1)' in hardware.cpu_threads(0)[2]
     monkeypatch.setenv('LOCAL_WORLD_SIZE', '4')
-    monkeypatch.setattr(os, 'getloadavg', lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(hardware, 'load_average', lambda: 0.0)
     assert hardware.cpu_threads(1)[0] == 1
     monkeypatch.setenv('OMP_NUM_THREADS', '3')
-    assert hardware.cpu_threads(1) == (3, 'OMP_NUM_THREADS=3')
+    assert hardware.cpu_threads(1) == (3, True, 'OMP_NUM_THREADS=3')
+
+
+def test_a_resumed_cpu_run_takes_its_checkpoints_thread_count_unless_one_is_given():
+    import checkpoints
+
+    chosen = resolve_config(parse_args([*TINY, '--max_duration', '2ba']))
+    threads = chosen.cpu_threads
+    assert not chosen.cpu_threads_given
+    resumed, line = checkpoints.resumed_cpu_threads(chosen, {'cpu_threads': threads + 1})
+    assert resumed.cpu_threads == threads + 1 and f"cpu threads: {threads + 1}, the checkpoint's" in line
+    assert checkpoints.resumed_cpu_threads(chosen, {'cpu_threads': threads}) == (chosen, None)
+    assert checkpoints.resumed_cpu_threads(chosen, {}) == (chosen, None)  # a checkpoint of an older version
+    given = resolve_config(parse_args([*TINY, '--max_duration', '2ba', '--cpu_threads', str(threads + 2)]))
+    kept, line = checkpoints.resumed_cpu_threads(given, {'cpu_threads': threads})
+    assert kept.cpu_threads == threads + 2 and line == (
+        f'warning: cpu threads: {threads + 2} given, where the checkpoint was trained with {threads}: the '
+        'continuation will not be bitwise what one uninterrupted run trains'
+    )
 
 
 def test_export_pipeline_on_a_finished_run_exports_its_last_checkpoint(tmp_path, capfd):
