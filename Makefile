@@ -59,21 +59,39 @@ test-fast: install
 test-gpu: install
 	$(VENV)/bin/python -m pytest -m gpu
 
-# A GPU machine's verdict in one command (docs/testing.md): the gpu tier, then SD2 base at 512px with the published
-# microbatch of 4, 4 microbatches per GPU for 12 batches, with the encoders online and from precomputed latents
-# (random tensors: the GPUs are measured, not the data); each run prints img/s, MFU and peak memory.
+# A GPU machine's verdict in one command (docs/testing.md), on a machine that can install .venv from PyPI (a lent
+# machine without network runs `bash benchmarks/gpu_slice.sh` instead): the gpu tier, then SD2 base at 512px with
+# the published microbatch of 4, 4 microbatches per GPU for 12 batches, with the encoders online and from
+# precomputed latents (random tensors: the GPUs are measured, not the data); each run prints img/s, MFU and peak
+# memory. A failing test does not stop the runs; the status is the tier's, or the runs'.
 GPU_CHECK_RUN = --model_name sd2-base --use_synth_data --image_size 512 --device_train_microbatch_size 4 --max_duration 12ba
 gpu-check: install
 	@$(VENV)/bin/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device')"
-	$(VENV)/bin/python -m pytest -m gpu
+	status=0; $(VENV)/bin/python -m pytest -m gpu || status=$$?; \
 	gpus=$$($(VENV)/bin/python -c 'import torch; print(torch.cuda.device_count())'); \
-	$(call RUN_BENCHMARK,$(VENV),$(GPU_CHECK_RUN) --batch_size $$((16 * gpus)) --results_json results/gpu-check-online.json) && \
-	$(call RUN_BENCHMARK,$(VENV),$(GPU_CHECK_RUN) --batch_size $$((16 * gpus)) --precomputed_latents --results_json results/gpu-check-precomputed.json)
+	{ $(call RUN_BENCHMARK,$(VENV),$(GPU_CHECK_RUN) --batch_size $$((16 * gpus)) --results_json results/gpu-check-online.json) && \
+	$(call RUN_BENCHMARK,$(VENV),$(GPU_CHECK_RUN) --batch_size $$((16 * gpus)) --precomputed_latents --results_json results/gpu-check-precomputed.json); } || status=1; \
+	exit $$status
 
-# The GPU campaign (benchmarks/gpu_campaign.py, docs/speed.md): each call measures for at most 9 minutes, then
-# stops; the next call goes on where it stopped. Its folder, results/gpu-campaign, holds the table and every row.
+# The GPU campaign (benchmarks/gpu_campaign.py, docs/speed.md) on a machine with .venv: each call measures for at
+# most 7.5 minutes, then stops; the next call goes on where it stopped. Its folder, results/gpu-campaign, holds the
+# table and every row. A lent machine runs `bash benchmarks/gpu_slice.sh` with the wheels of `make gpu-wheels`.
 gpu-campaign: install
 	$(VENV)/bin/python benchmarks/gpu_campaign.py --resume
+
+# The wheels a lent GPU machine lacks (requirements-gpu-image.txt) for its Python 3.12 on manylinux x86_64, into the
+# ignored .whl/ that a call carries and benchmarks/gpu_slice.sh installs; a call carries at most 64 MiB.
+GPU_WHEELS ?= .whl
+GPU_WHEEL_PLATFORMS = manylinux_2_34_x86_64 manylinux_2_31_x86_64 manylinux_2_28_x86_64 manylinux_2_27_x86_64 \
+	manylinux_2_24_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64
+.PHONY: gpu-wheels
+gpu-wheels:
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(PYTHON) -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp $(addprefix --platform ,$(GPU_WHEEL_PLATFORMS)) -d $(GPU_WHEELS) -r requirements-gpu-image.txt
+	@bytes=$$(du -sb $(GPU_WHEELS) | cut -f1); \
+	echo "$(GPU_WHEELS): $$(ls $(GPU_WHEELS) | wc -l) wheels, $$((bytes / 1048576)) MiB (a call carries at most 64 MiB)"; \
+	[ $$bytes -lt 67108864 ] || { echo "gpu-wheels: $(GPU_WHEELS) is over 64 MiB: a call cannot carry it" >&2; exit 1; }
 
 # The second CPU lane, on today's stack rather than the pins (docs/install.md): a separate venv with the newest torch
 # from PyPI (a CUDA build, which loads its nvidia-* libraries even on a CPU, so pip installs them as usual) and

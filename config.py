@@ -480,6 +480,8 @@ def check_device(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
             "--compile: torch 2.7.0's Inductor fails compiling this model's backward pass for CPU "
             '(KeyError in its C++ code generation, after minutes of compiling); use --compile on a GPU'
         )
+    if draft.compile == 'reduce-overhead':
+        check_one_microbatch_a_step(draft)
     if draft.fp8:
         check_fp8(draft, gpu)
     if draft.pin_memory and not has_gpu:
@@ -498,6 +500,26 @@ def check_device(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
         raise ConfigError(
             f'--fsdp_state_dict_type {draft.fsdp_state_dict_type}: applies to --fsdp checkpoints only; '
             'without --fsdp rank 0 writes one file'
+        )
+
+
+def check_one_microbatch_a_step(draft: argparse.Namespace) -> None:
+    """reduce-overhead's CUDA graphs (Inductor's cudagraph trees) replay each microbatch's forward and backward into
+    the same static memory, so with gradient accumulation a microbatch's outputs, its gradients among them, can be
+    overwritten by the next one's replay before the step uses them. Untested on a GPU: refused until it is."""
+    microbatch, device_batch = draft.device_train_microbatch_size, draft.device_batch_size
+    replays = 'CUDA graphs replay every microbatch into the same memory'
+    one_a_step = f'pass --device_train_microbatch_size {device_batch} (one microbatch a step)'
+    if microbatch == 'auto':
+        raise ConfigError(
+            f'--compile reduce-overhead: {replays}, and --device_train_microbatch_size auto lets Composer split the '
+            f'device batch of {device_batch} into several: {one_a_step}, or another --compile mode'
+        )
+    if microbatch < device_batch:
+        raise ConfigError(
+            f'--compile reduce-overhead: {replays}, and this step accumulates {device_batch // microbatch} '
+            f'microbatches of {microbatch} (device batch {device_batch}): {one_a_step} or --batch_size '
+            f'{microbatch * draft.world_size} ({microbatch} per device), or another --compile mode'
         )
 
 

@@ -316,11 +316,16 @@ def print_summary(results: Results, trained: int, resumed: bool) -> str:
     return throughput
 
 
-def main_reporting_errors(args: argparse.Namespace, callbacks: tuple = ()) -> Trainer:
+def main_reporting_errors(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer:
     """main() with each error it expects reported as one line and an exit status: 2 for bad input found before
     training, 1 for a run that could not finish."""
     try:
-        return main(args, callbacks)
+        config = args if isinstance(args, RunConfig) else resolve_config(args)
+        return main(config, callbacks)
+    except torch.OutOfMemoryError as error:
+        if config.device_train_microbatch_size == 'auto':
+            raise  # Composer's search catches an OOM in a step itself: one that escapes it is left as it is
+        stop(1, out_of_memory(config, error))
     except Stopped as stopped:
         stop(stopped.exit_status, str(stopped))
     except ConfigError as error:
@@ -347,3 +352,31 @@ def main_reporting_errors(args: argparse.Namespace, callbacks: tuple = ()) -> Tr
         # Raised in a dataloader worker, the message carries the worker's traceback: its last line is the reason.
         last_line = str(error).strip().splitlines()[-1]
         stop(1, re.sub(r'^(dataset_checks\.DataError|tokenizer\.TokenizerError): ', '', last_line))
+
+
+def out_of_memory(config: RunConfig, error: torch.OutOfMemoryError) -> str:
+    """What ran out of memory (the microbatch, with its plan's figures where memory_plan.py planned it), the peaks
+    this process reached, and a smaller microbatch to try."""
+    microbatch, device_batch = config.device_train_microbatch_size, config.device_batch_size
+    on_gpu = torch.cuda.is_available()
+    line = f'out of {"GPU " if on_gpu else ""}memory with microbatch {microbatch} of {config.model_name} at '
+    line += f'{config.image_size}px'
+    planned = next((note for note in config.notes if note.startswith(f'microbatch {microbatch} (planned): ')), None)
+    if planned:
+        line += f' (planned: {planned.split(": ", 1)[1]})'
+    tried = re.search(r'Tried to allocate ([\d.]+ \w+)', str(error))
+    if tried:
+        line += f', allocating {tried[1]}'
+    if on_gpu:
+        line += (
+            f'; peak {torch.cuda.max_memory_allocated() / 1e9:.1f} GB allocated, '
+            f'{torch.cuda.max_memory_reserved() / 1e9:.1f} GB reserved'
+        )
+    # The largest microbatch of at most half this one that divides the device batch, as a microbatch must.
+    smaller = next((size for size in range(microbatch // 2, 0, -1) if device_batch % size == 0), None)
+    if smaller is None:
+        return f'{line}: microbatch 1 is the smallest: pass --activation_checkpointing, or shard with --fsdp full_shard'
+    return (
+        f"{line}: pass --device_train_microbatch_size auto (Composer's search for one that fits) or "
+        f'--device_train_microbatch_size {smaller}'
+    )

@@ -2,12 +2,13 @@
 process of its own and printing one JSON line last:
 
     python -m benchmarks.campaign_probes environment
-    python -m benchmarks.campaign_probes transformer_step --model_name flux-schnell --image_size 256 [--fp8]
+    python -m benchmarks.campaign_probes transformer_step --model_name flux-schnell --image_size 256 [--fp8] [--compile]
 
 environment: the device, driver and versions, and two measured ceilings: a bf16 matrix multiply's FLOP/s (fp32 on
 a CPU) and a device-to-device copy's bytes per second. transformer_step: a denoiser's forward and backward per image
 from precomputed latents in bf16, weights and gradients on the device, no optimizer (one GPU holds Flux's weights,
-not its AdamW state), with its training FLOPs, for MLPerf flux1's per-GPU rows.
+not its AdamW state), with its training FLOPs, for MLPerf flux1's per-GPU rows; --compile compiles the model's
+forward as a run's --compile does (torchao's float8 is made to run compiled: Inductor fuses its scaling and casts).
 """
 
 import argparse
@@ -26,10 +27,14 @@ from model_folder import LATENT_DOWNSAMPLE, resolve_model_dir
 from results import cpu_name, package_versions
 from transformer_model import convert_to_float8
 
+COMPILE_BACKEND = 'inductor'  # torch.compile's backend for --compile; the CPU tests trace with aot_eager
+MEASURES = 'the transformer forward and backward only (no optimizer step, no encoders)'
 
-def timed(step, device: torch.device, repeats: int) -> float:
-    """Median seconds of `step` over `repeats` calls after one warm-up, the device synchronized around each."""
-    step()
+
+def timed(step, device: torch.device, repeats: int, warmups: int = 1) -> float:
+    """Median seconds of `step` over `repeats` calls after `warmups` calls, the device synchronized around each."""
+    for _ in range(warmups):
+        step()
     seconds = []
     for _ in range(repeats):
         if device.type == 'cuda':
@@ -64,13 +69,17 @@ def environment() -> dict:
     }
 
 
-def transformer_step(model_name: str, image_size: int, microbatch: int, fp8: bool) -> dict:
+def transformer_step(model_name: str, image_size: int, microbatch: int, fp8: bool, compiled: bool = False) -> dict:
     on_gpu = torch.cuda.is_available()
     device = torch.device('cuda' if on_gpu else 'cpu')
     dtype = torch.bfloat16 if on_gpu else torch.float32
     model = build_model(resolve_model_dir(model_name), precomputed=True, init_device=device).to(dtype)
     if fp8:
         convert_to_float8(model.denoiser)
+    if compiled:
+        # The model's forward (noise draw and denoiser), as Composer compiles a run's for --compile; AOT autograd
+        # compiles its backward. Static shapes, as training.compile_config gives the run.
+        model.forward = torch.compile(model.forward, backend=COMPILE_BACKEND, dynamic=False)
     shapes = model.precomputed_shapes(image_size // LATENT_DOWNSAMPLE)
     samples = SyntheticLatentsDataset(**shapes, num_samples=microbatch)
     batch = {
@@ -82,13 +91,16 @@ def transformer_step(model_name: str, image_size: int, microbatch: int, fp8: boo
         model.zero_grad(set_to_none=True)
         model.loss(model(batch), batch).backward()
 
-    seconds = timed(step, device, 5)
+    # Compiled: the first call compiles, the second runs any recompile or autotuning left, outside the timing.
+    seconds = timed(step, device, 5, warmups=2 if compiled else 1)
     flops = model.trained_flops_per_image(image_size, image_size)
     return {
         'model_name': model_name,
         'image_size': image_size,
         'microbatch': microbatch,
         'fp8': fp8,
+        'compiled': compiled,
+        'measures': MEASURES,
         'seconds_per_image': seconds / microbatch,
         'img_per_sec': microbatch / seconds,
         'trained_flops_per_image': flops,
@@ -107,11 +119,12 @@ def main(argv=None) -> dict:
     parser.add_argument('--image_size', type=int, default=256)
     parser.add_argument('--microbatch', type=int, default=1)
     parser.add_argument('--fp8', action='store_true', help="torchao's float8 training of the linear layers")
+    parser.add_argument('--compile', action='store_true', help="torch.compile the model's forward (Inductor)")
     args = parser.parse_args(argv)
     if args.probe == 'environment':
         measured = environment()
     else:
-        measured = transformer_step(args.model_name, args.image_size, args.microbatch, args.fp8)
+        measured = transformer_step(args.model_name, args.image_size, args.microbatch, args.fp8, args.compile)
     print(json.dumps(measured), flush=True)
     return measured
 

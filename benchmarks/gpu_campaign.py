@@ -1,25 +1,32 @@
-"""The GPU campaign in one command (`make gpu-campaign`): what a GPU's first minutes should measure, in order, in
-slices that each end before --time_limit and resume where the last stopped.
+"""The GPU campaign in one command: what a GPU's first minutes should measure, ordered by value, in slices that
+each end before --time_limit and resume where the last stopped. On a lent machine `bash benchmarks/gpu_slice.sh`
+runs it (docs/speed.md).
 
-    .venv/bin/python benchmarks/gpu_campaign.py                        # one slice of at most 9 minutes
-    .venv/bin/python benchmarks/gpu_campaign.py --resume               # the next slice, keeping what was measured
+    python benchmarks/gpu_campaign.py                        # one slice of at most 7.5 minutes (3.5 on a CPU)
+    python benchmarks/gpu_campaign.py --resume               # the next slice, keeping what was measured
 
-The steps (each a process of its own: a failure is a row of the table, not the end of the campaign):
+The steps (each row a process of its own: a failure is a row of the table, not the end of the campaign):
 
 1. environment: the GPU, driver and versions; a bf16 matrix multiply's and a copy's measured ceilings;
-2. SD2 base at 512px from precomputed latents, eager, at microbatch 4, 8, 16, 32, 64 (peak memory each; the
-   microbatch memory_plan.py plans for this GPU marked);
-3. a profile at microbatch 4 and at the fastest (benchmarks/profile_summary.py: busy share, classes of work);
-4. at the fastest microbatch, each speed path alone (the others off) and all together: channels-last, fused AdamW,
-   low-precision norms, fp16 against bf16, the compile modes, activation checkpointing;
-5. the encoders online at the fastest configuration, and the published recipe as its reference row;
-6. the gpu test tier, one test at a time, each with a timeout;
-7. SD3.5 medium and PixArt-Sigma at their presets; Flux's transformer forward and backward per image at 256px in
-   bf16, with and without --fp8, and report.py --predict for 16 and 72 GPUs from it.
+2. headline: SD2 base at 512px with the fast recipe at the planned microbatch, from precomputed latents and with
+   the encoders online, eager, beside the published recipe at microbatch 4; then the two fast rows with --compile;
+3. gpu tests, first: a handful of the gpu tier's most telling tests, each its own row, counted by its outcome;
+4. sweep: precomputed, eager, at microbatch 4, 8, 16, 32, 64 (peak memory each; the planned one marked);
+5. paths: at the fastest microbatch, each speed path alone (the others off) and all together, fp16 against bf16,
+   --compile reduce-overhead, activation checkpointing;
+6. profile: at microbatch 4 and at the fastest (benchmarks/profile_summary.py: busy share, classes of work);
+7. transformers: SD3.5 medium and PixArt-Sigma at their presets' sizes, a few microbatches a step; Flux's
+   transformer forward and backward per image at 256px, compiled, in bf16 and with --fp8, and report.py --predict
+   from it (labelled: the transformer's forward and backward only);
+8. gpu tests, the rest; then max-autotune-no-cudagraphs (minutes of tuning: never in the first calls).
 
+A row starts only if its estimate (by kind: eager run, compiled run, profile, transformer, test, probe; the median
+of the rows of that kind this machine measured, else a default) fits the time left; the estimates are printed at
+the start of each call. A row cut by the deadline is tried again in the next call; cut twice, it says so and is
+passed over. Rows are kept per machine (device and torch): a call on another GPU adds its own rows beside them.
 Everything lands in one folder (--out) of at most 8 files: campaign.md (the table, printed last), campaign.json
 (every row, for --resume), logs.tar.gz (each process's output) and the profile summaries. On a CPU it runs the
-tiny twins' rows, which checks the campaign, not the hardware.
+tiny twins' rows (the GPU-only ones skipped), which checks the campaign, not the hardware.
 """
 
 import argparse
@@ -30,15 +37,19 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 from results import Results
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 REPO = Path(__file__).resolve().parent.parent
-STEPS = ('environment', 'sweep', 'profile', 'paths', 'online', 'gpu_tier', 'transformers')
-# The speed paths of step 4: each alone over a row with every path off, then together (the fast recipe's own).
+# Each row's process runs this interpreter with the same site setting (a rehearsal runs `python -S`).
+PYTHON = [sys.executable, *(['-S'] if sys.flags.no_site else [])]
+STEPS = ('environment', 'headline', 'tests_first', 'sweep', 'paths', 'profile', 'transformers', 'tests_rest', 'late')
+# The speed paths of step 5: each alone over a row with every path off, then together (the fast recipe's own).
 ALL_OFF = ('--no-channels_last', '--no-fused_adamw', '--no-low_precision_norm', '--no-encoders_bf16')
 PATHS = {
     'all off': (),
@@ -48,44 +59,74 @@ PATHS = {
     'fp16': ('--precision', 'amp_fp16'),
     'activation_checkpointing': ('--activation_checkpointing',),
     'compile default': ('--compile',),
-    'compile max-autotune-no-cudagraphs': ('--compile', 'max-autotune-no-cudagraphs'),
     'compile reduce-overhead': ('--compile', 'reduce-overhead'),
 }
-GPU_ONLY = {name for name in PATHS if name.startswith('compile')} | {'low_precision_norm', 'fp16'}
-SLICE_MINUTES = 9
+LATE_PATHS = {'compile max-autotune-no-cudagraphs': ('--compile', 'max-autotune-no-cudagraphs')}
+GPU_ONLY = {name for name in {**PATHS, **LATE_PATHS} if name.startswith('compile')} | {'low_precision_norm', 'fp16'}
+# The gpu tier's tests run first, at most 8: the defaults, bf16 training, compiled steps, FP8 and SD2 at full size.
+FIRST_TESTS = (
+    'tests/test_gpu.py::test_gpu_defaults_are_the_fast_recipe_and_the_published_run_on_request',
+    'tests/test_gpu.py::test_tiny_model_trains_on_the_gpu_in_bf16',
+    'tests/test_gpu.py::test_compiled_steps_compile_the_forward_once',
+    'tests/test_gpu.py::test_compile_modes_train_the_bf16_step[reduce-overhead]',
+    'tests/test_gpu.py::test_fp8_trains_a_transformer_twin',
+    'tests/test_gpu.py::test_the_planned_microbatch_fits_the_gpu',
+    'tests/test_gpu.py::test_sd2_base_trains_the_published_microbatch_at_512px_within_an_a100_40gb',
+    'tests/test_gpu.py::test_speed_flags_keep_the_fp32_step[--compile]',
+)
+# Seconds a row of each kind takes from start to exit, before this machine has measured one (an H100's and this
+# CPU's: SD2 base eager 50-75 s, compiled 185-210 s of which 140-155 compiling, on an H200 on 2026-11-26).
+ESTIMATES = {
+    True: {'probe': 40, 'eager': 80, 'compile': 240, 'profile': 100, 'transformer': 150, 'test': 90, 'predict': 10},
+    False: {'probe': 10, 'eager': 15, 'compile': 15, 'profile': 25, 'transformer': 20, 'test': 12, 'predict': 5},
+}
+SLICE_MINUTES = {True: 7.5, False: 3.5}  # a lent GPU call's 10 minutes less the start and the copy; a CPU's check
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split('\n\n')[0])
     parser.add_argument('--out', default='results/gpu-campaign', help='the folder (default: %(default)s)')
     parser.add_argument(
+        '--work',
+        default=None,
+        help="the rows' own files, kept out of --out (default: a folder in the system's temporary directory)",
+    )
+    parser.add_argument(
         '--time_limit',
         type=float,
-        default=SLICE_MINUTES,
-        help='minutes: start no row that would likely end after them (default: %(default)s)',
+        default=None,
+        help='minutes: start no row whose estimate would end after them (default: 7.5 on a GPU, 3.5 on a CPU)',
     )
-    parser.add_argument('--resume', action='store_true', help='keep the rows --out holds from this machine')
+    parser.add_argument('--resume', action='store_true', help='keep the rows --out holds')
     parser.add_argument('--steps', nargs='+', choices=STEPS, default=list(STEPS), help='steps to run (default: all)')
-    parser.add_argument('--batches', type=int, default=None, help='batches per run (default: 12 on a GPU, 3 on CPU)')
-    parser.add_argument(
-        '--test_timeout', type=int, default=300, help='seconds per gpu-tier test (default: %(default)s)'
-    )
+    parser.add_argument('--batches', type=int, default=None, help='batches per run (default: 10 on a GPU, 3 on CPU)')
     args = parser.parse_args(argv)
-    if not args.time_limit > 0:
+    if args.time_limit is not None and not args.time_limit > 0:
         parser.error(f'--time_limit {args.time_limit}: must be positive (minutes)')
     if args.batches is not None and args.batches < 3:
         parser.error(f'--batches {args.batches}: at least 3 (a throughput window needs 2 after the first)')
-    if args.test_timeout <= 0:
-        parser.error(f'--test_timeout {args.test_timeout}: must be positive')
     return args
 
 
 # ------------------------------------------------------------------------------------------------ rows
 
 
-def benchmark_row(key: str, step: str, flags: tuple[str, ...], results: Path, batches: int) -> dict:
+def benchmark_row(key: str, cost: str, flags: tuple[str, ...], results: Path, batches: int) -> dict:
     argv = [str(REPO / 'benchmark.py'), '--use_synth_data', '--max_duration', f'{batches}ba', *flags]
-    return {'key': key, 'step': step, 'kind': 'benchmark', 'argv': [*argv, '--results_json', str(results)]}
+    return {'key': key, 'kind': 'benchmark', 'cost': cost, 'argv': [*argv, '--results_json', str(results)]}
+
+
+def probe_row(key: str, cost: str, argv: list[str]) -> dict:
+    return {'key': key, 'kind': 'probe', 'cost': cost, 'argv': ['-m', 'benchmarks.campaign_probes', *argv]}
+
+
+def test_row(nodeid: str) -> dict:
+    return {'key': f'test {nodeid.removeprefix("tests/test_gpu.py::")}', 'kind': 'test', 'cost': 'test', 'test': nodeid}
+
+
+def skipped_row(key: str, why: str, cost: str) -> dict:
+    """A row this machine cannot run (a GPU-only path on a CPU): recorded as skipped, taking no time."""
+    return {'key': key, 'kind': 'skipped', 'cost': cost, 'skipped': why}
 
 
 class Campaign:
@@ -95,72 +136,91 @@ class Campaign:
         self.args, self.on_gpu, self.work = args, on_gpu, work
         self.model, self.size = ('sd2-base', 512) if on_gpu else ('tiny', 64)
         self.microbatches = (4, 8, 16, 32, 64) if on_gpu else (1, 2, 4, 8)
-        self.batches = args.batches or (12 if on_gpu else 3)
+        self.batches = args.batches or (10 if on_gpu else 3)
 
-    def run(self, name: str, step: str, flags: tuple[str, ...], microbatch: int, accumulation: int = 2) -> dict:
-        base = ('--model_name', self.model, '--image_size', str(self.size))
-        batch = ('--batch_size', str(microbatch * accumulation), '--device_train_microbatch_size', str(microbatch))
-        return benchmark_row(name, step, (*base, *batch, *flags), self.work / f'{slug(name)}.json', self.batches)
+    def run(self, name: str, flags: tuple[str, ...], microbatch: int | None, batch: int, cost='eager') -> dict:
+        """A benchmark.py row of this machine's SD2 (or its tiny twin); microbatch None: the run plans its own."""
+        if cost == 'compile' and not self.on_gpu:
+            return skipped_row(name, 'GPU only', cost)
+        given = () if microbatch is None else ('--device_train_microbatch_size', str(microbatch))
+        sized = ('--model_name', self.model, '--image_size', str(self.size), '--batch_size', str(batch), *given)
+        return benchmark_row(name, cost, (*sized, *flags), self.work / f'{slug(name)}.json', self.batches)
 
     def rows(self, step: str, done: dict) -> list[dict] | None:
         """The step's rows, or None while a step they depend on is unfinished."""
         precomputed = ('--precomputed_latents', *ALL_OFF)
         if step == 'environment':
-            return [probe_row('environment', step, ['environment'])]
+            return [probe_row('environment', 'probe', ['environment'])]
+        if step == 'headline':
+            batch = 256 if self.on_gpu else 16  # 4 microbatches of the H100's planned 64 (H200: 4 of 64 too)
+            published = ('--recipe', 'published', '--precomputed_latents')
+            return [
+                self.run('headline precomputed, fast', ('--precomputed_latents',), None, batch),
+                self.run('headline online, fast', (), None, batch),
+                self.run('headline precomputed, published mb4', published, 4 if self.on_gpu else 1, batch // 4),
+                self.run(
+                    'headline precomputed, fast, compiled',
+                    ('--precomputed_latents', '--compile'),
+                    None,
+                    batch,
+                    'compile',
+                ),
+                self.run('headline online, fast, compiled', ('--compile',), None, batch, 'compile'),
+            ]
+        if step == 'tests_first':
+            return [test_row(nodeid) for nodeid in FIRST_TESTS]
+        if step == 'tests_rest':
+            return [test_row(nodeid) for nodeid in gpu_tests() if nodeid not in FIRST_TESTS]
         if step == 'sweep':
-            return [self.run(f'sweep mb{m}', step, precomputed, m) for m in self.microbatches]
+            return [self.run(f'sweep mb{m}', precomputed, m, 2 * m) for m in self.microbatches]
         fastest = self.fastest(done)
         if fastest is None:
             return None
         if step == 'profile':
             rows = []
             for m in sorted({self.microbatches[0], fastest}):
-                row = self.run(f'profile mb{m}', step, (*precomputed, '--profile', str(self.work / f'trace-mb{m}')), m)
-                rows.append({**row, 'kind': 'profile', 'trace': str(self.work / f'trace-mb{m}')})
+                trace = self.work / f'trace-mb{m}'
+                row = self.run(f'profile mb{m}', (*precomputed, '--profile', str(trace)), m, 2 * m, 'profile')
+                rows.append({**row, 'kind': 'profile', 'trace': str(trace)})
             return rows
-        if step == 'paths':
-            rows = [
-                self.run(f'path {name}', step, (*precomputed, *flags), fastest)
-                for name, flags in PATHS.items()
-                if self.on_gpu or name not in GPU_ONLY
-            ]
-            together = ('--precomputed_latents',) + (() if self.on_gpu else ('--channels_last', '--fused_adamw'))
-            return rows + [self.run('paths together (fast recipe)', step, together, fastest)]
-        if step == 'online':
-            return [
-                self.run('online, fast recipe', step, (), fastest),
-                self.run('online, published recipe', step, ('--recipe', 'published'), 4 if self.on_gpu else 1),
-            ]
-        if step == 'gpu_tier':
-            return [{'key': 'gpu tier', 'step': step, 'kind': 'gpu_tier'}]
+        if step in ('paths', 'late'):
+            paths = PATHS if step == 'paths' else LATE_PATHS
+            rows = []
+            for name, flags in paths.items():
+                cost = 'compile' if name.startswith('compile') else 'eager'
+                if name in GPU_ONLY and not self.on_gpu:
+                    rows.append(skipped_row(f'path {name}', 'GPU only', cost))
+                    continue
+                # CUDA graphs replay one microbatch a step: reduce-overhead trains the fastest as the whole batch.
+                batch = fastest if name == 'compile reduce-overhead' else 2 * fastest
+                rows.append(self.run(f'path {name}', (*precomputed, *flags), fastest, batch, cost))
+            if step == 'paths':
+                rows.append(self.run('paths together (fast recipe)', ('--precomputed_latents',), fastest, 2 * fastest))
+            return rows
         return self.transformer_rows()
 
     def transformer_rows(self) -> list[dict]:
         rows = []
         for name in ('sd3.5-medium', 'pixart-sigma') if self.on_gpu else ('tiny-sd3.5-medium', 'tiny-pixart-sigma'):
-            flags = ('--model_name', name, '--precomputed_latents')
-            if not self.on_gpu:
-                flags += ('--batch_size', '4')
-            rows.append(
-                benchmark_row(f'{name} preset', 'transformers', flags, self.work / f'{name}.json', self.batches)
-            )
+            # A few planned microbatches a step, not the presets' global batch of 1,024 on one GPU.
+            flags = ('--model_name', name, '--precomputed_latents', '--batch_size', '64' if self.on_gpu else '4')
+            rows.append(benchmark_row(f'{name} preset', 'transformer', flags, self.work / f'{name}.json', self.batches))
         flux = 'flux-schnell' if self.on_gpu else 'tiny-flux-schnell'
         size = '256' if self.on_gpu else '64'
         for fp8 in (False, True):
-            if fp8 and not self.on_gpu:
-                continue  # torchao's float8 matmuls need an H100 or newer
-            argv = ['transformer_step', '--model_name', flux, '--image_size', size, '--microbatch', '4']
-            rows.append(
-                probe_row(f'{flux} {size}px step' + (' fp8' if fp8 else ''), 'transformers', argv + ['--fp8'] * fp8)
-            )
-        rows.append(
-            {'key': f'{flux} predicted', 'step': 'transformers', 'kind': 'predict', 'from': f'{flux} {size}px step'}
-        )
+            key = f'{flux} {size}px step, compiled' + (', fp8' if fp8 else '')
+            if not self.on_gpu:
+                rows.append(skipped_row(key, 'GPU only (Inductor; float8 needs an H100 or newer)', 'transformer'))
+                continue
+            argv = ['transformer_step', '--model_name', flux, '--image_size', size, '--microbatch', '4', '--compile']
+            rows.append(probe_row(key, 'transformer', argv + ['--fp8'] * fp8))
+        bf16 = f'{flux} {size}px step, compiled'
+        rows.append({'key': f'{flux} predicted', 'kind': 'predict', 'cost': 'predict', 'from': bf16})
         return rows
 
     def fastest(self, done: dict) -> int | None:
         sweep = [done.get(f'sweep mb{m}') for m in self.microbatches]
-        if any(row is None for row in sweep):
+        if any(row is None or row.get('pending') for row in sweep):
             return None
         measured = [
             (row['img_per_sec_per_device'], row['microbatch']) for row in sweep if row.get('img_per_sec_per_device')
@@ -168,8 +228,15 @@ class Campaign:
         return max(measured)[1] if measured else self.microbatches[0]
 
 
-def probe_row(key: str, step: str, argv: list[str]) -> dict:
-    return {'key': key, 'step': step, 'kind': 'probe', 'argv': ['-m', 'benchmarks.campaign_probes', *argv]}
+def gpu_tests() -> list[str]:
+    """The gpu tier's test ids, as pytest collects them with -m gpu."""
+    listed = subprocess.run(
+        [*PYTHON, '-m', 'pytest', '-m', 'gpu', '--collect-only', '-q', '-p', 'no:cacheprovider', 'tests/test_gpu.py'],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    return [line for line in listed.stdout.splitlines() if line.startswith('tests/') and '::' in line]
 
 
 def slug(name: str) -> str:
@@ -179,30 +246,41 @@ def slug(name: str) -> str:
 # ------------------------------------------------------------------------------------------------ running
 
 
-def execute(row: dict, seconds_left: float, args, work: Path) -> dict:
-    """Runs one row's process (at most `seconds_left`), keeps its output in work/, returns what it measured."""
+def execute(row: dict, seconds_left: float, work: Path) -> dict:
+    """Runs one row's process (at most `seconds_left`), keeps its output in work/, returns what it measured;
+    {'cut': True} where the deadline stopped it."""
+    if row['kind'] == 'skipped':
+        return {'skipped': row['skipped']}
     log = work / f'{slug(row["key"])}.log'
     start = time.perf_counter()
-    if row['kind'] == 'gpu_tier':
-        return run_gpu_tier(args, log, seconds_left) | {'seconds': time.perf_counter() - start}
-    if row['kind'] == 'predict':
-        return {}  # filled by predict() from the row it names
+    report = work / f'{slug(row["key"])}.xml'
+    if row['kind'] == 'test':
+        argv = ['-m', 'pytest', '-m', 'gpu', '-q', '-p', 'no:cacheprovider', f'--junitxml={report}', row['test']]
+    else:
+        argv = row['argv']
     try:
-        finished = subprocess.run(
-            [sys.executable, *row['argv']], cwd=REPO, capture_output=True, text=True, timeout=seconds_left
-        )
-        output, status = finished.stdout + finished.stderr, finished.returncode
+        finished = subprocess.run([*PYTHON, *argv], cwd=REPO, capture_output=True, text=True, timeout=seconds_left)
     except subprocess.TimeoutExpired as stopped:
-        output, status = f'{stopped.stdout or ""}{stopped.stderr or ""}\ntimed out after {seconds_left:.0f} s', -1
-    log.write_text(output if isinstance(output, str) else output.decode(errors='replace'))
+        output = (
+            b''.join(part or b'' for part in (stopped.stdout, stopped.stderr))
+            if isinstance(stopped.stdout, bytes)
+            else f'{stopped.stdout or ""}{stopped.stderr or ""}'
+        )
+        text = output.decode(errors='replace') if isinstance(output, bytes) else output
+        log.write_text(f'{text}\ncut by the deadline after {seconds_left:.0f} s')
+        return {'cut': True, 'seconds': time.perf_counter() - start}
+    output, status = finished.stdout + finished.stderr, finished.returncode
+    log.write_text(output)
     measured = {'seconds': time.perf_counter() - start, 'status': status}
+    if row['kind'] == 'test':
+        return measured | test_outcome(report, output)
     if status != 0:
-        lines = [line for line in str(output).splitlines() if line.strip()]
+        lines = [line for line in output.splitlines() if line.strip()]
         return measured | {'error': (lines or ['no output'])[-1][:200]}
     if row['kind'] == 'probe':
-        return measured | json.loads(str(output).strip().splitlines()[-1])
+        return measured | json.loads(output.strip().splitlines()[-1])
     results = json.loads(Path(row['argv'][-1]).read_text())
-    fields = ('img_per_sec_per_device', 'mfu', 'peak_gpu_memory_gb', 'device_train_microbatch_size', 'device_name')
+    fields = ('img_per_sec_per_device', 'mfu', 'peak_gpu_memory_gb', 'peak_gpu_memory_reserved_gb', 'device_name')
     measured |= {field: results.get(field) for field in fields}
     measured['microbatch'] = results.get('device_train_microbatch_size')
     if row['kind'] == 'profile':
@@ -216,45 +294,35 @@ def execute(row: dict, seconds_left: float, args, work: Path) -> dict:
     return measured
 
 
-def run_gpu_tier(args, log: Path, seconds_left: float) -> dict:
-    """Each test of the gpu tier in a pytest process of its own (three at once ran out of memory)."""
-    if not on_a_gpu():
-        return {'skipped': 'no GPU'}
-    listed = subprocess.run(
-        [sys.executable, '-m', 'pytest', '-m', 'gpu', '--collect-only', '-q'], cwd=REPO, capture_output=True, text=True
-    )
-    tests = [line for line in listed.stdout.splitlines() if '::' in line]
-    passed, failed, output, deadline = [], [], [], time.perf_counter() + seconds_left
-    for test in tests:
-        left = deadline - time.perf_counter()
-        if left < 30:
-            failed.append(f'{test}: not run (time limit)')
-            continue
-        try:
-            one = subprocess.run(
-                [sys.executable, '-m', 'pytest', '-q', '-x', test],
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                timeout=min(args.test_timeout, left),
-            )
-            ok, text = one.returncode == 0, one.stdout[-3000:] + one.stderr[-2000:]
-        except subprocess.TimeoutExpired:
-            ok, text = False, f'timed out after {min(args.test_timeout, left):.0f} s'
-        output.append(f'==== {test}\n{text}')
-        (passed if ok else failed).append(test if ok else f'{test}: {text.strip().splitlines()[-1][:160]}')
-    log.write_text('\n'.join(output))
-    return {'passed': len(passed), 'failed': failed, 'tests': len(tests)}
+def test_outcome(report: Path, output: str) -> dict:
+    """A gpu test's outcome from pytest's JUnit report: passed, failed, error or skipped (never a pass), with the
+    reason; 'not run' where pytest wrote no report or collected no test."""
+    try:
+        case = ElementTree.parse(report).getroot().find('.//testcase')
+    except (OSError, ElementTree.ParseError):
+        case = None
+    if case is None:
+        lines = [line for line in output.splitlines() if line.strip()]
+        return {'outcome': 'not run', 'error': (lines or ['no output'])[-1][:200]}
+    for outcome in ('failure', 'error', 'skipped'):
+        found = case.find(outcome)
+        if found is not None:
+            reason = (found.get('message') or found.text or '').strip().splitlines()
+            named = {'failure': 'failed', 'error': 'error', 'skipped': 'skipped'}[outcome]
+            return {'outcome': named, 'error' if named != 'skipped' else 'skipped': (reason or [named])[-1][:200]}
+    return {'outcome': 'passed'}
 
 
 def on_a_gpu() -> bool:
     probe = 'import torch; print(torch.cuda.is_available())'
-    return subprocess.run([sys.executable, '-c', probe], capture_output=True, text=True).stdout.strip() == 'True'
+    return subprocess.run([*PYTHON, '-c', probe], capture_output=True, text=True).stdout.strip() == 'True'
 
 
 def predict(done: dict, row: dict, work: Path) -> dict:
     """report.py --predict 16 72 from the transformer step's throughput, as a one-GPU results file."""
     step = done.get(row['from'])
+    if step and 'skipped' in step:
+        return {'skipped': f'{row["from"]} was skipped'}
     if not step or 'img_per_sec' not in step:
         return {'error': f'no measurement of {row["from"]}'}
     if not step['on_gpu']:
@@ -295,11 +363,15 @@ def predict(done: dict, row: dict, work: Path) -> dict:
         '--global_batch',
         batch,
     ]
-    finished = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True)
+    finished = subprocess.run([*PYTHON, *argv], cwd=REPO, capture_output=True, text=True)
     (work / 'predict.log').write_text(finished.stdout + finished.stderr)
     if finished.returncode:
         return {'error': (finished.stderr.strip().splitlines() or ['report.py failed'])[-1][:200]}
-    return {'report': finished.stdout.strip()}
+    label = (
+        f"From {row['from']}: the transformer's forward and backward only (no optimizer step, no encoders, no "
+        'gradient exchange inside the step), so a bound on a training step, not a training step.'
+    )
+    return {'report': f'{label}\n\n{finished.stdout.strip()}'}
 
 
 # ------------------------------------------------------------------------------------------------ the folder
@@ -309,9 +381,10 @@ def write_folder(out: Path, work: Path, state: dict) -> None:
     """campaign.json, campaign.md, logs.tar.gz (the logs so far, the earlier archive's kept), profile summaries."""
     (out / 'campaign.json').write_text(json.dumps(state, indent=1) + '\n')
     (out / 'campaign.md').write_text(table(state) + '\n')
-    for key, row in state['rows'].items():
-        if 'profile' in row:
-            (out / f'{slug(key)}.md').write_text(row['profile'] + '\n')
+    for machine in state['machines'].values():
+        for key, row in machine['rows'].items():
+            if 'profile' in row:
+                (out / f'{slug(key)}.md').write_text(row['profile'] + '\n')
     archive, kept = out / 'logs.tar.gz', {}
     if archive.is_file():
         with tarfile.open(archive) as old:
@@ -325,84 +398,124 @@ def write_folder(out: Path, work: Path, state: dict) -> None:
 
 
 def table(state: dict) -> str:
+    """One table of every machine's rows, the machine named in each; the reports after it."""
     lines = [
-        f'# GPU campaign on {state.get("machine")}',
+        '# GPU campaign',
         '',
-        '| step | row | microbatch | img/s per GPU | MFU | peak memory GB | seconds | note |',
-        '|---|---|---|---|---|---|---|---|',
+        '| machine | step | row | microbatch | img/s per GPU | MFU | peak GB allocated / reserved | seconds | note |',
+        '|---|---|---|---|---|---|---|---|---|',
     ]
-    for key, row in state['rows'].items():
-        rate = row.get('img_per_sec_per_device') or row.get('img_per_sec')
-        note = row.get('error') or row.get('skipped') or ''
-        if row.get('planned'):
-            note = 'planned microbatch ' + note
-        if 'tests' in row:
-            note = f'{row["passed"]} of {row["tests"]} passed' + ''.join(f'; {f}' for f in row['failed'][:5])
-        if 'matmul_tflops' in row:
-            matmul = f'{row["matmul_tflops"]:.1f} TFLOP/s {row["matmul_dtype"]}'
-            note = f'{row["device"]}; matmul {matmul}, copy {row["copy_gb_s"]:.0f} GB/s'
-        if 'tflops' in row:
-            note = f'{row["tflops"]:.1f} TFLOP/s, {row["seconds_per_image"] * 1e3:.1f} ms per image'
-        cells = (
-            row.get('step', ''),
-            key,
-            row.get('microbatch') or '',
-            f'{rate:.2f}' if rate else '',
-            f'{row["mfu"]:.1%}' if row.get('mfu') else '',
-            f'{row["peak_gpu_memory_gb"]:.1f}' if row.get('peak_gpu_memory_gb') else '',
-            f'{row["seconds"]:.0f}' if 'seconds' in row else '',
-            note,
-        )
-        lines.append('| ' + ' | '.join(str(cell) for cell in cells) + ' |')
-    for key, row in state['rows'].items():
-        if 'report' in row:
-            lines += ['', f'## {key}', '', row['report']]
+    for machine, held in state['machines'].items():
+        for key, row in held['rows'].items():
+            lines.append('| ' + ' | '.join(str(cell) for cell in (machine, *cells(key, row))) + ' |')
+    for machine, held in state['machines'].items():
+        for key, row in held['rows'].items():
+            if 'report' in row:
+                lines += ['', f'## {key} ({machine})', '', row['report']]
     left = state.get('left')
     lines += ['', f'{left} row(s) left: run again with --resume.' if left else 'Every step measured.']
     return '\n'.join(lines)
+
+
+def cells(key: str, row: dict) -> tuple:
+    rate = row.get('img_per_sec_per_device') or row.get('img_per_sec')
+    note = row.get('error') or row.get('skipped') or ''
+    if row.get('pending'):
+        note = f'cut by the deadline {row["cuts"]} time(s): tried again next call'
+    if row.get('planned'):
+        note = 'planned microbatch ' + note
+    if 'outcome' in row:
+        note = row['outcome'] + (f': {note}' if note else '')
+    if 'matmul_tflops' in row:
+        matmul = f'{row["matmul_tflops"]:.1f} TFLOP/s {row["matmul_dtype"]}'
+        note = f'{row["device"]}; matmul {matmul}, copy {row["copy_gb_s"]:.0f} GB/s'
+    if 'tflops' in row:
+        note = f'{row["tflops"]:.1f} TFLOP/s, {row["seconds_per_image"] * 1e3:.1f} ms per image'
+    allocated, reserved = row.get('peak_gpu_memory_gb'), row.get('peak_gpu_memory_reserved_gb')
+    memory = f'{allocated:.1f}' if allocated else ''
+    memory += f' / {reserved:.1f}' if reserved else ''
+    return (
+        row.get('step', ''),
+        key,
+        row.get('microbatch') or '',
+        f'{rate:.2f}' if rate else '',
+        f'{row["mfu"]:.1%}' if row.get('mfu') else '',
+        memory,
+        f'{row["seconds"]:.0f}' if 'seconds' in row else '',
+        note,
+    )
+
+
+def estimates(rows: dict, on_gpu: bool) -> dict[str, float]:
+    """Seconds a row of each kind is expected to take: the median of this machine's finished rows of that kind,
+    else the default; a compiled row's compile is inside its own seconds."""
+    expected = dict(ESTIMATES[on_gpu])
+    for cost in expected:
+        seconds = [row['seconds'] for row in rows.values() if row.get('cost') == cost and 'seconds' in row]
+        if seconds:
+            expected[cost] = statistics.median(seconds)
+    return expected
+
+
+def load_state(out: Path, resume: bool) -> dict:
+    saved = json.loads((out / 'campaign.json').read_text()) if resume and (out / 'campaign.json').is_file() else {}
+    if 'machine' in saved and 'machines' not in saved:  # an earlier layout: one machine's rows
+        saved = {'machines': {saved['machine']: {'rows': saved.get('rows', {})}}}
+    return {'machines': saved.get('machines', {})}
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     started = time.perf_counter()
     out, on_gpu = Path(args.out), on_a_gpu()
-    work = out.parent / f'.{out.name}-work'
+    work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / f'gpu-campaign-work-{os.getpid()}'
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    machine = subprocess.run(
-        [
-            sys.executable,
-            '-c',
-            'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() '
-            "else 'cpu', torch.__version__)",
-        ],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    saved = json.loads((out / 'campaign.json').read_text()) if (out / 'campaign.json').is_file() else {}
-    rows = saved.get('rows', {}) if args.resume and saved.get('machine') == machine else {}
-    state = {'machine': machine, 'rows': rows}
+    probe = (
+        'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() '
+        "else 'cpu', 'torch', torch.__version__)"
+    )
+    machine = subprocess.run([*PYTHON, '-c', probe], capture_output=True, text=True).stdout.strip() or 'unknown'
+    state = load_state(out, args.resume)
+    rows = state['machines'].setdefault(machine, {'rows': {}})['rows']
+    limit = 60 * (args.time_limit or SLICE_MINUTES[on_gpu])
+    expected = estimates(rows, on_gpu)
+    print(
+        f'{machine}: a slice of {limit / 60:g} minutes; estimates in seconds: '
+        + ', '.join(f'{cost} {seconds:.0f}' for cost, seconds in expected.items()),
+        flush=True,
+    )
     campaign = Campaign(args, on_gpu, work)
-    durations = [row['seconds'] for row in rows.values() if 'seconds' in row]
     left = 0
     for step in args.steps:
+        if limit - (time.perf_counter() - started) < min(expected.values()):
+            left += 1  # no row of any kind fits: the step's rows are not even listed
+            continue
         planned = campaign.rows(step, rows)
         if planned is None:
             left += 1
             continue
         for row in planned:
-            if row['key'] in rows:
+            kept = rows.get(row['key'])
+            if kept is not None and not kept.get('pending'):
                 continue
-            elapsed = time.perf_counter() - started
-            expected = statistics.median(durations) if durations else 0
-            seconds_left = 60 * args.time_limit - elapsed
-            if elapsed + expected > 60 * args.time_limit or seconds_left < 10:
+            seconds_left = limit - (time.perf_counter() - started)
+            if row['kind'] != 'skipped' and expected[row['cost']] > seconds_left:
                 left += 1
                 continue
-            print(f'[{step}] {row["key"]} ...', flush=True)
-            measured = predict(rows, row, work) if row['kind'] == 'predict' else execute(row, seconds_left, args, work)
-            rows[row['key']] = {'step': step, **measured}
-            durations += [measured['seconds']] if 'seconds' in measured else []
+            if row['kind'] != 'skipped':
+                print(f'[{step}] {row["key"]} (about {expected[row["cost"]]:.0f} s) ...', flush=True)
+            if row['kind'] == 'predict':
+                measured = predict(rows, row, work)
+            else:
+                measured = execute(row, seconds_left, work)
+            cuts = (kept or {}).get('cuts', 0) + bool(measured.get('cut'))
+            if measured.get('cut') and cuts < 2:
+                measured = {'pending': True, 'cuts': cuts}
+                left += 1
+            elif measured.get('cut'):
+                measured = {'error': 'cut by the deadline twice: passed over', 'cuts': cuts}
+            rows[row['key']] = {'step': step, 'cost': row['cost'], **measured}
             state['left'] = left
             write_folder(out, work, state)
     state['left'] = left
@@ -420,7 +533,7 @@ def mark_planned(rows: dict, campaign: Campaign) -> None:
         'import config, flags; print(config.resolve_config(flags.parse_args(["--use_synth_data", '
         '"--precomputed_latents"])).device_train_microbatch_size)'
     )
-    planned = subprocess.run([sys.executable, '-c', probe], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    planned = subprocess.run([*PYTHON, '-c', probe], cwd=REPO, capture_output=True, text=True).stdout.strip()
     if f'sweep mb{planned}' in rows:
         rows[f'sweep mb{planned}']['planned'] = True
 

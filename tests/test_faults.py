@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from boto3.s3.transfer import TransferConfig
+from composer import Callback
 from conftest import (
     REPO,
     S3_CREDENTIALS,
@@ -579,6 +580,55 @@ def test_a_full_disk_at_the_results_file_is_one_line_and_leaves_no_partial_file(
     assert err.endswith(f'error: {results}: No space left on device') and err.count('error:') == 1
     assert results.read_text() == '{"from": "an earlier run"}'  # the earlier file kept whole
     assert sorted(path.name for path in tmp_path.iterdir()) == ['results.json']
+
+
+class RunOutOfMemory(Callback):
+    """A microbatch that does not fit, as the CUDA caching allocator reports it."""
+
+    def before_backward(self, state, logger):
+        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity')
+
+
+def test_a_microbatch_out_of_memory_is_one_line_with_a_smaller_one_to_try(tmp_path, capfd):
+    import benchmark
+
+    results = tmp_path / 'results.json'
+    flags = ['--batch_size', '4', '--device_train_microbatch_size', '4', '--max_duration', '2ba']
+    with pytest.raises(SystemExit) as stopped:
+        benchmark.cli([*TINY, *flags, '--results_json', str(results)], callbacks=(RunOutOfMemory(),))
+    assert stopped.value.code == 1
+    err = capfd.readouterr().err.strip()  # after the progress bar, on its line
+    assert err.endswith(
+        'error: out of memory with microbatch 4 of tiny at 64px, allocating 2.00 GiB: pass '
+        "--device_train_microbatch_size auto (Composer's search for one that fits) or --device_train_microbatch_size 2"
+    )
+    assert err.count('error:') == 1 and 'Traceback' not in err and not results.exists()
+
+
+def test_out_of_memory_names_the_plan_and_the_peaks_on_a_gpu(monkeypatch):
+    import hardware
+    from run import out_of_memory
+
+    h200 = hardware.Gpu('NVIDIA H200', 150_079_209_472, True, (9, 0))
+    monkeypatch.setattr(hardware, 'gpu', lambda: h200)
+    config = resolve_config(parse_args(['--use_synth_data', '--precomputed_latents']))  # sd2-base, planned
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'max_memory_allocated', lambda: 139.04e9)
+    monkeypatch.setattr(torch.cuda, 'max_memory_reserved', lambda: 148.21e9)
+    line = out_of_memory(config, torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0'))
+    assert line == (
+        'out of GPU memory with microbatch 64 of sd2-base at 512px (planned: 13.9 GB state + 64 x 1.03 GB '
+        'activations + 2.9 GB margin = 82.8 GB of 150.1 GB (90% usable)), allocating 1.50 GiB; peak 139.0 GB '
+        "allocated, 148.2 GB reserved: pass --device_train_microbatch_size auto (Composer's search for one that "
+        'fits) or --device_train_microbatch_size 32'
+    )
+    # Half of an odd microbatch: the largest below it that divides the device batch (9 of 27: 3, not 4).
+    odd = dataclasses.replace(config, device_train_microbatch_size=9, device_batch_size=27, notes=())
+    assert out_of_memory(odd, torch.OutOfMemoryError('CUDA out of memory.')).endswith('microbatch_size 3')
+    one = dataclasses.replace(config, device_train_microbatch_size=1)
+    assert out_of_memory(one, torch.OutOfMemoryError('CUDA out of memory.')).endswith(
+        ': microbatch 1 is the smallest: pass --activation_checkpointing, or shard with --fsdp full_shard'
+    )
 
 
 def test_autoresume_of_a_finished_run_says_it_is_complete_and_exits_0(tmp_path, capfd):

@@ -50,6 +50,25 @@ RUN = [
 ]
 FP32 = [*RUN, '--precision', 'fp32']
 BF16 = [*RUN, '--precision', 'amp_bf16']
+# The flag sets the tests below add to RUN, FP32 or BF16 (tests/test_memory_plan.py settles each on a faked GPU).
+SPEED_FLAGS = [['--channels_last'], ['--fused_adamw'], ['--compile'], ['--no-pin_memory']]
+COMPILE_MODES = ['max-autotune-no-cudagraphs', 'reduce-overhead']
+BF16_FLAGS = [['--low_precision_norm'], ['--encoders_bf16']]
+OTHER_PATHS = [
+    ['--device_train_microbatch_size', '2'],
+    ['--fsdp', 'full_shard', '--use_ema'],
+    ['--precomputed_latents'],
+]
+FP8_FLUX = [
+    '--model_name',
+    'tiny-flux-schnell',
+    '--use_synth_data',
+    '--batch_size',
+    '8',
+    '--max_duration',
+    '4ba',
+    '--fp8',
+]
 # The published run's microbatch per A100-40GB; the card's 40 GiB less the CUDA context, in results' 10^9 bytes.
 PUBLISHED_MICROBATCH, A100_40GB_USABLE_GB = 4, 40.0
 
@@ -306,9 +325,7 @@ def test_flux_transformer_steps_at_256px_in_bf16():
 # ------------------------------------------------------------------------------------------ speed flags
 
 
-@pytest.mark.parametrize(
-    'flags', [['--channels_last'], ['--fused_adamw'], ['--compile'], ['--no-pin_memory']], ids=' '.join
-)
+@pytest.mark.parametrize('flags', SPEED_FLAGS, ids=' '.join)
 def test_speed_flags_keep_the_fp32_step(tmp_path, plain_fp32, flags):
     run = train(tmp_path, *FP32, *flags)
     assert_same_step(run, plain_fp32, gradient_tolerance=1e-2, update_tolerance=5e-2)
@@ -330,7 +347,7 @@ def test_compiled_steps_compile_the_forward_once(tmp_path):
     assert counters['stats']['unique_graphs'] == 1, f'{counters["stats"]["unique_graphs"]} graphs for 4 steps'
 
 
-@pytest.mark.parametrize('mode', ['max-autotune-no-cudagraphs', 'reduce-overhead'])
+@pytest.mark.parametrize('mode', COMPILE_MODES)
 def test_compile_modes_train_the_bf16_step(tmp_path, plain_bf16, mode, capfd):
     run = train(tmp_path, *BF16, '--compile', mode)
     assert run.results['config']['compile'] == mode
@@ -347,8 +364,7 @@ def test_activation_checkpointing_keeps_the_bf16_step(tmp_path, plain_bf16):
 def test_fp8_trains_a_transformer_twin(tmp_path, capfd):
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip('float8 matmuls need compute capability 8.9 (an H100, H200 or newer)')
-    flags = ['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--batch_size', '8', '--max_duration', '4ba']
-    run = train(tmp_path, *flags, '--fp8')
+    run = train(tmp_path, *FP8_FLUX)
     assert "of the transformer's linear layers train in float8" in capfd.readouterr().out
     assert run.results['config']['fp8'] and all(math.isfinite(loss) for loss in run.losses)
 
@@ -366,7 +382,7 @@ def test_the_planned_microbatch_fits_the_gpu(tmp_path, capfd):
     assert run.results['peak_gpu_memory_gb'] < total_gb
 
 
-@pytest.mark.parametrize('flags', [['--low_precision_norm'], ['--encoders_bf16']], ids=' '.join)
+@pytest.mark.parametrize('flags', BF16_FLAGS, ids=' '.join)
 def test_bf16_flags_keep_the_bf16_step(tmp_path, plain_bf16, flags):
     run = train(tmp_path, *BF16, *flags)
     assert_same_step(run, plain_bf16, gradient_tolerance=5e-2, update_tolerance=None)
@@ -400,11 +416,7 @@ def test_ema_offload_matches_the_average_on_the_gpu(tmp_path):
     assert relative_difference(moved[0], trained) > 0.1  # an average, not the trained weights
 
 
-@pytest.mark.parametrize(
-    'flags',
-    [['--device_train_microbatch_size', '2'], ['--fsdp', 'full_shard', '--use_ema'], ['--precomputed_latents']],
-    ids=' '.join,
-)
+@pytest.mark.parametrize('flags', OTHER_PATHS, ids=' '.join)
 def test_other_paths_train_on_the_gpu(tmp_path, flags):
     run = train(tmp_path, *RUN, *flags)
     assert len(run.losses) == 4 and all(math.isfinite(loss) for loss in run.losses)

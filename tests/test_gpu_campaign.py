@@ -1,34 +1,154 @@
-"""benchmarks/gpu_campaign.py on a CPU: the tiny twins' rows, one folder of at most 8 files, and a second call that
-resumes instead of measuring again."""
+"""The route a lent GPU machine takes, rehearsed on a CPU: benchmarks/gpu_slice.sh in a tree of the files that
+travel, with an interpreter that has the packages but not this repo installed, two calls, the second given the
+first's folder back; and the campaign's bookkeeping (a test's outcome, a row cut by the deadline)."""
 
 import json
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 from conftest import REPO
 
+from benchmarks import gpu_campaign
+
+
+def files_that_travel(tree):
+    """The files a lent machine receives: tracked, and untracked but not ignored (as the device tool sends)."""
+    listed = subprocess.run(
+        ['git', 'ls-files', '-z', '--cached', '--others', '--exclude-standard'], cwd=REPO, capture_output=True
+    )
+    for name in filter(None, listed.stdout.decode().split('\0')):
+        source = REPO / name
+        if source.is_file():
+            target = tree / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+            target.chmod(source.stat().st_mode)
+
+
+def returned_files(out):
+    files = [path.relative_to(out) for path in out.rglob('*') if path.is_file()]
+    assert 0 < len(files) <= 8, files
+    assert all(len(path.parts) <= 3 for path in files), files  # at most two folders down
+    return files
+
+
+def campaign_rows(out) -> dict:
+    machines = json.loads((out / 'gpu-campaign' / 'campaign.json').read_text())['machines']
+    assert len(machines) == 1
+    return next(iter(machines.values()))['rows']
+
 
 @pytest.mark.slow
-def test_the_campaign_writes_one_folder_and_resumes(tmp_path):
-    out = tmp_path / 'campaign'
-    command = [sys.executable, 'benchmarks/gpu_campaign.py', '--out', str(out), '--steps', 'environment', 'sweep']
-    first = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    assert first.returncode == 0, first.stderr[-2000:]
-    files = sorted(path.name for path in out.iterdir())
-    assert files == ['campaign.json', 'campaign.md', 'logs.tar.gz'] and len(files) <= 8
-    state = json.loads((out / 'campaign.json').read_text())
-    assert list(state['rows']) == ['environment', 'sweep mb1', 'sweep mb2', 'sweep mb4', 'sweep mb8']
-    assert all(row['img_per_sec_per_device'] > 0 for key, row in state['rows'].items() if key.startswith('sweep'))
-    assert state['rows']['environment']['matmul_tflops'] > 0
-    assert first.stdout.splitlines()[-1] == 'Every step measured.'
+def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
+    tree = tmp_path / 'tree'
+    files_that_travel(tree)
+    # python3 there: this interpreter without its site folder (so without the editable install of this repo), the
+    # packages on PYTHONPATH, as a GPU image's Python with requirements-gpu-image.txt's wheels in a target folder.
+    bin_folder = tmp_path / 'bin'
+    bin_folder.mkdir()
+    (bin_folder / 'python3').write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    (bin_folder / 'python3').chmod(0o755)
+    env = {
+        'PATH': f'{bin_folder}:/usr/bin:/bin',
+        'PYTHONPATH': sysconfig.get_paths()['purelib'],
+        'HOME': str(tmp_path),
+        'GPU_SLICE_MINUTES': '1.2',
+    }
+    unreachable = subprocess.run(['python3', '-c', 'import results'], cwd=tmp_path, env=env, capture_output=True)
+    assert unreachable.returncode != 0, 'the repo is importable without the slice putting it on the path'
 
-    again = subprocess.run([*command, '--resume'], cwd=REPO, capture_output=True, text=True)
-    assert again.returncode == 0 and '...' not in again.stdout  # no row ran again
-    assert json.loads((out / 'campaign.json').read_text())['rows'] == state['rows']
+    def call(out):
+        return subprocess.run(
+            ['bash', 'benchmarks/gpu_slice.sh'], cwd=tree, env={**env, 'OUT': str(out)}, capture_output=True, text=True
+        )
 
-    # A slice too short for another row stops and says what is left; the next call goes on.
-    sliced = subprocess.run(
-        [*command[:-2], 'profile', '--resume', '--time_limit', '0.01'], cwd=REPO, capture_output=True, text=True
+    first = call(tmp_path / 'out1')
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert first.stdout.startswith('gpu_slice: no wheels in .whl/: using the packages')
+    assert 'gpu_slice: no GPU here' in first.stdout
+    assert sorted(map(str, returned_files(tmp_path / 'out1'))) == [
+        'gpu-campaign/campaign.json',
+        'gpu-campaign/campaign.md',
+        'gpu-campaign/logs.tar.gz',
+    ]
+    rows = campaign_rows(tmp_path / 'out1')
+    assert list(rows)[:4] == [
+        'environment',
+        'headline precomputed, fast',
+        'headline online, fast',
+        'headline precomputed, published mb4',
+    ]
+    assert all(rows[key]['img_per_sec_per_device'] > 0 for key in list(rows)[1:4])
+    assert rows['headline precomputed, fast, compiled'] == {
+        'step': 'headline',
+        'cost': 'compile',
+        'skipped': 'GPU only',
+    }
+    tests = {key: row for key, row in rows.items() if key.startswith('test ')}
+    assert tests and all(row['outcome'] == 'skipped' for row in tests.values())  # no CUDA: skipped, never passed
+    assert 'row(s) left: run again with --resume.' in first.stdout
+
+    # The folder given back as results/gpu-campaign: the second call keeps the first's rows and runs none again.
+    (tree / 'results').mkdir()
+    (tmp_path / 'out1' / 'gpu-campaign').rename(tree / 'results' / 'gpu-campaign')
+    second = call(tmp_path / 'out2')
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert 'gpu_slice: resuming from results/gpu-campaign' in second.stdout
+    returned_files(tmp_path / 'out2')
+    again = campaign_rows(tmp_path / 'out2')
+    assert {key: again[key] for key in rows} == rows
+    started = [line for line in second.stdout.splitlines() if line.startswith('[')]
+    assert started and not any(f'] {key} (' in line for line in started for key in rows)
+    assert len(again) > len(rows)
+
+
+def test_a_row_cut_by_the_deadline_is_tried_again_once_then_passed_over(tmp_path, monkeypatch):
+    sleeper = {'key': 'sleeper', 'kind': 'probe', 'cost': 'probe', 'argv': ['-c', 'import time; time.sleep(30)']}
+    monkeypatch.setattr(gpu_campaign.Campaign, 'rows', lambda self, step, done: [sleeper] if step == 'sweep' else [])
+    monkeypatch.setattr(gpu_campaign, 'on_a_gpu', lambda: False)
+    monkeypatch.setitem(gpu_campaign.ESTIMATES, False, {**gpu_campaign.ESTIMATES[False], 'probe': 0.01})
+    argv = ['--out', str(tmp_path / 'out'), '--work', str(tmp_path / 'work'), '--resume', '--time_limit', '0.03']
+    argv += ['--steps', 'sweep']
+    first = gpu_campaign.main(argv)
+    (row,) = [held['rows']['sleeper'] for held in first['machines'].values()]
+    assert row['pending'] and row['cuts'] == 1 and first['left'] == 1
+    assert 'cut by the deadline 1 time(s): tried again next call' in (tmp_path / 'out' / 'campaign.md').read_text()
+    second = gpu_campaign.main(argv)
+    (row,) = [held['rows']['sleeper'] for held in second['machines'].values()]
+    assert row['error'] == 'cut by the deadline twice: passed over' and not row.get('pending')
+    third = gpu_campaign.main(argv)  # passed over: not run a third time
+    assert third['machines'] == second['machines'] and not third.get('left')
+
+
+@pytest.mark.parametrize(
+    'case, expected',
+    [
+        ('<testcase name="t"/>', {'outcome': 'passed'}),
+        (
+            '<testcase name="t"><skipped message="no CUDA device"/></testcase>',
+            {'outcome': 'skipped', 'skipped': 'no CUDA device'},
+        ),
+        (
+            '<testcase name="t"><failure message="assert 1 == 2"/></testcase>',
+            {'outcome': 'failed', 'error': 'assert 1 == 2'},
+        ),
+        ('', {'outcome': 'not run', 'error': 'ERROR: not found: tests/test_gpu.py::gone'}),
+    ],
+    ids=['passed', 'skipped', 'failed', 'not collected'],
+)
+def test_a_gpu_tests_row_is_its_pytest_outcome(tmp_path, case, expected):
+    report = tmp_path / 'report.xml'
+    report.write_text(f'<testsuites><testsuite name="pytest">{case}</testsuite></testsuites>')
+    assert gpu_campaign.test_outcome(report, 'ERROR: not found: tests/test_gpu.py::gone\n') == expected
+
+
+def test_a_campaign_folder_of_the_earlier_layout_is_kept_as_its_machines_rows(tmp_path):
+    (tmp_path / 'campaign.json').write_text(
+        json.dumps({'machine': 'NVIDIA H100 80GB HBM3 torch 2.11.0', 'rows': {'a': {}}})
     )
-    assert sliced.returncode == 0 and 'row(s) left: run again with --resume.' in sliced.stdout
+    assert gpu_campaign.load_state(tmp_path, resume=True) == {
+        'machines': {'NVIDIA H100 80GB HBM3 torch 2.11.0': {'rows': {'a': {}}}}
+    }
+    assert gpu_campaign.load_state(tmp_path, resume=False) == {'machines': {}}

@@ -17,7 +17,7 @@ from model import build_model
 from model_folder import resolve_model_dir
 
 A100_40GB, H100_80GB, H200_141GB = 40e9, 80e9, 141e9  # nominal sizes, as the hand computations below take them
-H100 = hardware.Gpu('NVIDIA H100 80GB HBM3', 85_029_158_912, True)  # as torch reports an H100 SXM
+H100 = hardware.Gpu('NVIDIA H100 80GB HBM3', 85_029_158_912, True, (9, 0))  # as torch reports an H100 SXM
 
 
 def recount(model_name: str) -> tuple[int, int]:
@@ -171,3 +171,50 @@ def test_activation_checkpointing_is_planned_with_its_own_counts(monkeypatch):
 def test_a_plan_that_cannot_fit_stops_in_one_line(monkeypatch):
     with pytest.raises(ConfigError, match=r'^flux-schnell at 256px: no microbatch fits .*\(--fsdp full_shard\)'):
         settle(monkeypatch, '--model_name', 'flux-schnell', '--precomputed_latents')
+
+
+def test_cuda_graphs_are_refused_with_several_microbatches_a_step(monkeypatch):
+    """reduce-overhead's graphs replay each microbatch into the same memory (config.check_one_microbatch_a_step)."""
+    replays = '--compile reduce-overhead: CUDA graphs replay every microbatch into the same memory'
+    given = ('--batch_size', '256', '--device_train_microbatch_size', '64')
+    with pytest.raises(ConfigError) as refused:
+        settle(monkeypatch, '--compile', 'reduce-overhead', *given)
+    assert str(refused.value) == (
+        f'{replays}, and this step accumulates 4 microbatches of 64 (device batch 256): pass '
+        '--device_train_microbatch_size 256 (one microbatch a step) or --batch_size 64 (64 per device), or another '
+        '--compile mode'
+    )
+    with pytest.raises(ConfigError, match=r'accumulates 64 microbatches of 32 \(device batch 2048\)'):
+        settle(monkeypatch, '--compile', 'reduce-overhead')  # the preset's batch, the planned microbatch
+    with pytest.raises(ConfigError) as refused:
+        settle(
+            monkeypatch, '--compile', 'reduce-overhead', '--batch_size', '256', '--device_train_microbatch_size', 'auto'
+        )
+    assert str(refused.value) == (
+        f'{replays}, and --device_train_microbatch_size auto lets Composer split the device batch of 256 into '
+        'several: pass --device_train_microbatch_size 256 (one microbatch a step), or another --compile mode'
+    )
+    one_a_step = settle(
+        monkeypatch, '--compile', 'reduce-overhead', '--batch_size', '64', '--device_train_microbatch_size', '64'
+    )
+    assert one_a_step.compile == 'reduce-overhead' and one_a_step.device_train_microbatch_size == 64
+    tiny = settle(monkeypatch, '--compile', 'reduce-overhead', '--model_name', 'tiny')  # as tests/test_gpu.py's runs
+    assert tiny.device_train_microbatch_size == tiny.device_batch_size
+    assert settle(monkeypatch, '--compile', 'default', *given).device_train_microbatch_size == 64  # no CUDA graphs
+
+
+def test_the_gpu_tiers_runs_settle_on_a_faked_gpu(monkeypatch):
+    """Each flag set the gpu tier (tests/test_gpu.py) trains with settles on an H100 without a ConfigError, checked
+    where no GPU is: a flag set that a change made invalid is found here, not on a lent machine's minutes."""
+    import test_gpu as tier
+
+    runs = [tier.FP32, tier.BF16, tier.FP8_FLUX]
+    runs += [[*tier.FP32, *flags] for flags in tier.SPEED_FLAGS]
+    runs += [[*tier.BF16, '--compile', mode] for mode in tier.COMPILE_MODES]
+    runs += [[*tier.BF16, *flags] for flags in [*tier.BF16_FLAGS, ['--activation_checkpointing']]]
+    runs += [[*tier.RUN, *flags] for flags in tier.OTHER_PATHS]
+    for flags in runs:
+        settled = settle(monkeypatch, *flags)
+        assert settled.num_batches == 4 and settled.precision in ('fp32', 'amp_bf16'), flags
+    reduce_overhead = settle(monkeypatch, *tier.BF16, '--compile', 'reduce-overhead')
+    assert reduce_overhead.device_train_microbatch_size == reduce_overhead.device_batch_size  # one microbatch a step

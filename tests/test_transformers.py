@@ -591,6 +591,53 @@ def test_fp8_is_refused_where_it_cannot_run(monkeypatch):
     assert resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--fp8'])).fp8
 
 
+def test_the_campaigns_transformer_step_compiles_the_forward_and_backward_it_times(monkeypatch):
+    """benchmarks/campaign_probes.py transformer_step --compile, as the GPU campaign compares float8 with bf16: the
+    model's forward compiled once (no recompile in the timed steps), its backward through AOT autograd, and the step
+    computing eager's loss and gradients. aot_eager runs Dynamo and AOT autograd as on a GPU, without Inductor."""
+    from torch._dynamo.utils import counters
+
+    from benchmarks import campaign_probes
+
+    models, batches = [], []
+
+    def kept_model(*args, **kwargs):  # the probe's model, keeping the batch of each loss it takes
+        model = build_model(*args, **kwargs)
+        loss = model.loss
+
+        def kept_loss(outputs, batch):
+            batches.append(batch)
+            return loss(outputs, batch)
+
+        model.loss = kept_loss
+        models.append(model)
+        return model
+
+    monkeypatch.setattr(campaign_probes, 'build_model', kept_model)
+    monkeypatch.setattr(campaign_probes, 'COMPILE_BACKEND', 'aot_eager')
+    torch._dynamo.reset()
+    counters.clear()
+    argv = ['transformer_step', '--model_name', 'tiny-flux-schnell', '--image_size', '64', '--microbatch', '2']
+    measured = campaign_probes.main([*argv, '--compile'])
+    assert measured['compiled'] and measured['img_per_sec'] > 0 and measured['microbatch'] == 2
+    assert measured['measures'] == 'the transformer forward and backward only (no optimizer step, no encoders)'
+    (model,) = models
+    assert hasattr(model.forward, '_torchdynamo_orig_callable')
+    assert len(batches) == 2 + 5  # two warm-ups (compiling, then any recompile), five timed
+    assert counters['stats']['unique_graphs'] == 1 and not counters['graph_break']
+    batch = batches[-1]
+    gradients = {}
+    for forward in (model.forward, type(model).forward.__get__(model)):  # compiled, then eager
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        model.loss(forward(batch), batch).backward()
+        gradients[forward] = [p.grad for p in model.denoiser.parameters()]
+    compiled, eager = gradients.values()
+    assert all(grad is not None and torch.isfinite(grad).all() for grad in compiled)
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-6)
+    assert not campaign_probes.main(argv)['compiled']
+
+
 # ------------------------------------------------------------------------------------- the smoke T5 tokenizer
 
 
