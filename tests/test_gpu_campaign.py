@@ -68,6 +68,7 @@ def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert first.stdout.startswith('gpu_slice: no wheels in .whl/: using the packages')
     assert 'gpu_slice: no GPU here' in first.stdout
+    assert 'a slice of 1.2 minutes; estimates in seconds: probe 10, eager 15, compile 15' in first.stdout
     assert sorted(map(str, returned_files(tmp_path / 'out1'))) == [
         'gpu-campaign/campaign.json',
         'gpu-campaign/campaign.md',

@@ -176,6 +176,18 @@ def test_gpu_check_refuses_a_machine_without_a_gpu():
     assert 'pytest' not in run.stdout + run.stderr
 
 
+def test_gpu_wheels_are_the_gpu_images_list_for_python_3_12_on_linux():
+    # What a lent machine's Python 3.12 installs with --no-deps from the carried folder: binary wheels only, none of
+    # their dependencies, manylinux x86_64.
+    run = subprocess.run(['make', '-n', 'gpu-wheels'], cwd=REPO, capture_output=True, text=True)
+    commands = run.stdout.replace('\\\n', ' ')  # continuation lines joined
+    download = next(line for line in commands.splitlines() if ' pip download ' in line)
+    for part in ('--no-deps', '--only-binary=:all:', '--python-version 3.12', '--implementation cp', '-d .whl'):
+        assert part in download, part
+    assert '--platform manylinux2014_x86_64' in download and download.endswith('-r requirements-gpu-image.txt')
+    assert 'over 64 MiB' in run.stdout  # the size checked against what a call carries
+
+
 def test_the_benchmark_runs_without_a_launcher_on_one_device():
     """make bench (and the lanes' runs) start `python benchmark.py` where there are fewer than two GPUs: Composer's
     launcher would add its own lines around a one-line error, and wait 30 s after a good run."""
