@@ -107,14 +107,16 @@ def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
 
 def test_a_row_cut_by_the_deadline_is_tried_again_once_then_passed_over(tmp_path, monkeypatch):
     sleeper = {'key': 'sleeper', 'kind': 'probe', 'cost': 'probe', 'argv': ['-c', 'import time; time.sleep(30)']}
-    monkeypatch.setattr(gpu_campaign.Campaign, 'rows', lambda self, step, done: [sleeper] if step == 'sweep' else [])
+    assert gpu_campaign.execute(sleeper, 0.5, tmp_path)['cut']
+    assert (tmp_path / 'sleeper.log').read_text().endswith('cut by the deadline after 0 s')
+    # The bookkeeping, without waiting: every run of the row is cut.
+    monkeypatch.setattr(gpu_campaign, 'execute', lambda row, seconds_left, work: {'cut': True, 'seconds': 1.0})
+    monkeypatch.setattr(gpu_campaign.Campaign, 'rows', lambda self, step, done: [sleeper])
     monkeypatch.setattr(gpu_campaign, 'on_a_gpu', lambda: False)
-    monkeypatch.setitem(gpu_campaign.ESTIMATES, False, {**gpu_campaign.ESTIMATES[False], 'probe': 0.01})
-    argv = ['--out', str(tmp_path / 'out'), '--work', str(tmp_path / 'work'), '--resume', '--time_limit', '0.03']
-    argv += ['--steps', 'sweep']
+    argv = ['--out', str(tmp_path / 'out'), '--work', str(tmp_path / 'work'), '--resume', '--steps', 'sweep']
     first = gpu_campaign.main(argv)
     (row,) = [held['rows']['sleeper'] for held in first['machines'].values()]
-    assert row['pending'] and row['cuts'] == 1 and first['left'] == 1
+    assert row == {'step': 'sweep', 'cost': 'probe', 'pending': True, 'cuts': 1} and first['left'] == 1
     assert 'cut by the deadline 1 time(s): tried again next call' in (tmp_path / 'out' / 'campaign.md').read_text()
     second = gpu_campaign.main(argv)
     (row,) = [held['rows']['sleeper'] for held in second['machines'].values()]
