@@ -96,7 +96,8 @@ gpu-wheels:
 # The second CPU lane, on today's stack rather than the pins (docs/install.md): a separate venv with the newest torch
 # from PyPI (a CUDA build, which loads its nvidia-* libraries even on a CPU, so pip installs them as usual) and
 # numpy, then requirements-current.txt with --no-deps, as on a machine with its own PyTorch, and the newest wandb.
-# Runs the fast tier and the benchmark of `make bench`.
+# Runs the fast tests a stack change breaks (the `stack` marker: imports, tokenizers, model builds, a training run per
+# family, W&B, Streaming, checkpoints, export) and the benchmark of `make bench`.
 CURRENT_VENV ?= .venv-current
 CURRENT_TORCH ?= torch==2.15.0 torchvision==0.29.2 numpy==2.4.6
 CURRENT_WANDB ?= wandb==0.31.0
@@ -110,7 +111,7 @@ $(CURRENT_VENV)/.installed: requirements-current.txt requirements-test.txt pypro
 	touch $@
 
 test-current: $(CURRENT_VENV)/.installed
-	$(CURRENT_VENV)/bin/python -m pytest -m 'not slow and not gpu'
+	$(CURRENT_VENV)/bin/python -m pytest -m 'stack and not slow and not gpu'
 	$(call RUN_BENCHMARK,$(CURRENT_VENV),--results_json results/current.json)
 
 # The third CPU lane: a GPU machine's own packages (the image of docs/install.md: torch 2.11, transformers 5.17,
@@ -130,7 +131,7 @@ $(IMAGE_VENV)/.installed: requirements-gpu-image.txt requirements-test.txt pypro
 	touch $@
 
 test-gpu-image: $(IMAGE_VENV)/.installed
-	$(IMAGE_VENV)/bin/python -m pytest -m 'not slow and not gpu'
+	$(IMAGE_VENV)/bin/python -m pytest -m 'stack and not slow and not gpu'
 	$(call RUN_BENCHMARK,$(IMAGE_VENV),--results_json results/gpu-image.json)
 
 # An offline install (docs/install.md): the wheels of requirements-current.txt for one Python version and Linux

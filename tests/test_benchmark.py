@@ -330,6 +330,7 @@ def wandb_history_keys(run_file) -> set[str]:
     return keys
 
 
+@pytest.mark.stack
 def test_wandb_offline_run_holds_the_throughput_history(tmp_path, monkeypatch):
     """--wandb_project on the installed wandb (0.18 on the pins, the newest on today's stack, where Composer's
     logger needed an alias for Run.get_url), offline: the run file holds SpeedMonitor's throughput."""

@@ -95,6 +95,7 @@ def reference_clip_tokenizer():
     return module.SimpleTokenizer()
 
 
+@pytest.mark.stack
 def test_tokenizer_ids_equal_the_reference_clip_tokenizer():
     reference = reference_clip_tokenizer()
     start, end = reference.encoder['<|startoftext|>'], reference.encoder['<|endoftext|>']
@@ -111,6 +112,7 @@ def test_tokenizer_ids_equal_the_reference_clip_tokenizer():
     assert long_ids[0] == 49406 and long_ids[-1] == 49407 and long_ids.min() > 0
 
 
+@pytest.mark.stack
 def test_tokenizer_folder_is_loaded_from_disk(tmp_path):
     from transformers import AutoTokenizer
 
@@ -407,6 +409,7 @@ def test_training_from_a_local_mds_dataset_logs_bad_samples(tmp_path, capfd):
     assert 'data: 4 bad read(s) of 2 bad sample(s)' in capfd.readouterr().out
 
 
+@pytest.mark.stack
 def test_default_run_builds_and_trains_on_the_sample_dataset(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(config, 'SAMPLE_DATASET', tmp_path / 'sample-mds')
     record = RecordSamples()

@@ -693,9 +693,10 @@ def test_the_cpu_thread_count_is_the_cores_given_less_the_loader_workers_whateve
     assert hardware.cpu_threads(1) == (3, True, 'OMP_NUM_THREADS=3')
 
 
-def test_a_resumed_cpu_run_takes_its_checkpoints_thread_count_unless_one_is_given():
+def test_a_resumed_cpu_run_takes_its_checkpoints_thread_count_unless_one_is_given(monkeypatch):
     import checkpoints
 
+    monkeypatch.delenv('OMP_NUM_THREADS', raising=False)  # else the count is given
     chosen = resolve_config(parse_args([*TINY, '--max_duration', '2ba']))
     threads = chosen.cpu_threads
     assert not chosen.cpu_threads_given
@@ -711,6 +712,7 @@ def test_a_resumed_cpu_run_takes_its_checkpoints_thread_count_unless_one_is_give
     )
 
 
+@pytest.mark.stack
 def test_export_pipeline_on_a_finished_run_exports_its_last_checkpoint(tmp_path, capfd):
     flags = [*TINY, '--image_size', '32', '--max_duration', '2ba', '--save_folder', str(tmp_path / 'ckpt')]
     flags += ['--run_name', 'r']

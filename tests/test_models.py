@@ -43,6 +43,7 @@ def count(module):
 
 
 @pytest.mark.parametrize('name', EXPECTED_PARAMETERS)
+@pytest.mark.stack
 def test_parameter_counts_of_the_public_models(name):
     model = meta_model(name)
     for part, expected in EXPECTED_PARAMETERS[name].items():
@@ -62,6 +63,7 @@ def test_what_sets_the_models_apart():
 
 
 @pytest.mark.parametrize('name, twin', TWINS.items())
+@pytest.mark.stack
 def test_tiny_twins_have_the_structure_of_their_model(name, twin):
     big, tiny = meta_model(name), build_model(CONFIGS_DIR / twin)
     for key in ('down_block_types', 'up_block_types', 'addition_embed_type', 'use_linear_projection'):
@@ -78,6 +80,7 @@ def test_tiny_twins_have_the_structure_of_their_model(name, twin):
     assert count(tiny.unet) < count(big.unet) / 100  # CPU-sized
 
 
+@pytest.mark.stack
 def test_each_text_encoder_pads_as_it_was_trained():
     assert caption_pad_ids(CONFIGS_DIR / 'sd2-base') == (CLIP_PAD_ID,)  # OpenCLIP ViT-H: '!'
     assert caption_pad_ids(CONFIGS_DIR / 'sd1.5') == (CLIP_END_ID,)  # OpenAI CLIP ViT-L: end of text
@@ -177,6 +180,7 @@ def train_twin(tmp_path, twin, *flags):
 
 @pytest.mark.slow
 @pytest.mark.parametrize('twin', ['tiny-sd1.5', 'tiny-sd2-768-v', 'tiny-sdxl-base'])
+@pytest.mark.stack
 def test_each_twin_trains_online_and_from_precomputed_data(tmp_path, twin):
     import precompute
 

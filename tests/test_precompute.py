@@ -67,6 +67,7 @@ def step(model, batch):
 
 
 @pytest.mark.parametrize('model_name', TINY_TWINS)
+@pytest.mark.stack
 def test_precomputed_step_equals_the_online_step(model_name):
     online, without_encoders = online_and_precomputed_models(model_name)
     batch = fixed_batch(model_name=model_name)
@@ -124,6 +125,7 @@ def read_all(location):
     return [dataset[i] for i in range(dataset.num_samples)]
 
 
+@pytest.mark.stack
 def test_precompute_writes_aligned_samples_resumes_and_trains(source, tmp_path, capfd, caplog):
     out = tmp_path / 'latents'
     assert run_precompute(source, out) == {'encoded': 38, 'bad': 2, 'parts': 3, 'skipped_parts': 0}

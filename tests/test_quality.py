@@ -204,6 +204,7 @@ def test_gradient_clipping_bounds_the_gradient_norm():
 
 
 @pytest.mark.parametrize('pad_id', [0, 49407])  # OpenCLIP's (SD 2), OpenAI CLIP's (SD 1.5)
+@pytest.mark.stack
 def test_the_exported_tokenizer_gives_the_training_ids(pad_id):
     exported, trained = pipeline_tokenizer(pad_id=pad_id), CaptionTokenizer(pad_id=pad_id)
     for prompt in ('A  Red Circle on a BLUE background', 'a cat, on the mat.', ' x' * 100):
@@ -274,6 +275,7 @@ def diffusers_messages():
     logging.getLogger('diffusers').removeHandler(handler)
 
 
+@pytest.mark.stack
 def test_generate_draws_at_the_trained_size_and_grids_carry_their_prompts(tmp_path, capfd, diffusers_messages):
     """A run at 32px (the tiny model's own sample size is 64px): generate.py draws 32px images from its exported
     folder and from its checkpoint unless --image_size says otherwise, prints no score it was not asked for, and

@@ -10,6 +10,8 @@ from packaging.specifiers import SpecifierSet
 import precompute
 import stack
 
+pytestmark = pytest.mark.stack  # the package stack itself: every test runs in each stack's lane
+
 PINNED = {'torch': '2.7.0', 'numpy': '2.1.3', 'transformers': '4.57.6'}  # what make install resolves to
 
 

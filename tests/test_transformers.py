@@ -73,6 +73,7 @@ def twin_batch(name, n=2, size=64, seed=0):
 
 
 @pytest.mark.parametrize('name', EXPECTED_PARAMETERS)
+@pytest.mark.stack
 def test_parameter_counts_of_the_public_models(name):
     model = meta_model(name)
     for part, expected in EXPECTED_PARAMETERS[name].items():
@@ -195,6 +196,7 @@ def pixart_loss_by_hand(model, batch, timesteps):
         ('tiny-pixart-sigma', pixart_loss_by_hand, ('timesteps', torch.tensor([10, 900]))),
     ],
 )
+@pytest.mark.stack
 def test_training_loss_equals_the_diffusers_recipe(name, by_hand, levels):
     torch.manual_seed(0)
     model = build_model(CONFIGS_DIR / name)
@@ -289,6 +291,7 @@ def test_the_recipe_sets_the_defaults_and_flags_override_it():
 
 @pytest.mark.parametrize('name', TWINS.values())
 @pytest.mark.parametrize('precomputed', [False, True])
+@pytest.mark.stack
 def test_each_twin_trains(name, precomputed):
     flags = ['--model_name', name, '--use_synth_data', '--max_duration', '3ba', '--batch_size', '4']
     trainer = main(parse_args([*flags, *(['--precomputed_latents'] if precomputed else [])]))
@@ -322,6 +325,7 @@ def captions(tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp('captions') / 'mds', good_samples(12))
 
 
+@pytest.mark.stack
 def test_t5_columns_read_the_local_tokenizer_and_clip_columns_the_builtin_one(t5_tokenizer):
     inputs = caption_inputs(CONFIGS_DIR / 'tiny-sd3.5-medium')
     tokenizers = column_tokenizers(t5_tokenizer, inputs)
@@ -446,6 +450,7 @@ PLAIN_CALL = {
 
 
 @pytest.mark.parametrize('name', TWINS.values())
+@pytest.mark.stack
 def test_the_exported_pipeline_draws_the_images_of_the_checkpoint(name, captions, t5_tokenizer, tmp_path):
     pipe, samples, checkpoints = tmp_path / 'pipe', tmp_path / 'samples', tmp_path / 'ckpt'
     flags = ['--model_name', name, '--local', captions, '--tokenizer', t5_tokenizer, '--image_size', '32']
@@ -553,6 +558,7 @@ def test_precomputed_latents_a_transformer_cannot_patch_are_refused(tmp_path):
         ('tiny-pixart-sigma', ('timesteps', torch.tensor([10, 900]))),
     ],
 )
+@pytest.mark.stack
 def test_fp8_converts_the_linear_layers_and_keeps_the_loss_within_float8_rounding(name, levels):
     """torchao's float8 training, emulated on the CPU (its casts to e4m3 and e5m2 around ordinary matmuls)."""
     from transformer_model import convert_to_float8
@@ -641,6 +647,7 @@ def test_the_campaigns_transformer_step_compiles_the_forward_and_backward_it_tim
 # ------------------------------------------------------------------------------------- the smoke T5 tokenizer
 
 
+@pytest.mark.stack
 def test_the_smoke_t5_tokenizer_gives_t5s_ids_padding_and_end_of_text(tmp_path):
     from transformers import AutoTokenizer
 
