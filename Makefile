@@ -49,12 +49,16 @@ format: install
 	$(VENV)/bin/ruff format .
 
 # Test tiers (pytest markers, see docs/testing.md): fast (no marker), slow, gpu. CUDA is hidden from every
-# tier but gpu, so CPU defaults are what the CPU tiers test.
+# tier but gpu, so CPU defaults are what the CPU tiers test. The CPU tiers run in TEST_WORKERS pytest-xdist
+# processes, each test's torch on one thread (OMP_NUM_THREADS=1) so that they do not share cores; the 25 slowest
+# tests are listed at the end.
+TEST_WORKERS ?= 2
+CPU_TESTS = OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --durations=25
 test: lint
-	$(VENV)/bin/python -m pytest -m 'not gpu'
+	$(CPU_TESTS) -m 'not gpu'
 
 test-fast: install
-	$(VENV)/bin/python -m pytest -m 'not slow and not gpu'
+	$(CPU_TESTS) -m 'not slow and not gpu'
 
 test-gpu: install
 	$(VENV)/bin/python -m pytest -m gpu

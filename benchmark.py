@@ -26,7 +26,9 @@ def cli(argv: list[str] | None = None, callbacks: tuple = ()):
     # --help or a bad flag answers without them.
     import run
 
-    return run.main_reporting_errors(config, callbacks)
+    trainer = run.main_reporting_errors(config, callbacks)
+    run.close_process_group()
+    return trainer
 
 
 if __name__ == '__main__':
