@@ -7,14 +7,21 @@
 - Two jobs starting at the same moment picked the same shared-memory prefix: `get_shm_prefix_one_job_at_a_time`.
 - Its default cache folder refuses to start after a killed run (`default_cache_dir`), and its cleaner removes a
   live job's shared memory (`clean_stale_shared_memory`).
+- Each of its shared-memory blocks stays mapped, with its descriptors, until the process exits (an atexit handler
+  holds every block), and each new dataset attaches to every other dataset's block to pick its prefix: a process
+  building dataset after dataset kept 216 more descriptors for each new one, and the test suite in two processes
+  ran out (`OSError: [Errno 24] Too many open files` at 20,000). The prefix check's attachments are closed once
+  read (`close_prefix_check_attachments`), and each block's own descriptor once it is mapped
+  (`close_descriptor_once_mapped`).
 
-The two patches are installed when this module is imported (data.py imports it), where Streaming looks them up.
-Private names of Streaming used here (`_ShardState`, `_get_path`, the thread methods) are those of the pinned
-0.13.0.
+The four patches are installed when this module is imported (data.py imports it), where Streaming looks them up.
+Private names of Streaming used here (`_ShardState`, `_get_path`, `_check_and_find`, the thread methods) are
+those of the pinned 0.13.0.
 """
 
 import atexit
 import fcntl
+import functools
 import hashlib
 import itertools
 import os
@@ -30,6 +37,8 @@ from streaming import StreamingDataset
 from streaming.base import dataset as streaming_dataset
 from streaming.base import util as streaming_util
 from streaming.base.dataset import _ShardState
+from streaming.base.shared import prefix as streaming_prefix
+from streaming.base.shared.memory import SharedMemory as StreamingSharedMemory
 from streaming.base.shared.prefix import _get_path, get_shm_prefix
 from streaming.base.storage import download as streaming_download
 from streaming.base.storage.download import S3Downloader
@@ -90,6 +99,51 @@ def get_shm_prefix_one_job_at_a_time(streams_local, streams_remote, world, *args
 
 
 streaming_dataset.get_shm_prefix = get_shm_prefix_one_job_at_a_time  # where StreamingDataset looks it up
+
+
+def close_descriptor_once_mapped(init):
+    """Streaming's SharedMemory.__init__, then the block's file descriptor closed: the mapping stays valid without
+    it (POSIX), and Python's own close() skips a descriptor already closed (-1)."""
+
+    @functools.wraps(init)
+    def init_and_close(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        block = self.shm
+        if getattr(block, '_fd', -1) >= 0:
+            os.close(block._fd)
+            block._fd = -1
+
+    return init_and_close
+
+
+StreamingSharedMemory.__init__ = close_descriptor_once_mapped(StreamingSharedMemory.__init__)
+
+
+def close_prefix_check_attachments(check):
+    """Streaming's prefix check (`_check_and_find`), with the blocks it attaches to only to read them (every other
+    dataset's `_locals`) closed when it returns, rather than kept mapped until the process exits."""
+
+    @functools.wraps(check)
+    def check_and_close(*args, **kwargs):
+        attached, attach = [], streaming_prefix.SharedMemory
+
+        def attach_for_the_check(name, create=None, size=0, auto_cleanup=True):
+            block = attach(name, create, size, auto_cleanup=False)
+            attached.append(block)
+            return block
+
+        streaming_prefix.SharedMemory = attach_for_the_check
+        try:
+            return check(*args, **kwargs)
+        finally:
+            streaming_prefix.SharedMemory = attach
+            for block in attached:
+                block.cleanup()  # attached, not created: closed, not unlinked
+
+    return check_and_close
+
+
+streaming_prefix._check_and_find = close_prefix_check_attachments(streaming_prefix._check_and_find)
 
 
 class CheckedStreamingDataset(StreamingDataset):

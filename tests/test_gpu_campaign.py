@@ -87,8 +87,6 @@ def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
         'cost': 'compile',
         'skipped': 'GPU only',
     }
-    tests = {key: row for key, row in rows.items() if key.startswith('test ')}
-    assert tests and all(row['outcome'] == 'skipped' for row in tests.values())  # no CUDA: skipped, never passed
     assert 'row(s) left: run again with --resume.' in first.stdout
 
     # The folder given back as results/gpu-campaign: the second call keeps the first's rows and runs none again.
@@ -103,6 +101,8 @@ def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
     started = [line for line in second.stdout.splitlines() if line.startswith('[')]
     assert started and not any(f'] {key} (' in line for line in started for key in rows)
     assert len(again) > len(rows)
+    tests = {key: row for key, row in again.items() if key.startswith('test ')}
+    assert tests and all(row['outcome'] == 'skipped' for row in tests.values())  # no CUDA: skipped, never passed
 
 
 def test_a_row_cut_by_the_deadline_is_tried_again_once_then_passed_over(tmp_path, monkeypatch):
