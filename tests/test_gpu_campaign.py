@@ -82,6 +82,7 @@ def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
         'headline precomputed, published mb4',
     ]
     assert all(rows[key]['img_per_sec_per_device'] > 0 for key in list(rows)[1:4])
+    assert rows['environment']['matmul_tflops'] > 0 and rows['environment']['copy_gb_s'] > 0
     assert rows['headline precomputed, fast, compiled'] == {
         'step': 'headline',
         'cost': 'compile',
@@ -123,6 +124,7 @@ def test_a_row_cut_by_the_deadline_is_tried_again_once_then_passed_over(tmp_path
     assert row['error'] == 'cut by the deadline twice: passed over' and not row.get('pending')
     third = gpu_campaign.main(argv)  # passed over: not run a third time
     assert third['machines'] == second['machines'] and not third.get('left')
+    assert (tmp_path / 'out' / 'campaign.md').read_text().endswith('Every step measured.\n')
 
 
 @pytest.mark.parametrize(
