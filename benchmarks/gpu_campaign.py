@@ -152,7 +152,7 @@ class Campaign:
         if step == 'environment':
             return [probe_row('environment', 'probe', ['environment'])]
         if step == 'headline':
-            batch = 256 if self.on_gpu else 16  # 4 microbatches of the H100's planned 64 (H200: 4 of 64 too)
+            batch = 256 if self.on_gpu else 16  # 8 microbatches of an H100's planned 32, 4 of an H200's 64
             published = ('--recipe', 'published', '--precomputed_latents')
             return [
                 self.run('headline precomputed, fast', ('--precomputed_latents',), None, batch),
