@@ -253,21 +253,16 @@ def execute(row: dict, seconds_left: float, work: Path) -> dict:
         return {'skipped': row['skipped']}
     log = work / f'{slug(row["key"])}.log'
     start = time.perf_counter()
-    report = work / f'{slug(row["key"])}.xml'
+    argv = row.get('argv')
     if row['kind'] == 'test':
+        report = work / f'{slug(row["key"])}.xml'
         argv = ['-m', 'pytest', '-m', 'gpu', '-q', '-p', 'no:cacheprovider', f'--junitxml={report}', row['test']]
-    else:
-        argv = row['argv']
     try:
         finished = subprocess.run([*PYTHON, *argv], cwd=REPO, capture_output=True, text=True, timeout=seconds_left)
     except subprocess.TimeoutExpired as stopped:
-        output = (
-            b''.join(part or b'' for part in (stopped.stdout, stopped.stderr))
-            if isinstance(stopped.stdout, bytes)
-            else f'{stopped.stdout or ""}{stopped.stderr or ""}'
+        log.write_text(
+            f'{decoded(stopped.stdout)}{decoded(stopped.stderr)}\ncut by the deadline after {seconds_left:.0f} s'
         )
-        text = output.decode(errors='replace') if isinstance(output, bytes) else output
-        log.write_text(f'{text}\ncut by the deadline after {seconds_left:.0f} s')
         return {'cut': True, 'seconds': time.perf_counter() - start}
     output, status = finished.stdout + finished.stderr, finished.returncode
     log.write_text(output)
@@ -275,8 +270,7 @@ def execute(row: dict, seconds_left: float, work: Path) -> dict:
     if row['kind'] == 'test':
         return measured | test_outcome(report, output)
     if status != 0:
-        lines = [line for line in output.splitlines() if line.strip()]
-        return measured | {'error': (lines or ['no output'])[-1][:200]}
+        return measured | {'error': last_line(output)}
     if row['kind'] == 'probe':
         return measured | json.loads(output.strip().splitlines()[-1])
     results = json.loads(Path(row['argv'][-1]).read_text())
@@ -294,6 +288,20 @@ def execute(row: dict, seconds_left: float, work: Path) -> dict:
     return measured
 
 
+def decoded(output: bytes | str | None) -> str:
+    """A killed process's output: TimeoutExpired holds bytes even where the run asked for text."""
+    return output.decode(errors='replace') if isinstance(output, bytes) else output or ''
+
+
+def last_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    return (lines or ['no output'])[-1][:200]
+
+
+# A JUnit report's element for a test that did not pass: the outcome it names, and the field its reason goes in.
+JUNIT_OUTCOMES = {'failure': ('failed', 'error'), 'error': ('error', 'error'), 'skipped': ('skipped', 'skipped')}
+
+
 def test_outcome(report: Path, output: str) -> dict:
     """A gpu test's outcome from pytest's JUnit report: passed, failed, error or skipped (never a pass), with the
     reason; 'not run' where pytest wrote no report or collected no test."""
@@ -302,14 +310,12 @@ def test_outcome(report: Path, output: str) -> dict:
     except (OSError, ElementTree.ParseError):
         case = None
     if case is None:
-        lines = [line for line in output.splitlines() if line.strip()]
-        return {'outcome': 'not run', 'error': (lines or ['no output'])[-1][:200]}
-    for outcome in ('failure', 'error', 'skipped'):
-        found = case.find(outcome)
+        return {'outcome': 'not run', 'error': last_line(output)}
+    for element, (outcome, field) in JUNIT_OUTCOMES.items():
+        found = case.find(element)
         if found is not None:
             reason = (found.get('message') or found.text or '').strip().splitlines()
-            named = {'failure': 'failed', 'error': 'error', 'skipped': 'skipped'}[outcome]
-            return {'outcome': named, 'error' if named != 'skipped' else 'skipped': (reason or [named])[-1][:200]}
+            return {'outcome': outcome, field: (reason or [outcome])[-1][:200]}
     return {'outcome': 'passed'}
 
 
