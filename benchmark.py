@@ -11,8 +11,11 @@ model, training.py the Trainer) and reports the throughput: printed, and with --
 of results.py.
 """
 
+import os
+
 from arguments import ConfigError, stop
 from config import resolve_config
+from config_lines import start_lines
 from flags import parse_args
 
 
@@ -22,11 +25,13 @@ def cli(argv: list[str] | None = None, callbacks: tuple = ()):
         config = resolve_config(parse_args(argv))
     except ConfigError as error:
         stop(2, str(error))
+    if os.environ.get('RANK', '0') == '0':  # the first lines at once, while torch loads (rank 0's, as run.py's)
+        print('\n'.join(start_lines(config)), flush=True)
     # Imported once the flags are settled, not at the top: torch, Composer and Diffusers take seconds to load, and
     # --help or a bad flag answers without them.
     import run
 
-    trainer = run.main_reporting_errors(config, callbacks)
+    trainer = run.main_reporting_errors(config, callbacks, announced=True)
     run.close_process_group()
     return trainer
 

@@ -13,6 +13,11 @@ shapes, first.
 
 A checkpoint that does not fit on its disk fails deep in torch.save's zip writer, with a traceback that names
 neither the folder nor the cause; `report_failed_writes` makes it a CheckpointWriteError that names both.
+
+With --save_num_checkpoints_to_keep N, Composer deletes the oldest checkpoint files past N as it writes each new
+one (after the link points at the new one, so the newest whole checkpoint is never deleted), but counts only those
+its own process wrote: `KeepNewestCheckpoints` hands it the ones a resumed run's earlier processes left, so that
+the folder holds N across resumptions too. Files set aside as incomplete are not counted, and never deleted.
 """
 
 import dataclasses
@@ -23,7 +28,9 @@ import zipfile
 from pathlib import Path
 
 import torch
+from composer.callbacks import CheckpointSaver
 from composer.core import Callback
+from composer.utils import dist
 
 from arguments import ConfigError
 from config import RunConfig
@@ -33,14 +40,18 @@ CHECKPOINT_FILE = re.compile(r'^ep(\d+)-ba(\d+)-rank0\.pt$')
 LATEST_LINK = 'latest-rank0.pt'
 
 
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The checkpoint files in a folder, oldest first: not the link, nor files set aside as NAME.incomplete."""
+    files = [path for path in folder.iterdir() if CHECKPOINT_FILE.match(path.name) and not path.is_symlink()]
+    return sorted(files, key=lambda path: int(CHECKPOINT_FILE.match(path.name).group(2)))  # by batch
+
+
 def set_aside_incomplete(folder: Path) -> list[str]:
     """Renames incomplete checkpoint files to NAME.incomplete and links `latest-rank0.pt` to the newest complete
     one; returns a line for each thing it changed. A complete file is a whole zip archive (torch.save's format,
     whose index is written last); sharded checkpoints (folders) are left to Composer."""
-    files = [path for path in folder.iterdir() if CHECKPOINT_FILE.match(path.name) and not path.is_symlink()]
-    files.sort(key=lambda path: int(CHECKPOINT_FILE.match(path.name).group(2)))  # by batch
     changes, complete = [], []
-    for path in files:
+    for path in checkpoint_files(folder):
         if zipfile.is_zipfile(path):
             complete.append(path)
             continue
@@ -92,6 +103,30 @@ def report_failed_writes() -> None:
     checkpoint._write_checkpoint_file = write_or_report
 
 
+class KeepNewestCheckpoints(Callback):
+    """Adds the checkpoint files already in the save folder, oldest first, to those Composer's checkpoint saver
+    counts against save_num_checkpoints_to_keep, so that a resumed run deletes its earlier processes' oldest too.
+    Rank 0 writes the whole files and deletes them; sharded checkpoints (folders) are left to Composer."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def fit_start(self, state, logger) -> None:
+        if dist.get_global_rank() != 0 or state.fsdp_sharded_state_dict_enabled or not self.folder.is_dir():
+            return
+        saver = next(callback for callback in state.callbacks if isinstance(callback, CheckpointSaver))
+        counted = {Path(path).resolve() for path in saver.saved_checkpoints}
+        earlier = [str(path) for path in checkpoint_files(self.folder) if path.resolve() not in counted]
+        saver.saved_checkpoints[:0] = earlier  # deleted oldest first, at the next checkpoint written
+
+
+def keep_newest_checkpoints(config: RunConfig) -> tuple:
+    """The Trainer's callbacks for --save_num_checkpoints_to_keep: none where every checkpoint is kept."""
+    if config.save_num_checkpoints_to_keep == -1:
+        return ()
+    return (KeepNewestCheckpoints(Path(config.save_folder)),)
+
+
 def run_description(config: RunConfig) -> dict:
     """The settings a checkpoint must share with the run that resumes from it."""
     return {
@@ -104,12 +139,27 @@ def run_description(config: RunConfig) -> dict:
     }
 
 
+def drawing_settings(config: RunConfig) -> dict:
+    """What generate.py draws a checkpoint with besides the model: the prediction type it trained (None: the model's
+    own) and the tokenizer folder it read captions with (None: the default), as an absolute path that holds from any
+    folder."""
+    return {
+        'prediction_type': config.prediction_type,
+        'tokenizer': str(Path(config.tokenizer).resolve()) if config.tokenizer else None,
+    }
+
+
 class RunDescription(Callback):
-    """Saves run_description() in every checkpoint (Composer keeps each callback's state_dict there), and the CPU
-    thread count the weights were trained with, which a resumed run takes rather than compares (resumed_cpu_threads)."""
+    """Saves run_description() in every checkpoint (Composer keeps each callback's state_dict there), and what is
+    recorded but not compared: the CPU thread count the weights were trained with, which a resumed run takes
+    (resumed_cpu_threads), and drawing_settings(), which generate.py takes."""
 
     def __init__(self, config: RunConfig):
-        self.description = {**run_description(config), 'cpu_threads': config.cpu_threads}
+        self.description = {
+            **run_description(config),
+            'cpu_threads': config.cpu_threads,
+            **drawing_settings(config),
+        }
 
     def state_dict(self) -> dict:
         return dict(self.description)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import hardware
 from arguments import ConfigError
-from dataset_checks import DataError, DatasetDescription, describe_dataset
+from dataset_checks import DataError, DatasetDescription, describe_dataset, first_captions
 from durations import Duration, parse_duration, parse_half_life
 from memory_plan import Plan, plan, plans_for
 from memory_plan import Run as PlannedRun
@@ -107,6 +107,7 @@ class RunConfig:
     run_name: str | None
     save_folder: str | None
     save_interval: str
+    save_num_checkpoints_to_keep: int  # -1: all
     autoresume: bool
     wandb_name: str | None
     wandb_project: str | None
@@ -199,6 +200,11 @@ def check_values(draft: argparse.Namespace) -> None:
     for flag in ('max_duration', 'save_interval', 'lr_warmup'):  # Composer would take a 0ba save interval, never saving
         if getattr(draft, flag) is not None:
             parse_time(f'--{flag}', getattr(draft, flag))
+    if draft.save_num_checkpoints_to_keep == 0 or draft.save_num_checkpoints_to_keep < -1:
+        # Composer's 0 deletes each checkpoint once written (for uploads), leaving none to resume from.
+        raise ConfigError(
+            f'--save_num_checkpoints_to_keep {draft.save_num_checkpoints_to_keep}: keep 1 or more, or -1 for all'
+        )
     for flag in ('eval_interval', 'sample_interval'):
         parse_interval(f'--{flag}', getattr(draft, flag))
     try:  # by the EMA's own rules (units, whole numbers)
@@ -290,6 +296,8 @@ def fill_defaults(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
             setattr(draft, flag, value)
             from_recipe[flag] = value
     draft.notes.append(describe_defaults(draft, from_preset, from_recipe, has_gpu))
+    if published and not has_gpu:
+        draft.notes.append(published_on_a_cpu(draft, from_preset, from_recipe))
     draft.cpu_threads_given = draft.cpu_threads is not None
     if draft.cpu_threads is None and not has_gpu:
         draft.cpu_threads, draft.cpu_threads_given, why = hardware.cpu_threads(draft.num_workers)
@@ -321,6 +329,21 @@ def describe_defaults(draft: argparse.Namespace, from_preset: dict, from_recipe:
         f'{draft.run_recipe!r} recipe on {"a GPU" if has_gpu else "a CPU"} (--recipe {other} for the other; a flag '
         'given wins)'
     )
+
+
+def published_on_a_cpu(draft: argparse.Namespace, from_preset: dict, from_recipe: dict) -> str:
+    """What --recipe published leaves out on a CPU, of the 2023 run's choices a flag did not set."""
+    dropped = []
+    if 'precision' in from_recipe:
+        dropped.append("fp32, not the published fp16 mixed precision (a GPU's)")
+    if 'attention' in from_recipe:
+        dropped.append('SDPA attention, not xFormers (CUDA only)')
+    microbatch = from_preset.get('device_train_microbatch_size', 4)
+    if microbatch != 4:
+        whole = 'the whole device batch' if microbatch is None else microbatch
+        dropped.append(f"microbatch {whole} (the {draft.model_name} preset's), not the published 4")
+    kept = 'EMA' if draft.use_ema else 'nothing else'
+    return f'--recipe published on a CPU: {"; ".join(dropped) or "all of it"}; kept: {kept}'
 
 
 FLOW_FLAGS = ('timestep_density', 'logit_mean', 'logit_std', 'mode_scale', 'loss_weighting', 'precondition_outputs')
@@ -583,6 +606,12 @@ def check_outputs(draft: argparse.Namespace) -> None:
         )
     if local_save_folder:  # else trained until the first checkpoint, then stopped by an OSError traceback
         check_writable_folder('--save_folder', draft.save_folder)
+    if draft.save_num_checkpoints_to_keep != -1 and not local_save_folder:
+        # Composer deletes only its local copies: a remote folder's checkpoints would all stay.
+        raise ConfigError(
+            f'--save_num_checkpoints_to_keep {draft.save_num_checkpoints_to_keep}: deletes checkpoints of a local '
+            f'--save_folder only ({draft.save_folder or "none given"}); pass one, or leave the flag out'
+        )
     if draft.results_json:
         check_writable_file('--results_json', draft.results_json)
 
@@ -634,8 +663,20 @@ def settle_duration(draft: argparse.Namespace) -> None:
         draft.num_batches = duration.value
     elif duration.unit == 'sp':  # Composer trains until it has seen at least that many
         draft.num_batches = -(-duration.value // draft.batch_size)
+        if draft.num_batches * draft.batch_size != duration.value:
+            draft.notes.append(
+                f'--max_duration {draft.max_duration}: {draft.num_batches} whole batches of {draft.batch_size}, '
+                f'{draft.num_batches * draft.batch_size} samples (Composer stops at the first batch that reaches '
+                f'{duration.value})'
+            )
     else:
         draft.num_batches = duration.value * (SYNTHETIC_SAMPLES // draft.batch_size)
+        if draft.use_synth_data:
+            draft.notes.append(
+                f'--max_duration {draft.max_duration}: an epoch of --use_synth_data is {SYNTHETIC_SAMPLES:,} '
+                f'samples, {SYNTHETIC_SAMPLES // draft.batch_size:,} batches of {draft.batch_size} '
+                f'({draft.num_batches:,} batches in all)'
+            )
     if draft.profile and draft.num_batches < 2:
         raise ConfigError(
             f'--profile: the profiler warms up on the batch before the one it records; run at least '
@@ -779,7 +820,7 @@ def settle_quality(draft: argparse.Namespace) -> None:
             'embeddings, not captions): train on images and captions for it'
         )
     if draft.sample_prompts is None:
-        draft.sample_prompts = SAMPLE_PROMPTS
+        draft.sample_prompts = held_out_prompts(draft) or SAMPLE_PROMPTS
     else:
         path = Path(draft.sample_prompts)
         if not path.is_file():
@@ -798,9 +839,30 @@ def settle_quality(draft: argparse.Namespace) -> None:
         check_writable_folder('--export_pipeline', draft.export_pipeline)
 
 
+def held_out_prompts(draft: argparse.Namespace) -> tuple[str, ...]:
+    """A run with sample grids and a held-out split of its own (a local folder of captions) draws the split's
+    first captions: prompts of the data it trains on, none of them trained on. The sample dataset's shapes
+    otherwise."""
+    if not (draft.sample_interval and draft.eval_local) or draft.sample_validation or draft.precomputed_latents:
+        return ()
+    prompts = first_captions(draft.eval_local, len(SAMPLE_PROMPTS))
+    if prompts:
+        draft.notes.append(
+            f'sample grids: the first {len(prompts)} captions of the held-out split {draft.eval_local} '
+            '(--sample_prompts FILE: others)'
+        )
+    return prompts
+
+
+# convert.py --validation_fraction writes its held-out split in this folder of the training data's
+# (convert.VALIDATION_SPLIT; named here rather than imported, which would load PIL and tqdm for every flag check).
+CONVERTED_VALIDATION_SPLIT = 'validation'
+
+
 def settle_validation_split(draft: argparse.Namespace) -> None:
-    """The held-out split: --eval_local/--eval_remote, or with the sample dataset its own held-out split (written on
-    first use); and when the validation loss runs (see --eval_interval)."""
+    """The held-out split: --eval_local/--eval_remote; or the one convert.py --validation_fraction wrote in the
+    training folder; or with the sample dataset its own held-out split (written on first use); and when the
+    validation loss runs (see --eval_interval)."""
     if draft.eval_local and draft.eval_remote:
         raise ConfigError('--eval_local and --eval_remote: give one (a folder, or a remote copied whole)')
     if draft.eval_remote and not urllib.parse.urlparse(draft.eval_remote).scheme:
@@ -813,12 +875,16 @@ def settle_validation_split(draft: argparse.Namespace) -> None:
     draft.eval_interval = parse_interval('--eval_interval', interval)
     if not draft.eval_interval:
         return
-    if not given:
-        if not draft.sample_data:
+    found = not given and not draft.sample_data
+    if found:
+        draft.eval_local = converted_validation_split(draft)
+        if draft.eval_local is None:
             raise ConfigError(
                 '--eval_interval: no held-out split to validate on: pass --eval_local DIR or --eval_remote URL '
-                '(an MDS dataset written by convert.py, or by precompute.py with --precomputed_latents)'
+                '(an MDS dataset written by convert.py, or by precompute.py with --precomputed_latents), or convert '
+                f'with --validation_fraction, which writes one in the output folder ({CONVERTED_VALIDATION_SPLIT}/)'
             )
+    elif not given:
         # Ours, written by the evaluators' builder on first use (evaluation.build_evaluators): nothing to read.
         draft.eval_local, draft.sample_validation = str(SAMPLE_VALIDATION_DATASET), True
         draft.notes.append(
@@ -829,14 +895,31 @@ def settle_validation_split(draft: argparse.Namespace) -> None:
     try:
         split = describe_dataset(draft.eval_remote, draft.eval_local, precomputed=draft.precomputed_latents)
     except DataError as error:
-        raise ConfigError(f'--eval_{"remote" if draft.eval_remote else "local"}: {error}')
+        raise ConfigError(f'--eval_{"interval" if found else "remote" if draft.eval_remote else "local"}: {error}')
     if split.num_samples == 0:
         raise ConfigError(f'--eval_local/--eval_remote {split.location}: the split holds no samples')
+    if found:
+        draft.notes.append(
+            f'validation loss on {split.location} ({split.num_samples} images), the held-out split convert.py '
+            f'--validation_fraction wrote beside the training data, every {draft.eval_interval}, at the start and '
+            'at the end (--eval_local/--eval_remote: another split; --eval_interval 0: never)'
+        )
     if split.latent_shape is not None and split.latent_shape[-1] * LATENT_DOWNSAMPLE != draft.image_size:
         raise ConfigError(
             f'{split.location}: validation latents precomputed at {split.latent_shape[-1] * LATENT_DOWNSAMPLE}px, '
             f'but the run trains at {draft.image_size}px: precompute the split at the same size'
         )
+
+
+def converted_validation_split(draft: argparse.Namespace) -> str | None:
+    """The held-out split convert.py --validation_fraction wrote in the training folder, when the run reads that
+    folder in place (--local alone, or --remote naming a folder). Not looked for on a remote, where telling a
+    missing split from an unreachable server would cost a round of retries: pass it as --eval_remote."""
+    folder = draft.remote or draft.local
+    if folder is None or urllib.parse.urlparse(folder).scheme:  # --use_synth_data, or a remote
+        return None
+    split = Path(folder) / CONVERTED_VALIDATION_SPLIT
+    return str(split) if (split / 'index.json').is_file() else None
 
 
 def parse_interval(flag: str, text: str | None) -> str | None:

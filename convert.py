@@ -3,16 +3,21 @@
     python convert.py photos/ out/mds                  # images with same-name .txt captions, any depth
     python convert.py laion/00000.tar laion/00001.tar out/mds   # img2dataset webdataset output
     python convert.py laion/ s3://bucket/laion/mds     # a folder of .tar shards, uploaded as written
+    python convert.py photos/ out/mds --validation_fraction 0.05   # 5% held out in out/mds/validation
 
 S3-compatible servers: set S3_ENDPOINT_URL (and the usual AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
 Samples the training loader would reject (not a decodable image, a decompression bomb, no caption) are
-skipped, counted by reason, and the first ten named. A non-empty output is refused unless --overwrite is given.
+skipped, counted by reason, and the first ten named; a warning says so when they are more than half the inputs.
+--caption_from_filename captions an image without a caption file by its file name. A non-empty output is refused
+unless --overwrite is given. --validation_fraction holds a split out, chosen by a hash of each input's name: its
+own MDS dataset in OUT/validation, which benchmark.py --local OUT --eval_interval finds.
 A dataset appears only once it is whole and holds a sample: with none written (an empty folder, every file
 skipped) or an error on the way, the output is left as it was and the exit status is 2.
 Also builds the small generated dataset that benchmark.py trains on by default (`ensure_sample_dataset`).
 """
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -39,6 +44,10 @@ IMAGE_EXTENSIONS = ('jpg', 'jpeg', 'png', 'webp', 'bmp', 'gif', 'tif', 'tiff')
 SKIPPED_NAMED = 10  # skipped samples named one by one; the rest are only counted
 # A local output's shards and index until the conversion ends, inside the output folder (its file system, its disk).
 STAGING = '.convert-partial'
+# --validation_fraction's held-out split: an MDS dataset of its own in this folder of the output (config.py looks
+# for it there when a run's --local is a converted folder).
+VALIDATION_SPLIT = 'validation'
+NO_CAPTION_FILE = 'no caption file'
 
 
 class ConvertError(ValueError):
@@ -49,9 +58,12 @@ class NothingWritten(ConvertError):
     """Every sample was skipped, or the inputs held none: the output was left as it was. `stats` names the skipped."""
 
     def __init__(self, out: str, stats: dict):
-        skipped = sum(stats['skipped'].values())
+        skipped, held_out = sum(stats['skipped'].values()), stats.get('held_out', 0)
         found = f'all {skipped} skipped ({describe_skipped(stats["skipped"])})' if skipped else 'the inputs hold none'
-        super().__init__(f'{out}: no samples written, {found}; the output is left as it was')
+        written = 'samples'
+        if held_out:  # a split of a handful of images can fall all on one side
+            written, found = 'training samples', f'all {held_out} held out for validation: lower --validation_fraction'
+        super().__init__(f'{out}: no {written} written, {found}; the output is left as it was')
         self.stats = stats
 
 
@@ -60,10 +72,12 @@ def describe_skipped(skipped: dict[str, int]) -> str:
 
 
 # ------------------------------------------------------------------------------------------- inputs
-# Each reader yields (name, image bytes or None, caption or None, reason to skip or None).
+# Each reader yields (name, image bytes or None, caption or None, reason to skip or None). A reason is counted
+# with the others alike; one that a sample's particulars explain better is a pair (reason, detail): counted as the
+# reason, and named with the detail (the caption file looked for).
 
 
-def folder_samples(folder: Path):
+def folder_samples(folder: Path, caption_from_filename: bool = False):
     images, repeats = image_files(folder)
     for path in repeats:
         yield str(path), None, None, 'linked folder already read (a loop or a second link)'
@@ -72,13 +86,19 @@ def folder_samples(folder: Path):
         if not path.is_file():
             yield str(path), None, None, 'broken link'
             continue
-        if not caption_file.is_file():
-            yield str(path), None, None, 'no caption file'
+        if not caption_file.is_file() and not caption_from_filename:
+            yield str(path), None, None, (NO_CAPTION_FILE, caption_file.name)
             continue
         try:
-            yield str(path), path.read_bytes(), caption_file.read_bytes(), None
+            caption = caption_file.read_bytes() if caption_file.is_file() else caption_from_name(path)
+            yield str(path), path.read_bytes(), caption, None
         except OSError as error:
             yield str(path), None, None, f'unreadable ({error.strerror})'
+
+
+def caption_from_name(path: Path) -> str:
+    """'red_barn-at-dusk.jpg' -> 'red barn at dusk': file names join words with underscores and dashes."""
+    return ' '.join(re.split(r'[\s_-]+', path.stem)).strip()
 
 
 def image_files(folder: Path) -> tuple[list[Path], list[Path]]:
@@ -179,15 +199,23 @@ def check_output(out: str, overwrite: bool, inputs: list[str]) -> None:
 
 
 def write_mds(
-    samples, out: str, overwrite: bool = False, size_limit=1 << 26, total: int | None = None, progress: bool = True
+    samples,
+    out: str,
+    overwrite: bool = False,
+    size_limit=1 << 26,
+    total: int | None = None,
+    progress: bool = True,
+    validation: bool = False,
 ) -> dict:
-    """Write (name, image bytes, caption, reason) samples that pass the loader's own checks; count the rest by reason
-    and name the first SKIPPED_NAMED of them.
+    """Write (name, image bytes, caption, reason, held out) samples that pass the loader's own checks, the held-out
+    ones (with validation=True) to a dataset of their own in out/VALIDATION_SPLIT; count the rest by reason and name
+    the first SKIPPED_NAMED of them.
 
     A later run must never read a half-made dataset as a whole one, so a dataset appears only at the end, and only
     with a sample in it: a local output is written into a staging folder inside it and moved into place then
-    (replacing an earlier output's contents only at that point); a remote one gets its index.json only then. With no
-    sample written (NothingWritten) or an error on the way, the output is left as it was."""
+    (replacing an earlier output's contents, an earlier split included, only at that point); a remote one gets its
+    index.json only then. With no training sample written (NothingWritten) or an error on the way, the output is left
+    as it was. A split that no sample fell into is not written."""
     from streaming import MDSWriter  # here, not at the top: Streaming loads torch, and --help answers without it
 
     remote = bool(urllib.parse.urlparse(out).scheme)
@@ -197,43 +225,62 @@ def write_mds(
         staging = folder / STAGING
         shutil.rmtree(staging, ignore_errors=True)  # left by an interrupted conversion
         staging.mkdir(parents=True)
-    writer = MDSWriter(out=out if remote else str(staging), columns=COLUMNS, size_limit=size_limit)
-    # An earlier remote dataset's index would list the shards this one writes over: it goes before the first shard.
+    target = out if remote else str(staging)
+    writer = MDSWriter(out=target, columns=COLUMNS, size_limit=size_limit)
+    # Made after the training writer, which wants its folder empty; on a remote, uploaded from its own scratch folder.
+    split = f'{target.rstrip("/")}/{VALIDATION_SPLIT}'
+    validation_writer = MDSWriter(out=split, columns=COLUMNS, size_limit=size_limit) if validation else None
+    # An earlier remote dataset's index would list the shards this one writes over: it goes before the first shard,
+    # with its split's (a stale split would overlap the new training samples).
     before_first_sample = (lambda: drop_remote_index(out)) if remote and overwrite else None
     try:
-        stats = write_samples(writer, samples, total, progress, before_first_sample)
+        stats = write_samples(writer, validation_writer, samples, total, progress, before_first_sample)
         if not stats['written']:
             raise NothingWritten(out, stats)
     except BaseException:
-        writer.executor.shutdown(wait=True)  # uploads of shards already written end; no index.json: no dataset
-        shutil.rmtree(writer.local, ignore_errors=True)  # the staging folder, or a remote's temporary one
+        for each in (writer, validation_writer) if validation else (writer,):
+            each.executor.shutdown(wait=True)  # uploads of shards already written end; no index.json: no dataset
+            shutil.rmtree(each.local, ignore_errors=True)  # the staging folder, or a remote's temporary one
         if not remote and created:
             with contextlib.suppress(OSError):
                 folder.rmdir()  # made by this conversion, and empty again
         raise
+    if stats['held_out']:
+        validation_writer.finish()  # before the training index: a run finds the split once it finds the dataset
+    elif validation:  # no sample fell in the split: no empty dataset for a run to find
+        validation_writer.executor.shutdown(wait=True)
+        shutil.rmtree(validation_writer.local, ignore_errors=True)
     writer.finish()  # the last shard, then index.json (uploaded after every shard)
     if not remote:
         move_into_place(staging, folder)
     return {**stats, 'shards': len(writer.shards), 'out': out}
 
 
-def write_samples(writer, samples, total: int | None, progress: bool, before_first_sample) -> dict:
-    written, skipped, skipped_named = 0, Counter(), []
-    for name, image, caption, reason in tqdm(samples, total=total, unit='img', disable=not progress, desc='converting'):
+def write_samples(writer, validation_writer, samples, total: int | None, progress: bool, before_first_sample) -> dict:
+    written, held_out, skipped, skipped_named = 0, 0, Counter(), []
+    for name, image, caption, reason, in_validation in tqdm(
+        samples, total=total, unit='img', disable=not progress, desc='converting'
+    ):
         if reason is None:
             reason = problem(image, caption)
         if reason is not None:
+            reason, detail = reason if isinstance(reason, tuple) else (reason, None)
             skipped[reason] += 1
             if len(skipped_named) < SKIPPED_NAMED:
-                skipped_named.append((name, reason))
+                skipped_named.append((name, f'{reason} {detail}' if detail else reason))
             continue
         if isinstance(caption, bytes):
             caption = caption.decode('utf-8')
-        if not written and before_first_sample is not None:
+        if not (written or held_out) and before_first_sample is not None:
             before_first_sample()
-        writer.write({'jpg': image, 'caption': caption.strip()})
-        written += 1
-    return {'written': written, 'skipped': dict(skipped), 'skipped_named': skipped_named}
+        sample = {'jpg': image, 'caption': caption.strip()}
+        if in_validation:
+            validation_writer.write(sample)
+            held_out += 1
+        else:
+            writer.write(sample)
+            written += 1
+    return {'written': written, 'held_out': held_out, 'skipped': dict(skipped), 'skipped_named': skipped_named}
 
 
 def move_into_place(staging: Path, folder: Path) -> None:
@@ -253,10 +300,13 @@ def move_into_place(staging: Path, folder: Path) -> None:
 
 
 def drop_remote_index(out: str) -> None:
+    """The dataset's index.json and its held-out split's (deleting a missing key is no error on S3)."""
     url = urllib.parse.urlparse(out)
     if url.scheme == 's3':
         prefix = url.path.strip('/')
-        s3_client(timeout=30).delete_object(Bucket=url.netloc, Key=f'{prefix}/index.json' if prefix else 'index.json')
+        client = s3_client(timeout=30)
+        for index in ('index.json', f'{VALIDATION_SPLIT}/index.json'):
+            client.delete_object(Bucket=url.netloc, Key=f'{prefix}/{index}' if prefix else index)
 
 
 def problem(image: bytes, caption) -> str | None:
@@ -274,7 +324,15 @@ def problem(image: bytes, caption) -> str | None:
     return None
 
 
-def convert(inputs: list[str], out: str, overwrite: bool = False, size_limit=1 << 26, progress: bool = True) -> dict:
+def convert(
+    inputs: list[str],
+    out: str,
+    overwrite: bool = False,
+    size_limit=1 << 26,
+    progress: bool = True,
+    validation_fraction: float = 0.0,
+    caption_from_filename: bool = False,
+) -> dict:
     sources = expand_inputs(inputs)
     check_output(out, overwrite, inputs)
     total = None
@@ -288,9 +346,25 @@ def convert(inputs: list[str], out: str, overwrite: bool = False, size_limit=1 <
 
     def samples():
         for kind, path in sources:
-            yield from (folder_samples if kind == 'folder' else tar_samples)(path)
+            read = folder_samples(path, caption_from_filename) if kind == 'folder' else tar_samples(path)
+            base = path if kind == 'folder' else path.parent
+            for name, image, caption, reason in read:
+                yield name, image, caption, reason, split_position(split_name(name, base)) < validation_fraction
 
-    return write_mds(samples(), out, overwrite, size_limit, total, progress)
+    return write_mds(samples(), out, overwrite, size_limit, total, progress, validation=validation_fraction > 0)
+
+
+def split_name(name: str, base: Path) -> str:
+    """A sample's name from its input folder ('sub/a.jpg'; a tar's member '00000.tar:000123'): the same wherever the
+    input lies, so that converting it again, from anywhere, holds out the same samples."""
+    return Path(os.path.relpath(name, base)).as_posix()
+
+
+def split_position(name: str) -> float:
+    """Where a sample falls in [0, 1), by a hash of its name: those below --validation_fraction are held out. A hash,
+    not a random draw, so that a conversion repeated holds out the same samples and a larger fraction only adds to
+    them."""
+    return int.from_bytes(hashlib.sha256(name.encode('utf-8')).digest()[:8], 'big') / 2**64
 
 
 # ------------------------------------------------------------------------------- generated samples
@@ -393,22 +467,80 @@ def main(argv=None) -> dict:
     parser.add_argument(
         '--size_limit', default='64mb', help='shard size before a new shard starts (default: %(default)s)'
     )
+    parser.add_argument(
+        '--validation_fraction',
+        type=float,
+        default=0.0,
+        metavar='F',
+        help=f'hold out this fraction of the images (0 <= F < 1) as a validation split in OUT/{VALIDATION_SPLIT}, '
+        "chosen by a hash of each file's name, so converting again holds out the same ones (default: none)",
+    )
+    parser.add_argument(
+        '--caption_from_filename',
+        action='store_true',
+        help="caption an image that has no .txt caption file by its file name ('red_barn-at-dusk.jpg': "
+        "'red barn at dusk'); for folders of images",
+    )
     args = parser.parse_args(argv)
     if not re.fullmatch(r'\d+(kb|mb|gb|tb|b)?', args.size_limit.strip().lower()):
         raise ConvertError(f"--size_limit {args.size_limit!r}: a byte count, optionally with kb, mb, gb (e.g. '64mb')")
+    if not 0 <= args.validation_fraction < 1:  # NaN too
+        raise ConvertError(
+            f'--validation_fraction {args.validation_fraction}: the fraction of images held out, '
+            'at least 0 and below 1 (e.g. 0.05)'
+        )
     start = time.perf_counter()
     try:
-        stats = convert(args.inputs, args.out, args.overwrite, args.size_limit, progress=True)
+        stats = convert(
+            args.inputs,
+            args.out,
+            args.overwrite,
+            args.size_limit,
+            progress=True,
+            validation_fraction=args.validation_fraction,
+            caption_from_filename=args.caption_from_filename,
+        )
     except NothingWritten as error:
         print_skipped(error.stats)
         raise
     print_skipped(stats)
+    warn_if_mostly_skipped(stats)
     print(
-        f'wrote {stats["written"]} samples in {stats["shards"]} shard(s) to {args.out} '
-        f'in {time.perf_counter() - start:.1f} s; skipped {sum(stats["skipped"].values())}: '
-        f'{describe_skipped(stats["skipped"]) or "none"}'
+        f'{describe_written(stats, args.validation_fraction)} in {time.perf_counter() - start:.1f} s; '
+        f'skipped {sum(stats["skipped"].values())}: {describe_skipped(stats["skipped"]) or "none"}'
     )
     return stats
+
+
+def describe_written(stats: dict, validation_fraction: float) -> str:
+    """The summary's count of samples, and where the held-out split is when one was asked for."""
+    out = stats['out']
+    if not validation_fraction:
+        return f'wrote {stats["written"]} samples in {stats["shards"]} shard(s) to {out}'
+    split = f'{out.rstrip("/")}/{VALIDATION_SPLIT}'
+    held_out = (
+        f'{stats["held_out"]} held out for validation in {split}'
+        if stats['held_out']
+        else f'none held out for validation (too few images for --validation_fraction {validation_fraction})'
+    )
+    return f'wrote {stats["written"]} training samples in {stats["shards"]} shard(s) to {out}, {held_out},'
+
+
+def warn_if_mostly_skipped(stats: dict) -> None:
+    """A conversion that drops most of its inputs still ends with status 0, but not silently: the usual cause, a
+    folder without caption files, gets its fix named."""
+    skipped = sum(stats['skipped'].values())
+    kept = stats['written'] + stats['held_out']
+    if skipped <= kept:
+        return
+    fix = ''
+    if max(stats['skipped'], key=stats['skipped'].get) == NO_CAPTION_FILE:
+        fix = "; each image needs a caption file of its name ('a.jpg': 'a.txt'), or pass --caption_from_filename"
+    print(
+        f'warning: {skipped} of {skipped + kept} inputs skipped, more than half '
+        f'({describe_skipped(stats["skipped"])}){fix}',
+        file=sys.stderr,
+    )
 
 
 def print_skipped(stats: dict) -> None:

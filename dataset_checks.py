@@ -204,3 +204,22 @@ def describe_dataset(
         embedding_length=sample['text_embedding'].shape[-2],
         pooled_width=None if pooled is None else pooled.shape[-1],
     )
+
+
+def first_captions(local: str, count: int) -> tuple[str, ...]:
+    """The captions of a local MDS dataset's first `count` samples (fewer where it holds fewer; empty ones left
+    out): a held-out split's captions, drawn as the run's sample grids."""
+    from streaming.base.format import reader_from_json
+
+    captions = []
+    for shard in json.loads((Path(local) / 'index.json').read_text())['shards']:
+        if 'caption' not in (shard.get('column_names') or ()):
+            return ()
+        reader = reader_from_json(local, None, shard)
+        for index in range(int(shard['samples'])):
+            caption = str(reader.get_item(index)['caption']).strip()
+            if caption:
+                captions.append(caption)
+            if len(captions) == count:
+                return tuple(captions)
+    return tuple(captions)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from composer.core import Callback, Evaluator, State
+from composer.core import Callback, DataSpec, Evaluator, State
 from composer.loggers import Logger
 from composer.utils import dist
 from streaming.base.compression import decompress
@@ -138,6 +138,21 @@ class ValidationSplit(Dataset):
 # --------------------------------------------------------------------------------------- the evaluators
 
 
+def whole_microbatches(loader: DataLoader) -> DataSpec:
+    """The loader with Composer's split, less its warning: each batch is already one microbatch, and Composer
+    warned "Cannot split tensor of length 4 into batches of size 8" of the last, shorter one at every validation
+    of a small split. A batch split smaller (Composer drops the padding a distributed sampler repeats) is split
+    as before."""
+    spec = DataSpec(loader)
+    split = spec.split_batch
+
+    def split_batch(batch, microbatch_size):
+        return [batch] if spec.get_num_samples_in_batch(batch) <= microbatch_size else split(batch, microbatch_size)
+
+    spec.split_batch = split_batch
+    return spec
+
+
 def build_evaluators(config, latent_shape: tuple[int, int, int]) -> list[Evaluator]:
     """The evaluators a RunConfig asks for, with their averaged-weights twins under --use_ema; the sample dataset's
     held-out split is written on first use."""
@@ -161,11 +176,12 @@ def build_evaluators(config, latent_shape: tuple[int, int, int]) -> list[Evaluat
             num_workers=config.num_workers,
             persistent_workers=config.num_workers > 0,
         )
+        batches = loader if microbatch == 'auto' else whole_microbatches(loader)
         for suffix in weights:
             evaluators.append(
                 Evaluator(
                     label=f'val{suffix}',
-                    dataloader=loader,
+                    dataloader=batches,
                     metric_names=['ValidationLoss'],
                     eval_interval=config.eval_interval,
                     device_eval_microbatch_size=microbatch,

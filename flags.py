@@ -209,6 +209,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ckpt.add_argument(
         '--save_interval', default='1ep', help='checkpoint every this Composer time string (default: %(default)s)'
     )
+    ckpt.add_argument(
+        '--save_num_checkpoints_to_keep',
+        type=int,
+        default=-1,
+        metavar='N',
+        help='keep the newest N checkpoints in a local --save_folder, the older deleted as each new one is written '
+        "(Composer's save_num_checkpoints_to_keep): the newest whole checkpoint is never deleted, and a run resumed "
+        "with --autoresume counts those its earlier processes wrote. -1 keeps all (default); 0 (Composer's for "
+        'uploads: every local checkpoint deleted once written, none left to resume from) is refused',
+    )
     ckpt.add_argument('--autoresume', action='store_true', help='resume from the latest checkpoint in --save_folder')
     log = parser.add_argument_group('logging')
     log.add_argument('--wandb_name', default=None, help='W&B run name')

@@ -1,8 +1,10 @@
 """Prompts to images, offline: from a Composer checkpoint of benchmark.py, or from a pipeline folder that
 `benchmark.py --export_pipeline` (or Diffusers) saved: Stable Diffusion's (one text encoder), Flux's, SD3's or
-PixArt-Sigma's. A T5 model's checkpoint needs its T5 tokenizer folder (--tokenizer); its pipeline folder holds it.
+PixArt-Sigma's. A checkpoint records its run's model, prediction type and tokenizer folder, which --model_name,
+--prediction_type and --tokenizer default to (a flag given is used, with a line where it differs); an older
+checkpoint without that record needs --model_name. A pipeline folder holds its own.
 
-    python generate.py --checkpoint runs/ckpt/latest-rank0.pt --model_name tiny --prompt 'a red circle' --out out/
+    python generate.py --checkpoint runs/ckpt/latest-rank0.pt --prompt 'a red circle' --out out/
     python generate.py --pipeline results/pipeline --prompts prompts.txt --out out/ --batch_size 8
 
 Image i is drawn from seed --seed + i, so a prompt list gives the same images with any batch size. The images are
@@ -13,9 +15,13 @@ against reference images (docs/quality.md); no weights are downloaded.
 """
 
 import argparse
+import collections
+import io
 import json
 import os
+import pickle
 import sys
+import zipfile
 from pathlib import Path
 
 import arguments
@@ -34,6 +40,16 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')  # never the network: every part is
 # The pipelines export.py builds, which generate() draws with.
 PIPELINES = (UNET_PIPELINE_NAME, *TRANSFORMER_PIPELINE_NAMES.values())
 
+# Composer keeps each callback's state in a checkpoint under its class name: checkpoints.RunDescription's holds the
+# run's model, and its drawing_settings(). Named here, as importing checkpoints would load torch and Composer.
+RUN_DESCRIPTION = 'RunDescription'
+# The flags whose default, with --checkpoint, is the value its run recorded, each with what a recorded None meant.
+RECORDED_FLAGS = {
+    'model_name': None,
+    'prediction_type': "the model's own prediction type",
+    'tokenizer': 'the default tokenizer',
+}
+
 
 class GenerateError(ConfigError):
     """Bad input to generate.py, reported as one line."""
@@ -44,9 +60,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument('--checkpoint', help="a Composer checkpoint file of benchmark.py (e.g. 'latest-rank0.pt')")
     source.add_argument('--pipeline', help="a Diffusers pipeline folder (--export_pipeline's)")
-    parser.add_argument('--model_name', help="with --checkpoint: the run's --model_name (a built-in or a folder)")
-    parser.add_argument('--prediction_type', choices=['epsilon', 'v_prediction'], help="with --checkpoint: the run's")
-    parser.add_argument('--tokenizer', help="with --checkpoint: the run's --tokenizer folder (T5's for a T5 model)")
+    parser.add_argument(
+        '--model_name',
+        help="with --checkpoint: the run's --model_name, a built-in or a folder (default: the one the checkpoint "
+        'records; an older checkpoint records none)',
+    )
+    parser.add_argument(
+        '--prediction_type',
+        choices=['epsilon', 'v_prediction'],
+        help="with --checkpoint: the run's (default: the one the checkpoint records)",
+    )
+    parser.add_argument(
+        '--tokenizer',
+        help="with --checkpoint: the run's --tokenizer folder, T5's for a T5 model (default: the one the checkpoint "
+        'records)',
+    )
     parser.add_argument('--ema', action='store_true', help="with --checkpoint: the run's EMA weights (--use_ema)")
     parser.add_argument('--prompt', action='append', default=[], help='a prompt (repeat the flag for more)')
     parser.add_argument('--prompts', help='a file of prompts, one a line')
@@ -86,8 +114,8 @@ def check_args(args: argparse.Namespace) -> list[str]:
             raise GenerateError(
                 f'--checkpoint {args.checkpoint}: no such file (sharded FSDP checkpoints: not supported)'
             )
-        if not args.model_name:
-            raise GenerateError("--checkpoint needs --model_name: the run's model (e.g. tiny, sd2-base)")
+        for line in take_recorded_flags(args):
+            print(line)
         try:
             args.model_dir = resolve_model_dir(args.model_name)  # once, for the model and its tokenizer's padding
         except ConfigError as error:
@@ -135,6 +163,101 @@ def check_args(args: argparse.Namespace) -> list[str]:
     if args.fid_reference and not (Path(args.fid_reference) / 'index.json').is_file():
         raise GenerateError(f'--fid_reference {args.fid_reference}: no MDS split (index.json) there')
     return prompts
+
+
+def take_recorded_flags(args: argparse.Namespace) -> list[str]:
+    """Sets each of RECORDED_FLAGS not given to what the checkpoint's run recorded; returns the lines to print: the
+    values taken, each flag given that differs from the record, and what an older checkpoint does not record.
+    GenerateError where the checkpoint records no model and --model_name is not given."""
+    recorded = recorded_run(args.checkpoint)
+    if 'model_name' not in recorded:
+        if args.model_name:
+            return []
+        raise GenerateError(
+            f'--checkpoint {args.checkpoint}: records no model (a checkpoint of an older version); pass the '
+            "run's --model_name (e.g. tiny, sd2-base)"
+        )
+    lines = []
+    for flag, default in RECORDED_FLAGS.items():
+        given = getattr(args, flag)
+        if flag in recorded and given is not None and not names_the_same(given, recorded[flag]):
+            trained = recorded[flag] or default
+            lines.append(f"--{flag} {given}: given, where the checkpoint's run trained with {trained}; {given} is used")
+    taken = {
+        flag: recorded[flag]
+        for flag in RECORDED_FLAGS
+        if getattr(args, flag) is None and recorded.get(flag) is not None
+    }
+    for flag, value in taken.items():
+        setattr(args, flag, value)
+    if taken:
+        values = ' '.join(f'--{flag} {value}' for flag, value in taken.items())
+        lines.insert(0, f"from the checkpoint's run: {values} (a flag given overrides)")
+    unknown = [flag for flag in RECORDED_FLAGS if flag not in recorded and getattr(args, flag) is None]
+    if unknown:
+        lines.append(
+            f'{args.checkpoint} records no {" or ".join(f"--{flag}" for flag in unknown)} (a checkpoint of an older '
+            f"version): drawn with {' and '.join(RECORDED_FLAGS[flag] for flag in unknown)}; pass the run's if it "
+            'gave others'
+        )
+    if 'tokenizer' in taken and not Path(taken['tokenizer']).is_dir():
+        raise GenerateError(
+            f"--tokenizer: the checkpoint's run read captions with {taken['tokenizer']}, which is no folder here; "
+            'pass the tokenizer folder'
+        )
+    return lines
+
+
+def names_the_same(given: str, recorded: str | None) -> bool:
+    """Whether a flag given names what the record does: the same text, or the same folder (the record holds a
+    tokenizer folder's absolute path)."""
+    if given == recorded:
+        return True
+    return recorded is not None and Path(given).is_dir() and Path(given).resolve() == Path(recorded).resolve()
+
+
+def recorded_run(checkpoint: str) -> dict:
+    """The run description a checkpoint of benchmark.py records (checkpoints.RunDescription's), {} where it has
+    none or cannot be read. Read without torch, which takes seconds to load: torch.save's zip archive holds the
+    pickle apart from the tensors' data, and RecordReader unpickles its plain values only."""
+    try:
+        with zipfile.ZipFile(checkpoint) as archive:
+            name = next(name for name in archive.namelist() if name.endswith('/data.pkl') and name.count('/') == 1)
+            saved = RecordReader(io.BytesIO(archive.read(name))).load()
+        description = saved['state']['callbacks'][RUN_DESCRIPTION]
+    except Exception:  # not a zip, no pickle in it, another layout: no record this reader can give
+        return {}
+    return description if isinstance(description, dict) else {}
+
+
+class RecordReader(pickle.Unpickler):
+    """Unpickles dicts, lists and plain values; an object of any other class (a tensor, its storage, a random
+    generator's state) becomes a Placeholder, so that no code the checkpoint names is run, and torch is not needed."""
+
+    def find_class(self, module: str, name: str):
+        return collections.OrderedDict if (module, name) == ('collections', 'OrderedDict') else Placeholder
+
+    def persistent_load(self, pid):
+        return None  # a tensor's data, stored outside the pickle
+
+
+class Placeholder:
+    """Stands for an object the record does not need: takes whatever unpickling hands it, and keeps nothing."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+    def __setitem__(self, key, value):
+        pass
+
+    def append(self, item):
+        pass
+
+    def extend(self, items):
+        pass
 
 
 def main(args: argparse.Namespace):

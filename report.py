@@ -91,7 +91,12 @@ def parse_args(argv=None):
         help='training budget in samples (default: the published 2,867,200,000), or '
         'per phase with its own throughputs, e.g. 256=1126400000 512=1740800000',
     )
-    parser.add_argument('--price', type=float, default=2.0, help='dollars per GPU-hour (default 2.00)')
+    parser.add_argument(
+        '--price',
+        type=float,
+        default=2.0,
+        help="dollars per GPU-hour (a CPU results file's: per device-hour; default 2.00)",
+    )
     parser.add_argument(
         '--extrapolate',
         nargs='*',
@@ -390,14 +395,14 @@ def fit_scaling(points):
     return Fit(float(a), float(b), dict(points))
 
 
-def describe_fit(label, fit, extra):
+def describe_fit(label, fit, extra, device='GPU'):
     measured = sorted(fit.points)
     errors = [
         f'{k}: {fit.img_per_sec(k) / v - 1:+.1%}'.replace('-0.0%', '+0.0%') for k, v in sorted(fit.points.items())
     ]
     lines = [
         f'- **{label}**: seconds/image = {fit.a:.4g} + {fit.b:.4g} / N, fitted to '
-        f'{len(measured)} measured counts ({", ".join(map(str, measured))} GPUs); '
+        f'{len(measured)} measured counts ({", ".join(map(str, measured))} {device}s); '
         f'fit error {", ".join(errors)}'
     ]
     steps, top = [measured[0]], max(measured + extra)
@@ -469,6 +474,7 @@ def predict(points, args, gpu, label):
         raise ReportError(str(error))
     except scaling.ScalingError as error:  # the step model's: say that --predict led to it
         raise ReportError(f'--predict: {error}')
+    notes += assumed_batch_notes(points, settings, label)
     if gpu in (cluster_name, UNNAMED_GPU):
         return models, bands, notes, None
     # Another GPU's compute on this cluster's links: said in the step model's heading, the figure and a note.
@@ -479,6 +485,26 @@ def predict(points, args, gpu, label):
         f'--gpu_type {cluster_name} --throughput GPUS=IMG_S'
     )
     return models, bands, notes, cluster_name
+
+
+def assumed_batch_notes(points, settings, label):
+    """A line for each throughput given by hand that is taken as measured at the predicted runs' batch (no
+    --measured_batch): the batch a run trains sets how many images share a step's fixed work, so the batch it was
+    really measured at changes the prediction. Results files record their own."""
+    notes = []
+    for point in points:
+        if point.run is not None or settings.measured_batch is not None:
+            continue
+        if settings.images_per_gpu is not None:
+            batch = settings.images_per_gpu * point.gpus
+            taken = f'{settings.images_per_gpu} images per GPU (--images_per_gpu), a global batch of {batch:,}'
+        else:
+            taken = f"the predicted runs' global batch of {settings.global_batch:,}"
+        notes.append(
+            f'{label}: {point.source} is taken as measured at {taken}; if it ran at another, --measured_batch N '
+            'gives it (it changes the prediction)'
+        )
+    return notes
 
 
 def refuse_a_cpu_run(points, cluster_name):
@@ -561,8 +587,9 @@ def build_rows(points, budget, extrapolate, references, price, peak, models=None
         fits = models
     else:
         fits = {ph: fit_scaling(m) for ph, m in measured.items() if len(m) >= 2}
+    device = device_word(points)
     notes = [
-        f'{points[0].gpu}, {ph or points[0].image_size}px: {len(v)} runs at {k} GPUs averaged'
+        f'{points[0].gpu}, {ph or points[0].image_size}px: {len(v)} runs at {k} {device}s averaged'
         for ph, d in by_phase.items()
         for k, v in d.items()
         if len(v) > 1
@@ -614,8 +641,8 @@ def build_rows(points, budget, extrapolate, references, price, peak, models=None
         missing = [ph for ph in phases if gpus not in measured[ph] and ph not in fits]
         if missing:
             raise ReportError(
-                f'{points[0].gpu}: cannot predict {gpus} GPUs: the fit needs at least '
-                'two measured GPU counts' + (f' at {missing[0]}px' if missing[0] else '')
+                f'{points[0].gpu}: cannot predict {gpus} {device}s: the fit needs at least '
+                f'two measured {device} counts' + (f' at {missing[0]}px' if missing[0] else '')
             )
         rows.append(row(gpus, 'predicted', {ph: measured[ph].get(gpus) or fits[ph].img_per_sec(gpus) for ph in phases}))
     for item in references:
@@ -654,11 +681,11 @@ def unpredictable(models, gpus):
     return None
 
 
-def markdown_table(rows, label, base_gpus, phases):
-    hours = f'{label}-hours' if label in PEAK_FLOPS else 'GPU-hours'
+def markdown_table(rows, label, base_gpus, phases, device='GPU'):
+    hours = f'{label}-hours' if label in PEAK_FLOPS else f'{device}-hours'
     per_phase = [ph for ph in phases if ph is not None] if len(phases) > 1 else []
     header = (
-        ['GPUs', 'kind']
+        [f'{device}s', 'kind']
         + [f'img/s {ph}px' for ph in per_phase]
         + [
             'img/s' if not per_phase else 'img/s overall',
@@ -715,6 +742,12 @@ def device_axis_label(devices: set[str]) -> str:
     return f'Number of devices ({", ".join(sorted(devices))})'
 
 
+def device_word(points) -> str:
+    """What the report's counts count, and its price is per hour of: 'device' where a results file was measured on
+    a CPU (its processes are no GPUs), else 'GPU'."""
+    return 'device' if any(p.device_type == 'cpu' for p in points) else 'GPU'
+
+
 def prediction_line(rows):
     """The measured and predicted rows by GPU count; at a measured count also predicted (at another batch than
     the measured run's), the prediction."""
@@ -733,29 +766,76 @@ def add_prediction_ranges(rows, models, bands, budget):
             r['img_per_sec_range'] = (r['img_per_sec'] * low / central, r['img_per_sec'] * high / central)
 
 
-def plain_log_formatter(prefix=''):
-    """A formatter for a log axis: the ticks matplotlib's own log formatter labels (every decade, and between them
-    where the axis spans few decades), written as plain numbers (0.1, 1, 1,000) with `prefix` ('$')."""
-    from matplotlib.ticker import LogFormatter
+# Labelled ticks of a log axis are round values, m x 10^k for m in one of these sets, coarsest first.
+LOG_TICK_MANTISSAS = ((1,), (1, 3), (1, 2, 5), (1, 2, 3, 5), (1, 1.5, 2, 3, 4, 5, 6, 8))
+# Fewer labels give too little scale to read a point against.
+FEWEST_Y_LABELS, FEWEST_X_LABELS = 4, 3
+# A label nearer an end's than this share of the axis would overlap it.
+LABEL_GAP = 0.1
 
-    class PlainLogFormatter(LogFormatter):
-        def __call__(self, x, pos=None):
-            return f'{prefix}{x:,.12g}' if super().__call__(x, pos) else ''
 
-    return PlainLogFormatter(labelOnlyBase=False)
+def round_values(low, high, mantissas):
+    """m x 10^k for m in `mantissas`, ascending, from a decade below `low` to a decade above `high`."""
+    decades = range(math.floor(math.log10(low)) - 1, math.floor(math.log10(high)) + 2)
+    return sorted(float(f'{m * 10.0**k:.12g}') for k in decades for m in mantissas)
+
+
+def log_ticks(low, high):
+    """The labelled ticks of a log axis that shows `low` to `high`: at its ends the nearest round values of the
+    finest set that hold the data, so that no point sits above the last label and little of the axis is empty;
+    between them the coarsest set that gives FEWEST_Y_LABELS labels in all."""
+    finest = round_values(low, high, LOG_TICK_MANTISSAS[-1])
+    first = max(i for i, value in enumerate(finest) if value <= low * (1 + 1e-9))
+    last = min(i for i, value in enumerate(finest) if value >= high * (1 - 1e-9))
+    while True:
+        bottom, top = finest[first], finest[last]
+        gap = LABEL_GAP * math.log(top / bottom)
+        for mantissas in LOG_TICK_MANTISSAS:
+            inner = [
+                value
+                for value in round_values(bottom, top, mantissas)
+                if min(math.log(value / bottom), math.log(top / value)) > gap
+            ]
+            if len(inner) + 2 >= FEWEST_Y_LABELS:
+                return [bottom, *inner, top]
+        first, last = first - 1, last + 1  # a narrow range: widened by a round value on either side
+
+
+def count_ticks(counts):
+    """The GPU counts labelled on the x axis: every count shown, and doublings past the largest where fewer than
+    FEWEST_X_LABELS are (a report of one run)."""
+    ticks = sorted(counts)
+    while len(ticks) < FEWEST_X_LABELS:
+        ticks.append(2 * ticks[-1])
+    return ticks
+
+
+def padded(ticks):
+    """Axis limits a little beyond the first and last tick (5% of the log span), so that a point on either shows
+    whole."""
+    pad = (ticks[-1] / ticks[0]) ** 0.05
+    return ticks[0] / pad, ticks[-1] * pad
+
+
+def plain_numbers(prefix=''):
+    """Tick labels as plain numbers (0.1, 1, 1,000) with `prefix` ('$'), not powers of ten."""
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda x, _: f'{prefix}{x:,.12g}')
 
 
 def samples_text(samples):
     return f'{samples / 1e9:.2f}B' if samples >= 1e9 else f'{samples:,}'
 
 
-def figure(tables, budget, names, xlabel='Number of GPUs', price=2.0):
+def figure(tables, budget, names, xlabel='Number of GPUs', price=2.0, device='GPU'):
     """Days to train (above) and their cost in USD (below) against the cluster size: the measured, predicted and
     reference rows as points, the fit or step model as a line with a prediction's range as a shaded band, and
-    the limit at 100% of peak. `tables`: [(label, rows, curve)], curve (GPU counts, days, name) or None."""
+    the limit at 100% of peak. `tables`: [(label, rows, curve)], curve (GPU counts, days, name) or None; `device`:
+    what a count counts ('GPU', or 'device' for a CPU's runs), which the price is per hour of."""
     from matplotlib import rcParams
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
 
     fig = Figure(figsize=(6.4, 7.2), dpi=100)
     days_axes, cost_axes = fig.subplots(2, 1, sharex=True)
@@ -800,16 +880,23 @@ def figure(tables, budget, names, xlabel='Number of GPUs', price=2.0):
         ticks |= {r['gpus'] for r in rows}
     for axes, ylabel, prefix in (
         (days_axes, 'Days to train', ''),
-        (cost_axes, f'Cost (USD at ${price:,.2f} per GPU-hour)', '$'),
+        (cost_axes, f'Cost (USD at ${price:,.2f} per {device}-hour)', '$'),
     ):
         axes.set_xscale('log', base=2)
         axes.set_yscale('log')
-        axes.yaxis.set_major_formatter(plain_log_formatter(prefix))
-        axes.yaxis.set_minor_formatter(plain_log_formatter(prefix))
+        axes.yaxis.set_major_formatter(plain_numbers(prefix))
+        axes.yaxis.set_minor_formatter(NullFormatter())  # unlabelled: grid lines between the labels
+        if axes.dataLim.y0 > 0:  # not at --price 0, whose costs a log axis cannot show
+            # Labels chosen here, not by matplotlib's log locator, which can leave the highest points above the last.
+            y_ticks = log_ticks(axes.dataLim.y0, axes.dataLim.y1)
+            axes.set_ylim(*padded(y_ticks))
+            axes.yaxis.set_major_locator(FixedLocator(y_ticks))
         axes.set_ylabel(ylabel)
         axes.grid(True, which='both', alpha=0.3)
-    cost_axes.xaxis.set_major_locator(FixedLocator(sorted(ticks)))
-    cost_axes.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f'{x:,.0f}'))
+    x_ticks = count_ticks(ticks)
+    cost_axes.set_xlim(*padded(x_ticks))
+    cost_axes.xaxis.set_major_locator(FixedLocator(x_ticks))
+    cost_axes.xaxis.set_major_formatter(plain_numbers())
     cost_axes.xaxis.set_minor_locator(NullLocator())
     cost_axes.set_xlabel(xlabel)
     days_axes.set_title(f'Days and cost to train {", ".join(names)} on {samples_text(sum(budget.values()))} samples')
@@ -818,8 +905,8 @@ def figure(tables, budget, names, xlabel='Number of GPUs', price=2.0):
     return fig
 
 
-def plot(path, tables, budget, names, xlabel='Number of GPUs', price=2.0):
-    figure(tables, budget, names, xlabel, price).savefig(path)
+def plot(path, tables, budget, names, xlabel='Number of GPUs', price=2.0, device='GPU'):
+    figure(tables, budget, names, xlabel, price, device).savefig(path)
 
 
 def collect_points(args):
@@ -936,10 +1023,11 @@ def main(args):
         if models:
             continue
         extra = [r['gpus'] for r in rows if r['kind'] == 'predicted']
-        fit_lines += [describe_fit(label + (f' {ph}px' if ph else ''), fit, extra) for ph, fit in fits.items()]
+        device = device_word(pts)
+        fit_lines += [describe_fit(label + (f' {ph}px' if ph else ''), fit, extra, device) for ph, fit in fits.items()]
         refs = {r['gpus']: r for r in rows if r['kind'] == 'reference'}
         fit_lines += [
-            f'- {label} at {r["gpus"]} GPUs: predicted {r["img_per_sec"]:,.1f} img/s vs reference '
+            f'- {label} at {r["gpus"]} {device}s: predicted {r["img_per_sec"]:,.1f} img/s vs reference '
             f'{refs[r["gpus"]]["img_per_sec"]:,.1f} img/s '
             f'({r["img_per_sec"] / refs[r["gpus"]]["img_per_sec"] - 1:+.1%})'
             for r in rows
@@ -948,15 +1036,19 @@ def main(args):
 
     budget_text = ' + '.join(f'{n:,} samples' + (f' at {ph}px' if ph else '') for ph, n in args.budget.items())
     names = sorted({p.model for pts in groups.values() for p in pts if p.model}) or ['SD2']
-    print(f'# {", ".join(names)}: training time and cost\n\nBudget: {budget_text}; ${args.price:.2f} per GPU-hour.\n')
+    device = device_word([p for pts in groups.values() for p in pts])
+    print(
+        f'# {", ".join(names)}: training time and cost\n\nBudget: {budget_text}; ${args.price:.2f} per {device}-hour.\n'
+    )
     for label, rows, _, base in tables:
-        print((f'## {label}\n\n' if len(tables) > 1 else '') + markdown_table(rows, label, base, phases) + '\n')
+        table = markdown_table(rows, label, base, phases, device_word(groups[label]))
+        print((f'## {label}\n\n' if len(tables) > 1 else '') + table + '\n')
     if prediction_text:
         print('\n'.join(prediction_text))
     if fit_lines:
         print(
             "Scaling fit (seconds/image = a + b/N: Amdahl's law at a fixed global batch; "
-            'a is per-step work that does not shrink with more GPUs):\n\n' + '\n'.join(fit_lines) + '\n'
+            f'a is per-step work that does not shrink with more {device}s):\n\n' + '\n'.join(fit_lines) + '\n'
         )
     if notes:
         print('Notes:\n\n' + '\n'.join(f'- {n}' for n in notes) + '\n')
@@ -966,7 +1058,7 @@ def main(args):
     if args.plot:
         devices = device_axis_label({pts[0].gpu for pts in groups.values()})
         tables_drawn = [(label, rows, curve) for label, rows, curve, _ in tables]
-        plot(args.plot, tables_drawn, args.budget, names, devices, args.price)
+        plot(args.plot, tables_drawn, args.budget, names, devices, args.price, device)
         print(f'wrote {args.plot}', file=sys.stderr)
     return tables
 

@@ -6,7 +6,7 @@ meet into one line. benchmark.py is its command line.
 
 import argparse
 import datetime
-import json
+import logging
 import os
 import re
 import statistics
@@ -27,6 +27,7 @@ from checkpoints import (
     set_aside_incomplete,
 )
 from config import RunConfig, resolve_config
+from config_lines import start_lines
 from dataset_checks import DataError
 from ema import export_ema_unet
 from evaluation import ValidationReport
@@ -37,11 +38,11 @@ from results import Results, cpu_name, mfu, package_versions, peak_flops
 from stack import check_stack
 from streaming_fixes import clean_stale_shared_memory
 from tokenizer import TokenizerError
-from training import build_dataloader, build_trainer
+from training import build_dataloader, build_trainer, log_summary_to_wandb
 from transformer_model import convert_to_float8
 
 
-def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer:
+def main(args: argparse.Namespace | RunConfig, callbacks: tuple = (), announced: bool = False) -> Trainer:
     """Runs the benchmark; `callbacks` lets tests and scripts watch the run. Ctrl-C and SIGTERM end it with one line
     (interrupts.py), and the signal handlers there were before are back when it returns."""
     check_stack()  # torch, numpy and transformers: silent on the pins, one line on others, an error on broken ones
@@ -49,19 +50,21 @@ def main(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer
     stop_on_signal = StopOnSignal(config)
     stop_on_signal.install()
     try:
-        return train(config, (stop_on_signal, *callbacks), stop_on_signal)
+        return train(config, (stop_on_signal, *callbacks), stop_on_signal, announced)
     finally:
         stop_on_signal.uninstall()
 
 
-def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal) -> Trainer:
-    for note in config.notes:
-        announce(note)
+def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, announced: bool = False) -> Trainer:
+    """`announced`: the start's lines (start_lines) were printed already, as benchmark.py does before torch loads."""
+    warnings_as_lines()
+    if not announced:
+        for line in start_lines(config):
+            announce(line)
     if config.cpu_threads:
         torch.set_num_threads(config.cpu_threads)
     microbatch = config.device_train_microbatch_size
     accumulation = '?' if microbatch == 'auto' else config.device_batch_size // microbatch
-    announce(f'config: {json.dumps(config.as_dict(), sort_keys=True)}')
     announce(
         f'batch: global {config.batch_size} = {config.world_size} device(s) x microbatch {microbatch} '
         f'x {accumulation} accumulation step(s)'
@@ -127,6 +130,7 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal) -> 
     warn_of_cuda_graphs_skipped(config)
     if dist.get_global_rank() == 0:
         results = summarize(trainer, config)
+        log_summary_to_wandb(trainer, results)
         leave_verdict(print_summary(results, trained=config.num_batches - resumed_at, resumed=resumed_at > 0))
         if config.results_json:
             write_whole(Path(config.results_json), results.to_json())
@@ -200,6 +204,23 @@ def describe_model(config: RunConfig, model: DiffusionModel) -> str:
             'no VAE or text encoder: the data holds their outputs'
         )
     return f'{where}: {describe_weights(list(model.parts()), model.weights_loaded)}'
+
+
+class LevelLines(logging.Formatter):
+    """`warning: message`: a level the way this repo's own lines name it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f'{record.levelname.lower()}: {record.getMessage()}'
+        return f'{line}\n{self.formatException(record.exc_info)}' if record.exc_info else line
+
+
+def warnings_as_lines() -> None:
+    """Logged warnings (a bad sample, a validation sample left out) as `warning: ...` lines. torchao, which
+    Diffusers imports, calls logging.debug() at import, and that installs Python's default root handler, which
+    prints `WARNING:data:` before each line: that handler, where it is the one there, prints them as lines."""
+    for handler in logging.getLogger().handlers:
+        if handler.formatter is not None and handler.formatter._fmt == logging.BASIC_FORMAT:
+            handler.setFormatter(LevelLines())
 
 
 def announce(message: str) -> None:
@@ -324,12 +345,14 @@ def close_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def main_reporting_errors(args: argparse.Namespace | RunConfig, callbacks: tuple = ()) -> Trainer:
+def main_reporting_errors(
+    args: argparse.Namespace | RunConfig, callbacks: tuple = (), announced: bool = False
+) -> Trainer:
     """main() with each error it expects reported as one line and an exit status: 2 for bad input found before
     training, 1 for a run that could not finish."""
     try:
         config = args if isinstance(args, RunConfig) else resolve_config(args)
-        return main(config, callbacks)
+        return main(config, callbacks, announced)
     except torch.OutOfMemoryError as error:
         if config.device_train_microbatch_size == 'auto':
             raise  # Composer's search catches an OOM in a step itself: one that escapes it is left as it is

@@ -28,6 +28,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -90,12 +91,35 @@ def get_shm_prefix_one_job_at_a_time(streams_local, streams_remote, world, *args
     if not world.is_local_leader:
         return get_shm_prefix(streams_local, streams_remote, world, *args, **kwargs)
     # Opened read-only, which flock needs no more than: another user's jobs share the file (made 0o666 less umask).
-    lock = os.open(Path(tempfile.gettempdir()) / 'sd2-streaming-prefix.lock', os.O_RDONLY | os.O_CREAT, 0o666)
+    path = Path(tempfile.gettempdir()) / 'sd2-streaming-prefix.lock'
+    lock = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        wait_for_lock(lock, path)  # released when the file closes
         return get_shm_prefix(streams_local, streams_remote, world, *args, **kwargs)
     finally:
         os.close(lock)
+
+
+# The holder keeps the lock while its own ranks reach Streaming's barrier in get_shm_prefix: seconds, or as long as
+# its slowest rank takes to build its dataset. A holder stuck for longer is stuck for good, and waiting on it would
+# hang this job without a word.
+PREFIX_LOCK_WAIT_SECONDS = 600
+
+
+def wait_for_lock(lock: int, path: Path, seconds: float = PREFIX_LOCK_WAIT_SECONDS) -> None:
+    """Takes the exclusive flock on `lock`, or raises DataError naming the lock after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise DataError(
+                    f'{path}: another job on this machine has held the Streaming prefix lock for {seconds:.0f} s '
+                    f'(a job stuck while building its dataset): end that job (lsof {path} names its process)'
+                ) from None
+            time.sleep(0.05)
 
 
 streaming_dataset.get_shm_prefix = get_shm_prefix_one_job_at_a_time  # where StreamingDataset looks it up

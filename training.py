@@ -19,7 +19,7 @@ from composer.utils import dist, reproducibility
 from torch.utils.data import DataLoader
 
 from arguments import ConfigError
-from checkpoints import RunDescription, report_failed_writes
+from checkpoints import RunDescription, keep_newest_checkpoints, report_failed_writes
 from config import RunConfig
 from convert import ensure_sample_dataset
 from data import (
@@ -174,6 +174,7 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
             SpeedMonitor(window_size=speed_window(config.num_batches)),
             BadSampleCounter(),
             RunDescription(config),
+            *keep_newest_checkpoints(config),
             *evaluation_callbacks(config),
             *(() if bar else (ProgressLines(config.num_batches),)),
             *callbacks,
@@ -185,6 +186,7 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
         run_name=config.run_name,
         save_folder=config.save_folder,
         save_interval=config.save_interval,
+        save_num_checkpoints_to_keep=config.save_num_checkpoints_to_keep,
         autoresume=config.autoresume,
         algorithms=algorithms,
         compile_config=compile_config(config.compile),
@@ -252,6 +254,88 @@ def restore_random_state_mid_epoch(trainer: Trainer) -> None:
         trainer._rng_state = None
 
 
+# Per-token throughput: Composer counts the caption's token ids, which says nothing of an image model's speed.
+UNLOGGED_TO_WANDB = ('throughput/tokens_per_sec', 'throughput/device/tokens_per_sec')
+
+# The results file's headline figures, as the run's W&B summary (named as in the results JSON).
+WANDB_SUMMARY = (
+    'img_per_sec',
+    'img_per_sec_per_device',
+    'mfu',
+    'flops_per_sec',
+    'peak_gpu_memory_gb',
+    'peak_gpu_memory_reserved_gb',
+    'device_train_microbatch_size',
+    'val_loss',
+    'val_loss_ema',
+    'train_seconds',
+    'eval_seconds',
+    'sample_seconds',
+    'device_name',
+    'num_devices',
+)
+
+
+class RunWandBLogger(WandBLogger):
+    """Composer's W&B logger, with the run's resolved configuration as the W&B run's config and no per-token
+    throughput. It never waits on W&B's servers in offline mode: wandb 0.18 asks the server for its version
+    whenever an image is logged offline (allow_offline_artifacts, on by default), and retries forever where there
+    is no network (seen: a run with sample grids still in that loop after 590 s)."""
+
+    def __init__(self, config: RunConfig):
+        init_kwargs = {'config': config.as_dict(), 'settings': offline_images_without_the_server()}
+        super().__init__(project=config.wandb_project, name=config.wandb_name, init_kwargs=init_kwargs)
+
+    def init(self, state, logger) -> None:
+        """Composer's, less wandb's `URL not available in offline run` warning: Composer asks an offline run for
+        its address, which it does not have."""
+        from wandb.sdk.wandb_run import Run
+
+        get_url = Run.get_url
+        Run.get_url = lambda run: None if run_is_offline(run) else get_url(run)
+        try:
+            self.init_or_go_offline(state, logger)
+        finally:
+            Run.get_url = get_url
+
+    def init_or_go_offline(self, state, logger) -> None:
+        """An online run that cannot start its W&B run (no network, no API key: wandb gives up after its
+        init_timeout, 90 s by default) logs offline instead, with a line saying so, rather than ending the run."""
+        import wandb
+
+        try:
+            super().init(state, logger)
+        except wandb.errors.Error as error:
+            if self._init_kwargs.get('mode') == 'offline' or run_is_offline(wandb.setup()):
+                raise
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            print(
+                f'warning: W&B: {reason[:200]}: the run goes on logging to W&B offline (wandb sync uploads it later)',
+                flush=True,
+            )
+            wandb.teardown()  # the failed start's service and settings, which a second init would reuse
+            self._init_kwargs['mode'] = 'offline'
+            super().init(state, logger)
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        super().log_metrics({k: v for k, v in metrics.items() if k not in UNLOGGED_TO_WANDB}, step)
+
+
+def run_is_offline(run) -> bool:
+    return bool(getattr(run.settings, '_offline', False)) or getattr(run.settings, 'mode', None) == 'offline'
+
+
+def offline_images_without_the_server() -> dict:
+    """wandb's settings that keep an offline run's images local (the setting, where this wandb has it)."""
+    import wandb
+
+    try:
+        wandb.Settings(allow_offline_artifacts=False)
+    except (wandb.errors.UsageError, ValueError, TypeError):  # a wandb without the setting never asks
+        return {}
+    return {'allow_offline_artifacts': False}
+
+
 def wandb_logger(config: RunConfig) -> WandBLogger:
     """Composer's W&B logger. Composer 0.32 reads the run's address with Run.get_url(), which wandb 0.29 removed
     for the `url` property: without the alias below, --wandb_project stopped the run on a current wandb."""
@@ -259,7 +343,18 @@ def wandb_logger(config: RunConfig) -> WandBLogger:
 
     if not hasattr(Run, 'get_url'):
         Run.get_url = lambda run: run.url
-    return WandBLogger(project=config.wandb_project, name=config.wandb_name)
+    return RunWandBLogger(config)
+
+
+def log_summary_to_wandb(trainer: Trainer, results) -> None:
+    """The results file's headline figures as the W&B run's summary, where the run logs to W&B."""
+    if not any(isinstance(destination, WandBLogger) for destination in trainer.logger.destinations):
+        return
+    import wandb
+
+    if wandb.run is not None:
+        headline = {name: getattr(results, name) for name in WANDB_SUMMARY}
+        wandb.run.summary.update({name: value for name, value in headline.items() if value is not None})
 
 
 def build_profiler(config: RunConfig) -> Profiler:

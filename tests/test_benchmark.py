@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 import struct
 import sys
 import types
@@ -10,7 +11,7 @@ import pytest
 import torch
 from composer.core import Callback
 from composer.utils import reproducibility
-from conftest import TINY, run_cli
+from conftest import TINY, free_port, run_cli
 from diffusers import DDPMScheduler
 from diffusers.models.attention_processor import Attention
 from torch.utils.data import DataLoader, Dataset
@@ -305,8 +306,9 @@ def test_sd2_flops_match_the_reference_figures():
 # ------------------------------------------------------------------------------------------ W&B
 
 
-def wandb_history_keys(run_file) -> set[str]:
-    """The keys of every history row in a W&B run file (run-*.wandb): a LevelDB-style log, a 7-byte header
+def wandb_record_keys(run_file) -> dict[str, set[str]]:
+    """The keys of the history rows, config and summary updates in a W&B run file (run-*.wandb): by kind of
+    record. The file is a LevelDB-style log, a 7-byte header
     (':W&B', 0xBEE1, a version) then 32 KiB blocks of chunks (CRC32, length, type: 1 whole, 2 first, 3 middle,
     4 last) holding wandb's Record protobufs. Read here rather than through wandb: its current releases have no
     Python reader."""
@@ -314,7 +316,7 @@ def wandb_history_keys(run_file) -> set[str]:
 
     data = run_file.read_bytes()
     assert data[:4] == b':W&B'
-    keys, pending, offset = set(), b'', 7
+    keys, pending, offset = {'history': set(), 'config': set(), 'summary': set()}, b'', 7
     while offset + 7 <= len(data):
         if 32768 - offset % 32768 < 7:  # a block's tail too short for a chunk header is padding
             offset += 32768 - offset % 32768
@@ -325,19 +327,30 @@ def wandb_history_keys(run_file) -> set[str]:
         if kind in (1, 4):
             record = wandb_internal_pb2.Record.FromString(pending)
             pending = b''
-            if record.HasField('history'):
-                keys |= {item.key or '/'.join(item.nested_key) for item in record.history.item}
+            if record.HasField('run'):  # the config given to wandb.init
+                keys['config'] |= {item.key for item in record.run.config.update}
+            for kind, items in (('history', 'item'), ('config', 'update'), ('summary', 'update')):
+                if record.HasField(kind):
+                    keys[kind] |= {
+                        item.key or '/'.join(item.nested_key) for item in getattr(getattr(record, kind), items)
+                    }
     return keys
 
 
 @pytest.mark.stack
-def test_wandb_offline_run_holds_the_throughput_history(tmp_path, monkeypatch):
+def test_wandb_offline_run_holds_the_configuration_history_and_headline_without_a_network(tmp_path, monkeypatch, capfd):
     """--wandb_project on the installed wandb (0.18 on the pins, the newest on today's stack, where Composer's
-    logger needed an alias for Run.get_url), offline: the run file holds SpeedMonitor's throughput."""
+    logger needed an alias for Run.get_url), offline, with no W&B server reachable (wandb 0.18 asked one for its
+    version at every image logged offline, and retried forever), sample grids logged: the run ends, and its run
+    file holds the resolved configuration, SpeedMonitor's throughput (not per token) and the results' headline."""
     pytest.importorskip('wandb', reason='wandb is not installed (requirements-current.txt leaves it out)')
     monkeypatch.setenv('WANDB_MODE', 'offline')
     monkeypatch.setenv('WANDB_DIR', str(tmp_path))
-    trainer = main(parse_args([*TINY, '--max_duration', '4ba', '--wandb_project', 'p', '--wandb_name', 'n']))
+    monkeypatch.setenv('WANDB_BASE_URL', f'http://127.0.0.1:{free_port()}')  # nothing listens: refused
+    flags = [*TINY, '--max_duration', '4ba', '--wandb_project', 'p', '--wandb_name', 'n']
+    flags += ['--sample_interval', '2ba', '--sample_steps', '2', '--sample_dir', str(tmp_path / 'samples')]
+    trainer = main(parse_args(flags))
+    assert 'URL not available in offline run' not in capfd.readouterr().err  # Composer asked; not shown
     trainer.close()  # Composer finishes the W&B run
     # As at exit: wandb's own atexit hook. Finishing a run only asks wandb's service to close the run file, without
     # waiting; teardown waits for the service, so the file is complete (a loaded machine read it half-written).
@@ -345,8 +358,34 @@ def test_wandb_offline_run_holds_the_throughput_history(tmp_path, monkeypatch):
 
     wandb.teardown()
     (run_file,) = tmp_path.glob('wandb/offline-run-*/run-*.wandb')
-    keys = wandb_history_keys(run_file)
-    assert {'throughput/samples_per_sec', 'throughput/flops_per_sec', 'loss/train/total'} <= keys, sorted(keys)
+    keys = wandb_record_keys(run_file)
+    assert {'throughput/samples_per_sec', 'throughput/flops_per_sec', 'loss/train/total'} <= keys['history']
+    assert any(key.startswith('samples/trained') for key in keys['history'])  # the grid, as Composer logs it
+    assert not [key for key in keys['history'] if 'tokens_per_sec' in key]
+    assert {'model_name', 'image_size', 'run_recipe', 'batch_size'} <= keys['config'], sorted(keys['config'])
+    assert {'img_per_sec', 'img_per_sec_per_device', 'train_seconds', 'sample_seconds'} <= keys['summary']
+
+
+def test_an_online_wandb_run_without_a_reachable_server_goes_on_offline(tmp_path, monkeypatch, capfd):
+    """Online, with an API key, and no W&B server reachable: wandb gives up after its init_timeout, and the run goes
+    on logging offline with a line saying so, rather than ending."""
+    pytest.importorskip('wandb', reason='wandb is not installed (requirements-current.txt leaves it out)')
+    monkeypatch.delenv('WANDB_MODE', raising=False)
+    monkeypatch.setenv('WANDB_DIR', str(tmp_path))
+    monkeypatch.setenv('WANDB_API_KEY', 'x' * 40)
+    monkeypatch.setenv('WANDB_BASE_URL', f'http://127.0.0.1:{free_port()}')  # nothing listens: refused
+    monkeypatch.setenv('WANDB_INIT_TIMEOUT', '5')
+    trainer = main(parse_args([*TINY, '--max_duration', '2ba', '--wandb_project', 'p', '--wandb_name', 'n']))
+    assert int(trainer.state.timestamp.batch) == 2
+    trainer.close()
+    import wandb
+
+    wandb.teardown()
+    out = capfd.readouterr().out
+    assert re.search(
+        r'^warning: W&B: .*: the run goes on logging to W&B offline \(wandb sync uploads it later\)$', out, re.M
+    )
+    assert list(tmp_path.glob('wandb/offline-run-*/run-*.wandb'))
 
 
 def test_wandb_project_without_wandb_is_refused_at_start(monkeypatch):

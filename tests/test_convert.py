@@ -5,15 +5,18 @@ bounded errors for a missing bucket, a wrong prefix or a server that is down, an
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 import time
+import warnings
 from pathlib import Path
 
 import boto3
 import pytest
+from composer.core import Callback
 from conftest import REPO, free_port, jpeg
 from streaming import StreamingDataset
 from test_data import RecordSamples
@@ -21,6 +24,7 @@ from test_data import RecordSamples
 import convert
 import precompute
 from arguments import ConfigError
+from config import resolve_config
 from data import StreamingLAIONDataset
 from dataset_checks import DataError
 from flags import parse_args
@@ -120,11 +124,12 @@ def test_skipped_files_are_named_with_their_reason(tmp_path, capsys):
     convert.main([str(tmp_path / 'photos'), str(tmp_path / 'out')])
     photos = tmp_path / 'photos'
     assert skipped_lines(capsys.readouterr().err) == [
-        f'skipped {photos}/c.jpg: no caption file',
+        f'skipped {photos}/c.jpg: no caption file c.txt',
         f'skipped {photos}/d.jpg: not an image',
         f'skipped {photos}/e.jpg: corrupt image',
     ]
     assert not (tmp_path / 'out' / convert.STAGING).exists() and len(read_mds(tmp_path / 'out')) == 3
+    assert 'warning' not in capsys.readouterr().err  # half skipped: no more than half
 
 
 def write_uncaptioned(folder: Path, n: int) -> Path:
@@ -139,7 +144,7 @@ def test_a_conversion_that_writes_nothing_fails_and_leaves_the_output_as_it_was(
     with pytest.raises(convert.ConvertError, match=r'no samples written, all 12 skipped \(12 no caption file\)'):
         convert.main([str(uncaptioned), str(tmp_path / 'new')])
     lines = skipped_lines(capsys.readouterr().err)
-    assert lines == [f'skipped {uncaptioned}/{i:02}.jpg: no caption file' for i in range(10)] + [
+    assert lines == [f'skipped {uncaptioned}/{i:02}.jpg: no caption file {i:02}.txt' for i in range(10)] + [
         '... and 2 more skipped'
     ]
     assert not (tmp_path / 'new').exists()  # no empty dataset for a later run to read
@@ -182,7 +187,7 @@ def test_a_dataset_appears_only_whole(tmp_path):
 
     def failing_part_way():
         for i in range(8):
-            yield f'sample {i}', jpeg(i), f'caption {i}', None
+            yield f'sample {i}', jpeg(i), f'caption {i}', None, False
         raise RuntimeError('the disk went away')
 
     for target in (out, tmp_path / 'new'):
@@ -201,6 +206,136 @@ def test_a_dataset_appears_only_whole(tmp_path):
     assert many['shards'] > 1 and small['shards'] == 1
     assert sorted(path.name for path in out.iterdir()) == ['index.json', 'shard.00000.mds']
     assert read_mds(out) == expected
+
+
+# ------------------------------------------------------------------------- captions and the held-out split
+
+
+def test_caption_files_are_named_and_file_names_can_caption(tmp_path, capsys):
+    photos = tmp_path / 'photos'
+    photos.mkdir()
+    (photos / 'a.jpg').write_bytes(jpeg(1))
+    (photos / 'a.jpg.txt').write_text('beside the image, under a name not looked for')
+    (photos / 'b.jpg').write_bytes(jpeg(2))
+    (photos / 'b.txt').write_text('a caption file')
+    (photos / 'red_barn-at--dusk.jpg').write_bytes(jpeg(3))
+    convert.main([str(photos), str(tmp_path / 'out')])
+    err = capsys.readouterr().err.splitlines()
+    assert skipped_lines('\n'.join(err)) == [
+        f'skipped {photos}/a.jpg: no caption file a.txt',
+        f'skipped {photos}/red_barn-at--dusk.jpg: no caption file red_barn-at--dusk.txt',
+    ]
+    # More than half the inputs skipped: said, with the fix; still written, and no error (exit status 0).
+    assert err[-1] == (
+        'warning: 2 of 3 inputs skipped, more than half (2 no caption file); each image needs a caption file of its '
+        "name ('a.jpg': 'a.txt'), or pass --caption_from_filename"
+    )
+    assert read_mds(tmp_path / 'out') == [(jpeg(2), 'a caption file')]
+
+    stats = convert.main([str(photos), str(tmp_path / 'named'), '--caption_from_filename'])
+    assert stats['skipped'] == {} and 'warning' not in capsys.readouterr().err
+    # A caption file still wins over the file name.
+    assert read_mds(tmp_path / 'named') == [(jpeg(1), 'a'), (jpeg(2), 'a caption file'), (jpeg(3), 'red barn at dusk')]
+
+
+def write_captioned(folder: Path, n: int) -> Path:
+    folder.mkdir(parents=True)
+    for i in range(n):
+        (folder / f'{i:03}.jpg').write_bytes(jpeg(i, (32, 32)))
+        (folder / f'{i:03}.txt').write_text(f'photo {i}')
+    return folder
+
+
+def captions(location) -> list[str]:
+    return [caption for _, caption in read_mds(location)]
+
+
+def test_validation_fraction_holds_out_the_same_files_on_every_conversion(tmp_path, capsys):
+    photos = write_captioned(tmp_path / 'photos', 40)
+    out, split = tmp_path / 'out', tmp_path / 'out' / 'validation'
+    stats = convert.main([str(photos), str(out), '--validation_fraction', '0.25'])
+    training, held_out = captions(out), captions(split)
+    assert (stats['written'], stats['held_out']) == (len(training), len(held_out)) == (34, 6)
+    assert sorted(training + held_out) == sorted(f'photo {i}' for i in range(40))  # each once, on one side
+    assert held_out != [f'photo {i}' for i in range(6)]  # by name, not the first ones
+    assert (
+        capsys.readouterr()
+        .out.splitlines()[-1]
+        .startswith(f'wrote 34 training samples in 1 shard(s) to {out}, 6 held out for validation in {split}, in ')
+    )
+    # By each file's name within its input folder: the same split from a copy elsewhere, and a larger fraction only
+    # adds to it.
+    moved = shutil.copytree(photos, tmp_path / 'moved' / 'pictures')
+    convert.convert([str(moved)], str(tmp_path / 'again'), validation_fraction=0.25, progress=False)
+    assert captions(tmp_path / 'again' / 'validation') == held_out
+    convert.convert([str(photos)], str(out), overwrite=True, validation_fraction=0.5, progress=False)
+    assert set(held_out) < set(captions(split))
+    # Converting again without it leaves no earlier split behind (it would overlap the training samples).
+    convert.convert([str(photos)], str(out), overwrite=True, progress=False)
+    assert not split.exists() and len(captions(out)) == 40
+    assert convert.split_name(f'{tmp_path}/laion/00000.tar:sub/000123', tmp_path / 'laion') == '00000.tar:sub/000123'
+
+
+def test_a_split_that_falls_on_one_side(tmp_path, capsys):
+    photos = write_captioned(tmp_path / 'photos', 1)
+    stats = convert.main([str(photos), str(tmp_path / 'few'), '--validation_fraction', '0.01'])
+    assert stats['held_out'] == 0 and not (tmp_path / 'few' / 'validation').exists()
+    assert 'none held out for validation (too few images for --validation_fraction 0.01)' in capsys.readouterr().out
+    with pytest.raises(convert.NothingWritten, match='no training samples written, all 1 held out for validation'):
+        convert.main([str(photos), str(tmp_path / 'all'), '--validation_fraction', '0.99'])
+    assert not (tmp_path / 'all').exists()
+
+
+@pytest.mark.parametrize('fraction', ['1', '1.5', '-0.1', 'nan'])
+def test_a_validation_fraction_outside_0_to_1_is_refused(tmp_path, fraction):
+    photos = write_captioned(tmp_path / 'photos', 1)
+    refused = r'--validation_fraction .*: the fraction of images held out, at least 0 and below 1 \(e.g. 0.05\)'
+    with pytest.raises(convert.ConvertError, match=refused):
+        convert.main([str(photos), str(tmp_path / 'out'), '--validation_fraction', fraction])
+    assert not (tmp_path / 'out').exists()
+
+
+class RecordEvaluations(Callback):
+    """The size of the split each evaluation reads."""
+
+    def __init__(self):
+        self.sizes = []
+
+    def eval_start(self, state, logger):
+        self.sizes.append(len(state.dataloader.dataset))
+
+
+def test_training_with_eval_interval_finds_the_converted_split(tmp_path, capfd):
+    photos = write_captioned(tmp_path / 'photos', 24)
+    out = tmp_path / 'mds'
+    held_out = convert.convert([str(photos)], str(out), validation_fraction=0.25, progress=False)['held_out']
+    flags = ['--model_name', 'tiny', '--local', str(out), '--image_size', '32', '--batch_size', '3']
+    record = RecordEvaluations()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        main(parse_args([*flags, '--max_duration', '2ba', '--eval_interval', '2ba']), (record,))
+    assert record.sizes == [held_out, held_out]  # at the start and at the end
+    assert held_out % 3 and not [w for w in caught if 'Cannot split' in str(w.message)]  # a last, shorter batch
+    assert (
+        f'validation loss on {out}/validation ({held_out} images), the held-out split convert.py '
+        '--validation_fraction wrote beside the training data' in capfd.readouterr().out
+    )
+    # Sample grids draw the split's captions: its first four (the tiny run's count of prompts).
+    split_captions = [caption for _, caption in read_mds(out / 'validation')][:4]
+    sampled = resolve_config(parse_args([*flags, '--eval_interval', '2ba', '--sample_interval', '2ba']))
+    assert list(sampled.sample_prompts) == split_captions and len(split_captions) == min(4, held_out)
+    assert any(note.startswith('sample grids: the first ') for note in sampled.notes)
+    given = tmp_path / 'prompts.txt'
+    given.write_text('a lighthouse\n')
+    chosen = resolve_config(
+        parse_args([*flags, '--eval_interval', '2ba', '--sample_interval', '2ba', '--sample_prompts', str(given)])
+    )
+    assert chosen.sample_prompts == ('a lighthouse',)  # a flag given wins
+    # A converted folder without a split: the error says how to make one.
+    convert.convert([str(photos)], str(out), overwrite=True, progress=False)
+    how = r'no held-out split to validate on: .*, or convert with --validation_fraction, which writes one'
+    with pytest.raises(ConfigError, match=how):
+        resolve_config(parse_args([*flags, '--eval_interval', '2ba']))
 
 
 @pytest.mark.slow
@@ -279,12 +414,15 @@ def test_converter_uploads_and_training_streams_from_s3(s3, tmp_path):
 @pytest.mark.slow
 def test_a_remote_gets_an_index_only_when_whole(s3, tmp_path):
     """No index.json for a conversion that wrote nothing (an earlier one's stays) or stopped part way (an earlier
-    one's is gone, since its shards were being written over)."""
+    one's is gone, since its shards were being written over, and so is its held-out split's)."""
     remote = upload(s3, tmp_path, 'whole', n=4)
     client = boto3.client('s3', endpoint_url=s3)
 
     def index():
         return client.get_object(Bucket='bucket', Key='whole/mds/index.json')['Body'].read()
+
+    def keys():
+        return {item['Key'] for item in client.list_objects_v2(Bucket='bucket', Prefix='whole/mds')['Contents']}
 
     earlier = index()
     uncaptioned = write_uncaptioned(tmp_path / 'uncaptioned', 3)
@@ -293,16 +431,19 @@ def test_a_remote_gets_an_index_only_when_whole(s3, tmp_path):
             convert.convert([str(uncaptioned)], target, overwrite=True, progress=False)
     assert index() == earlier
     assert 'Contents' not in client.list_objects_v2(Bucket='bucket', Prefix='whole/new')
+    stats = convert.convert([str(tmp_path / 'photos-whole')], remote, overwrite=True, validation_fraction=0.3)
+    assert (stats['written'], stats['held_out']) == (2, 2)
+    assert {'whole/mds/index.json', 'whole/mds/validation/index.json', 'whole/mds/validation/shard.00000.mds'} <= keys()
 
     def failing_part_way():
         for i in range(6):
-            yield f'sample {i}', jpeg(i), f'caption {i}', None
+            yield f'sample {i}', jpeg(i), f'caption {i}', None, False
         raise RuntimeError('the network went away')
 
     with pytest.raises(RuntimeError, match='the network went away'):
         convert.write_mds(failing_part_way(), remote, overwrite=True, size_limit=len(jpeg(0)), progress=False)
-    keys = {item['Key'] for item in client.list_objects_v2(Bucket='bucket', Prefix='whole/mds')['Contents']}
-    assert 'whole/mds/index.json' not in keys and 'whole/mds/shard.00000.mds' in keys
+    assert 'whole/mds/shard.00000.mds' in keys()
+    assert not {'whole/mds/index.json', 'whole/mds/validation/index.json'} & keys()
 
 
 @pytest.mark.slow

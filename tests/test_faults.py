@@ -904,3 +904,26 @@ def test_two_jobs_starting_together_each_get_their_own_shared_memory(tmp_path, d
     assert errors == []
     assert built[0]._shm_prefix_int != built[1]._shm_prefix_int
     assert len(built[0]) == len(built[1]) == 24
+
+
+def test_a_job_stuck_holding_the_prefix_lock_is_named_not_waited_on_forever(tmp_path):
+    import fcntl
+
+    import streaming_fixes
+
+    path = tmp_path / 'prefix.lock'
+    holder, waiter = os.open(path, os.O_RDONLY | os.O_CREAT), os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # another open of the file: another job, as flock sees it
+        with pytest.raises(DataError, match=rf'^{re.escape(str(path))}: another job on this machine has held'):
+            streaming_fixes.wait_for_lock(waiter, path, seconds=0.3)
+        os.close(holder)  # that job ends: the lock is taken at once
+        holder = None
+        streaming_fixes.wait_for_lock(waiter, path, seconds=0.3)
+        holder = os.open(path, os.O_RDONLY)
+        with pytest.raises(BlockingIOError):  # held now by the waiter
+            fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(waiter)
+        if holder is not None:
+            os.close(holder)

@@ -16,7 +16,10 @@ from benchmarks import gpu_campaign
 def files_that_travel(tree):
     """The files a lent machine receives: tracked, and untracked but not ignored (as the device tool sends)."""
     listed = subprocess.run(
-        ['git', 'ls-files', '-z', '--cached', '--others', '--exclude-standard'], cwd=REPO, capture_output=True
+        ['git', 'ls-files', '-z', '--cached', '--others', '--exclude-standard'],
+        cwd=REPO,
+        capture_output=True,
+        timeout=600,
     )
     for name in filter(None, listed.stdout.decode().split('\0')):
         source = REPO / name
@@ -56,12 +59,19 @@ def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
         'HOME': str(tmp_path),
         'GPU_SLICE_MINUTES': '1.2',
     }
-    unreachable = subprocess.run(['python3', '-c', 'import results'], cwd=tmp_path, env=env, capture_output=True)
+    unreachable = subprocess.run(
+        ['python3', '-c', 'import results'], cwd=tmp_path, env=env, capture_output=True, timeout=600
+    )
     assert unreachable.returncode != 0, 'the repo is importable without the slice putting it on the path'
 
     def call(out):
         return subprocess.run(
-            ['bash', 'benchmarks/gpu_slice.sh'], cwd=tree, env={**env, 'OUT': str(out)}, capture_output=True, text=True
+            ['bash', 'benchmarks/gpu_slice.sh'],
+            cwd=tree,
+            env={**env, 'OUT': str(out)},
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
 
     first = call(tmp_path / 'out1')
@@ -75,13 +85,11 @@ def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
         'gpu-campaign/logs.tar.gz',
     ]
     rows = campaign_rows(tmp_path / 'out1')
-    assert list(rows)[:4] == [
-        'environment',
-        'headline precomputed, fast',
-        'headline online, fast',
-        'headline precomputed, published mb4',
-    ]
-    assert all(rows[key]['img_per_sec_per_device'] > 0 for key in list(rows)[1:4])
+    # How many rows fit the slice depends on this machine's load: those that ran are the first in the campaign's order.
+    headline = ['headline precomputed, fast', 'headline online, fast', 'headline precomputed, published mb4']
+    measured = [key for key in rows if key in headline]
+    assert list(rows)[0] == 'environment' and measured and measured == headline[: len(measured)], list(rows)
+    assert all(rows[key]['img_per_sec_per_device'] > 0 for key in measured)
     assert rows['environment']['matmul_tflops'] > 0 and rows['environment']['copy_gb_s'] > 0
     assert rows['headline precomputed, fast, compiled'] == {
         'step': 'headline',
@@ -106,7 +114,7 @@ def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
     assert tests and all(row['outcome'] == 'skipped' for row in tests.values())  # no CUDA: skipped, never passed
 
 
-def test_a_row_cut_by_the_deadline_is_tried_again_once_then_passed_over(tmp_path, monkeypatch):
+def test_a_row_cut_by_the_deadline_is_tried_again_once_then_passed_over(tmp_path, monkeypatch, capsys):
     sleeper = {'key': 'sleeper', 'kind': 'probe', 'cost': 'probe', 'argv': ['-c', 'import time; time.sleep(30)']}
     assert gpu_campaign.execute(sleeper, 0.5, tmp_path)['cut']
     assert (tmp_path / 'sleeper.log').read_text().endswith('cut by the deadline after 0 s')
@@ -119,6 +127,11 @@ def test_a_row_cut_by_the_deadline_is_tried_again_once_then_passed_over(tmp_path
     (row,) = [held['rows']['sleeper'] for held in first['machines'].values()]
     assert row == {'step': 'sweep', 'cost': 'probe', 'pending': True, 'cuts': 1} and first['left'] == 1
     assert 'cut by the deadline 1 time(s): tried again next call' in (tmp_path / 'out' / 'campaign.md').read_text()
+    # A CPU says so at the start and in the table's heading.
+    assert capsys.readouterr().out.startswith('no GPU here: the campaign runs its tiny CPU rows instead')
+    assert (tmp_path / 'out' / 'campaign.md').read_text().startswith('# GPU campaign, rehearsed on a CPU: tiny rows')
+    with_a_gpu = {'machines': {'NVIDIA H100 80GB HBM3 torch 2.11.0': {'rows': {}}, **first['machines']}}
+    assert gpu_campaign.table(with_a_gpu).startswith('# GPU campaign\n')
     second = gpu_campaign.main(argv)
     (row,) = [held['rows']['sleeper'] for held in second['machines'].values()]
     assert row['error'] == 'cut by the deadline twice: passed over' and not row.get('pending')

@@ -156,7 +156,11 @@ def test_help_and_bad_flags_answer_before_any_heavy_library_loads(script, tmp_pa
     code = LOADED.format(heavy=sorted(HEAVY))
     for flags in [['--help'], ['--no_such_flag'], *BAD_FLAGS[script]]:
         run = subprocess.run(
-            [sys.executable, '-c', code, str(REPO / script), *flags], cwd=tmp_path, capture_output=True, text=True
+            [sys.executable, '-c', code, str(REPO / script), *flags],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         expected = 0 if flags == ['--help'] else 2
         assert run.returncode == expected, (flags, run.stderr[-2000:])
@@ -170,7 +174,12 @@ def test_gpu_check_refuses_a_machine_without_a_gpu():
     # Else the gpu tier would skip every test and the check would pass having checked nothing.
     env = {**os.environ, 'CUDA_VISIBLE_DEVICES': ''}
     run = subprocess.run(
-        ['make', '-s', 'gpu-check', f'VENV={sys.prefix}'], cwd=REPO, env=env, capture_output=True, text=True
+        ['make', '-s', 'gpu-check', f'VENV={sys.prefix}'],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode != 0 and 'gpu-check: no CUDA device' in run.stderr
     assert 'pytest' not in run.stdout + run.stderr
@@ -179,7 +188,7 @@ def test_gpu_check_refuses_a_machine_without_a_gpu():
 def test_gpu_wheels_are_the_gpu_images_list_for_python_3_12_on_linux():
     # What a lent machine's Python 3.12 installs with --no-deps from the carried folder: binary wheels only, none of
     # their dependencies, manylinux x86_64.
-    run = subprocess.run(['make', '-n', 'gpu-wheels'], cwd=REPO, capture_output=True, text=True)
+    run = subprocess.run(['make', '-n', 'gpu-wheels'], cwd=REPO, capture_output=True, text=True, timeout=300)
     commands = run.stdout.replace('\\\n', ' ')  # continuation lines joined
     download = next(line for line in commands.splitlines() if ' pip download ' in line)
     for part in ('--no-deps', '--only-binary=:all:', '--python-version 3.12', '--implementation cp', '-d .whl'):
@@ -199,6 +208,7 @@ def test_the_benchmark_runs_without_a_launcher_on_one_device():
         env=env,
         capture_output=True,
         text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith('usage: benchmark.py ')
@@ -214,6 +224,7 @@ def test_under_the_launcher_the_one_line_error_is_printed_last():
         cwd=REPO,
         capture_output=True,
         text=True,
+        timeout=300,
     )
     assert run.returncode == 2
     error = 'error: --image_size 7: must be a positive multiple of 8 (the VAE downsamples 8x)'
@@ -225,7 +236,12 @@ def test_a_flag_error_is_kept_for_the_makefile(tmp_path):
     verdict = tmp_path / 'verdict'
     env = {**os.environ, 'BENCHMARK_VERDICT_FILE': str(verdict)}
     run = subprocess.run(
-        [sys.executable, 'benchmark.py', '--batch_size', 'abc'], cwd=REPO, env=env, capture_output=True, text=True
+        [sys.executable, 'benchmark.py', '--batch_size', 'abc'],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 2 and run.stderr.count('\n') == 1
     assert verdict.read_text() == run.stderr
@@ -241,6 +257,8 @@ def test_a_flag_error_is_kept_for_the_makefile(tmp_path):
     ],
 )
 def test_an_unknown_or_abbreviated_flag_is_named(script, flags, named, tmp_path):
-    run = subprocess.run([sys.executable, str(REPO / script), *flags], cwd=tmp_path, capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, str(REPO / script), *flags], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 2
     assert f'unrecognized arguments: {named}' in run.stderr.splitlines()[-1]

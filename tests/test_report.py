@@ -231,11 +231,32 @@ def test_the_plot_names_devices_that_are_not_gpus(tmp_path, monkeypatch):
     assert report.device_axis_label({'H100', 'A100'}) == 'Number of GPUs'
     assert report.device_axis_label({'AMD EPYC'}) == 'Number of devices (AMD EPYC)'
     labels = []
-    monkeypatch.setattr(report, 'plot', lambda path, tables, budget, names, xlabel, price: labels.append(xlabel))
+    monkeypatch.setattr(
+        report, 'plot', lambda path, tables, budget, names, xlabel, price, device: labels.append((xlabel, device))
+    )
     cpu = results_file(tmp_path / 'cpu.json', device_type='cpu', device_name='AMD EPYC', mfu=None)
     run_report(tmp_path, [cpu])
     run_report(tmp_path, [results_file(tmp_path / 'h100.json')])
-    assert labels == ['Number of devices (AMD EPYC)', 'Number of GPUs']
+    assert labels == [('Number of devices (AMD EPYC)', 'device'), ('Number of GPUs', 'GPU')]
+
+
+def test_a_cpu_report_speaks_of_devices_and_device_hours(tmp_path, capsys):
+    """A CPU's processes are no GPUs: its table, fit, notes and figure count devices, priced per device-hour."""
+    cpu = {'device_type': 'cpu', 'device_name': 'AMD EPYC 7B13', 'mfu': None}
+    one = results_file(tmp_path / 'one.json', **cpu, num_devices=1, img_per_sec=0.9)
+    two = results_file(tmp_path / 'two.json', **cpu, num_devices=2, img_per_sec=1.7)
+    again = results_file(tmp_path / 'again.json', **cpu, num_devices=2, img_per_sec=1.7)
+    tables = run_report(tmp_path, [one, two, again, '--price', '0.5'])
+    out = capsys.readouterr().out
+    assert 'GPU' not in out
+    assert '$0.50 per device-hour' in out
+    assert '| devices | kind | img/s | days | device-hours |' in out
+    assert 'fitted to 2 measured counts (1, 2 devices)' in out and '2 runs at 2 devices averaged' in out
+    (_, cost_axes) = drawn(report.figure([t[:3] for t in tables], {None: 10**8}, ['SD2'], price=0.5, device='device'))
+    assert cost_axes.get_ylabel() == 'Cost (USD at $0.50 per device-hour)'
+    # Results files of GPUs keep their words.
+    run_report(tmp_path, [results_file(tmp_path / 'h100.json')])
+    assert '$2.00 per GPU-hour' in capsys.readouterr().out
 
 
 BENCHMARK = REPO / 'benchmark.py'
@@ -486,6 +507,25 @@ def test_predict_from_a_throughput_measured_at_another_batch(tmp_path, capsys):
     # Without it the 1,099 img/s are taken at batch 1024 (128 images per GPU), whose fixed work weighs less.
     assumed = rows_by_kind(run_report(tmp_path, argv), 'predicted')[64]
     assert assumed['img_per_sec'] < 0.96 * expected
+
+
+def test_a_throughput_taken_at_the_predicted_batch_says_so(tmp_path, capsys):
+    """Without --measured_batch a throughput given by hand is taken as measured at the predicted runs' batch, which
+    sets its fixed work per image and so the prediction: one line says so. A results file records its own."""
+    argv = ['--gpu_type', 'H100', '--throughput', '8=1099', '--unet_only', '--microbatch', '32', '--predict', '64']
+    taken = '- H100: --throughput 8=1099 is taken as measured at '
+    advice = '; if it ran at another, --measured_batch N gives it (it changes the prediction)'
+    lines = run_report_out(tmp_path, capsys, argv + ['--global_batch', '1024']).splitlines()
+    assert f"{taken}the predicted runs' global batch of 1,024{advice}" in lines
+    lines = run_report_out(tmp_path, capsys, argv).splitlines()  # the published batch
+    assert f"{taken}the predicted runs' global batch of 2,048{advice}" in lines
+    lines = run_report_out(tmp_path, capsys, argv + ['--images_per_gpu', '32']).splitlines()
+    assert f'{taken}32 images per GPU (--images_per_gpu), a global batch of 256{advice}' in lines
+    for given in (
+        argv + ['--measured_batch', '256'],
+        [results_file(tmp_path / 'h100.json', **H100_RUN), '--predict', '16'],
+    ):
+        assert 'is taken as measured at' not in run_report_out(tmp_path, capsys, given)
 
 
 def test_a_given_node_loss_replaces_the_central_one_and_leaves_the_range(tmp_path, capsys):
@@ -770,12 +810,13 @@ def drawn(fig):
 
 
 def tick_labels(axis):
-    """(position, label) of each labelled tick, major and minor, of a drawn axis."""
+    """(position, label) of each labelled tick, major and minor, that a drawn axis shows (within its limits)."""
     ticks = axis.get_major_ticks() + axis.get_minor_ticks()
+    low, high = sorted(axis.get_view_interval())
     return [
         (tick.get_loc(), tick.label1.get_text())
         for tick in ticks
-        if tick.label1.get_visible() and tick.label1.get_text()
+        if tick.label1.get_visible() and tick.label1.get_text() and low <= tick.get_loc() <= high
     ]
 
 
@@ -785,7 +826,7 @@ def test_the_figure_labels_log_axes_in_plain_numbers(tmp_path):
     tables = run_report(tmp_path, argv)
     days_axes, cost_axes = drawn(report.figure([t[:3] for t in tables], {None: 10**8}, ['SD2'], price=2.0))
     days = tick_labels(days_axes.yaxis)
-    assert {label for _, label in days} >= {'0.1', '1', '10', '100', '1,000'}
+    assert {label for _, label in days} >= {'0.01', '0.1', '1', '10', '100'}
     for value, label in days:  # each label reads as its tick's value
         assert float(label.replace(',', '')) == pytest.approx(value), (value, label)
     cost = tick_labels(cost_axes.yaxis)
@@ -794,6 +835,47 @@ def test_the_figure_labels_log_axes_in_plain_numbers(tmp_path):
         assert float(label.lstrip('$').replace(',', '')) == pytest.approx(value), (value, label)
     assert days_axes.get_ylabel() == 'Days to train' and cost_axes.get_ylabel().startswith('Cost (USD')
     assert [label for _, label in tick_labels(cost_axes.xaxis)] == ['1', '64', '4,096', '8,192']
+
+
+@pytest.mark.parametrize(
+    'argv, last_cost_label',
+    [
+        # Three runs at $78k-$82k over the limit's $18k: matplotlib's log locator labelled $60,000 last.
+        ('--gpu_type A100 --throughput 8=160 16=310 32=650'.split(), '$100,000'),
+        (PUBLISHED_ARGS, '$200,000'),
+        ('--gpu_type H100 --throughput 8=511.9 --images_per_gpu 32 --microbatch 32 --predict 512'.split(), None),
+        (['CPU'], None),  # one run, no limit row: a single point on each axis
+    ],
+    ids=['three-near-80k', 'published', 'predicted', 'one-cpu-run'],
+)
+def test_each_axis_labels_a_tick_at_or_above_its_highest_point(tmp_path, argv, last_cost_label):
+    if argv == ['CPU']:
+        argv = [results_file(tmp_path / 'cpu.json', device_type='cpu', device_name='AMD EPYC', mfu=None, num_devices=1)]
+    tables = run_report(tmp_path, argv)
+    ((label, rows, curve, _),) = tables
+    budget = report.parse_budget(['2867200000'], None)
+    days_axes, cost_axes = drawn(report.figure([(label, rows, curve)], budget, ['SD2'], price=2.0))
+    highest = {
+        'days': max(r['days'] for r in rows),
+        'cost': max(r['days'] * 24 * r['gpus'] * 2.0 for r in rows),
+        'GPUs': max(r['gpus'] for r in rows),
+    }
+    for name, axis in (('days', days_axes.yaxis), ('cost', cost_axes.yaxis), ('GPUs', cost_axes.xaxis)):
+        ticks = sorted(value for value, _ in tick_labels(axis))
+        assert len(ticks) >= 3, (name, ticks)
+        assert ticks[-1] >= highest[name], (name, ticks, highest[name])
+        if name != 'GPUs' and len(rows) > 1:  # one point is widened to a range around it
+            # The last no further above the highest point than the next round value (x 1.5 at most).
+            assert ticks[-1] <= 1.5 * highest[name], (name, ticks, highest[name])
+    if last_cost_label:
+        assert [text for _, text in tick_labels(cost_axes.yaxis)][-1] == last_cost_label
+
+
+def test_log_ticks_are_round_values_around_the_data():
+    assert report.log_ticks(18_277, 82_258) == [15_000, 20_000, 50_000, 100_000]
+    assert report.log_ticks(0.0005, 1157) == [0.0005, 0.01, 0.1, 1, 10, 100, 1500]  # near an end: left out
+    assert report.log_ticks(2, 2) == [1, 2, 3, 4]  # one value: widened to four labels
+    assert report.count_ticks({8}) == [8, 16, 32] and report.count_ticks({1, 64, 4096}) == [1, 64, 4096]
 
 
 def test_the_figure_draws_the_predictions_range_as_a_band(tmp_path):

@@ -1,0 +1,73 @@
+"""--save_num_checkpoints_to_keep: the newest N checkpoints kept in the save folder, across resumptions too, and
+the values Composer would take badly refused."""
+
+import pytest
+from conftest import TINY
+
+from arguments import ConfigError
+from config import resolve_config
+from flags import parse_args
+from run import main
+
+KEPT = [*TINY, '--image_size', '32', '--batch_size', '4', '--save_interval', '1ba', '--run_name', 'kept']
+
+
+def files(folder):
+    """The folder's entries by name, a link as 'NAME -> TARGET'."""
+    return sorted(f'{path.name} -> {path.readlink()}' if path.is_symlink() else path.name for path in folder.iterdir())
+
+
+@pytest.mark.stack
+def test_the_newest_checkpoints_are_kept_and_autoresume_continues_from_the_newest(tmp_path, capfd):
+    folder = tmp_path / 'ckpt'
+    keep = ['--save_folder', str(folder), '--save_num_checkpoints_to_keep', '2']
+    main(parse_args([*KEPT, *keep, '--max_duration', '3ba']))
+    assert files(folder) == ['ep0-ba2-rank0.pt', 'ep0-ba3-rank0.pt', 'latest-rank0.pt -> ep0-ba3-rank0.pt']
+    capfd.readouterr()
+    # Composer counts only the files its own process wrote: the resumed run deletes the first process's too.
+    trainer = main(parse_args([*KEPT, *keep, '--max_duration', '5ba', '--autoresume']))
+    assert "resumed run 'kept' from ep0-ba3-rank0.pt (batch 3 of 5)" in capfd.readouterr().out
+    assert int(trainer.state.timestamp.batch) == 5
+    assert files(folder) == ['ep0-ba4-rank0.pt', 'ep0-ba5-rank0.pt', 'latest-rank0.pt -> ep0-ba5-rank0.pt']
+
+
+@pytest.mark.stack
+def test_a_checkpoint_set_aside_as_incomplete_is_neither_counted_nor_deleted(tmp_path):
+    folder = tmp_path / 'ckpt'
+    keep = ['--save_folder', str(folder), '--save_num_checkpoints_to_keep', '1']
+    main(parse_args([*KEPT, *keep, '--max_duration', '2ba']))
+    (folder / 'ep0-ba3-rank0.pt').write_bytes(b'cut short')  # killed while writing batch 3's
+    main(parse_args([*KEPT, *keep, '--max_duration', '3ba', '--autoresume']))
+    assert files(folder) == [
+        'ep0-ba3-rank0.pt',
+        'ep0-ba3-rank0.pt.incomplete',
+        'latest-rank0.pt -> ep0-ba3-rank0.pt',
+    ]
+
+
+def test_every_checkpoint_is_kept_by_default(tmp_path):
+    config = resolve_config(parse_args([*KEPT, '--save_folder', str(tmp_path / 'ckpt')]))
+    assert config.save_num_checkpoints_to_keep == -1
+
+
+@pytest.mark.parametrize(
+    'flags, message',
+    [
+        (['--save_num_checkpoints_to_keep', '0'], '--save_num_checkpoints_to_keep 0: keep 1 or more, or -1 for all'),
+        (['--save_num_checkpoints_to_keep', '-2'], '--save_num_checkpoints_to_keep -2: keep 1 or more, or -1 for all'),
+        (
+            ['--save_num_checkpoints_to_keep', '2', '--save_folder', 's3://bucket/ckpt'],
+            '--save_num_checkpoints_to_keep 2: deletes checkpoints of a local --save_folder only (s3://bucket/ckpt); '
+            'pass one, or leave the flag out',
+        ),
+        (
+            ['--save_num_checkpoints_to_keep', '2'],
+            '--save_num_checkpoints_to_keep 2: deletes checkpoints of a local --save_folder only (none given); '
+            'pass one, or leave the flag out',
+        ),
+    ],
+)
+def test_numbers_of_checkpoints_composer_would_take_badly_are_refused(flags, message):
+    with pytest.raises(ConfigError) as error:
+        resolve_config(parse_args([*KEPT, *flags]))
+    assert str(error.value) == message

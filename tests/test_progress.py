@@ -1,0 +1,96 @@
+"""What a run prints: its configuration at the start, and the img/s of each progress line."""
+
+import types
+
+import progress
+from config import resolve_config
+from config_lines import WIDTH, config_lines
+from flags import parse_args
+from progress import ProgressLines
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fake_state(batch: int, batch_size: int = 8):
+    timestamp = types.SimpleNamespace(batch=batch, sample=batch * batch_size)
+    return types.SimpleNamespace(timestamp=timestamp, loss=None)
+
+
+def test_a_lines_img_per_sec_leaves_out_the_validation_and_sample_grids_between_lines(monkeypatch, capsys):
+    clock = Clock()
+    monkeypatch.setattr(progress.time, 'perf_counter', clock)
+    lines = ProgressLines(num_batches=3)
+    lines.fit_start(fake_state(0), None)
+    clock.now += 1.0  # a batch of 8 in 1 s
+    lines.batch_end(fake_state(1), None)
+    lines.eval_before_all(fake_state(1), None)
+    clock.now += 30.0  # validation and a sample grid
+    lines.eval_after_all(fake_state(1), None)
+    clock.now += 1.0
+    lines.batch_end(fake_state(2), None)
+    clock.now += 2.0  # a slower batch, no evaluation: its own rate
+    lines.batch_end(fake_state(3), None)
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(': ', 1)[1].split(', ')[0] for line in printed] == ['8.00 img/s', '8.00 img/s', '4.00 img/s']
+    assert printed[1].startswith('batch 2 of 3 (66%)') and '0:00:32 elapsed' in printed[1]  # elapsed keeps it all
+
+
+def test_the_configuration_is_printed_as_grouped_lines_of_the_fields_set():
+    flags = ['--model_name', 'tiny', '--use_synth_data', '--sample_interval', '1ep', '--wandb_project', 'p']
+    fields = resolve_config(parse_args([*flags, '--results_json', 'r.json'])).as_dict()
+    lines = config_lines(fields)
+    assert lines[0] == 'config (every field in r.json):'
+    assert all(len(line) <= WIDTH for line in lines), [line for line in lines if len(line) > WIDTH]
+    text = '\n'.join(lines)
+    assert 'model: model_name tiny, ' in text and 'evaluation: sample_interval 1ep, ' in text
+    assert 'sample_prompts (4 items)' in text  # a list that would fill a line, by its count
+    assert 'wandb_project p' in text and 'use_synth_data on' in text
+    unset = [name for name, value in fields.items() if value is None or value is False]
+    assert unset and not [name for name in unset if f' {name} ' in text or f' {name},' in text]
+    assert 'ema_half_life' not in text  # a detail of --use_ema, which is off
+
+
+def test_a_duration_rounded_to_whole_batches_and_the_synthetic_epoch_are_said():
+    rounded = resolve_config(parse_args(['--model_name', 'tiny', '--use_synth_data', '--max_duration', '100sp']))
+    assert rounded.num_batches == 7 and any('7 whole batches of 16, 112 samples' in note for note in rounded.notes)
+    exact = resolve_config(parse_args(['--model_name', 'tiny', '--use_synth_data', '--max_duration', '96sp']))
+    assert not [note for note in exact.notes if '--max_duration' in note]
+    epoch = resolve_config(parse_args(['--model_name', 'tiny', '--use_synth_data', '--max_duration', '1ep']))
+    assert epoch.num_batches == 6250
+    assert any('an epoch of --use_synth_data is 100,000 samples, 6,250 batches of 16' in n for n in epoch.notes)
+
+
+def test_the_published_recipe_on_a_cpu_names_what_it_leaves_out():
+    tiny = resolve_config(parse_args(['--model_name', 'tiny', '--use_synth_data', '--recipe', 'published']))
+    (line,) = [note for note in tiny.notes if note.startswith('--recipe published on a CPU: ')]
+    assert 'fp32, not the published fp16' in line and 'SDPA attention, not xFormers' in line
+    assert "microbatch the whole device batch (the tiny preset's), not the published 4" in line
+    given = ['--precision', 'fp32', '--attention', 'sdpa', '--device_train_microbatch_size', '4']
+    chosen = resolve_config(parse_args(['--model_name', 'tiny', '--use_synth_data', '--recipe', 'published', *given]))
+    assert '--recipe published on a CPU: all of it; kept: EMA' in chosen.notes  # each flag given: nothing dropped
+
+
+def test_a_logged_warning_is_a_warning_line_not_pythons_default_format(monkeypatch):
+    """torchao (imported by Diffusers) installs Python's default root handler at import: `WARNING:data:...`."""
+    import io
+    import logging
+
+    import run
+
+    stream = io.StringIO()
+    default = logging.StreamHandler(stream)
+    default.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+    mine = logging.StreamHandler(io.StringIO())
+    mine.setFormatter(logging.Formatter('%(asctime)s %(name)s %(message)s'))  # a user's own: left as it is
+    root = logging.getLogger()
+    monkeypatch.setattr(root, 'handlers', [default, mine])
+    run.warnings_as_lines()
+    logging.getLogger('data').warning('bad sample 3 (shard shard.00000.mds, row 3): empty image bytes')
+    assert stream.getvalue() == 'warning: bad sample 3 (shard shard.00000.mds, row 3): empty image bytes\n'
+    assert mine.formatter._fmt == '%(asctime)s %(name)s %(message)s'
