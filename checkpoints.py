@@ -136,6 +136,9 @@ def run_description(config: RunConfig) -> dict:
         'precomputed_latents': config.precomputed_latents,
         'batch_size': config.batch_size,  # another batch changes the data order and the steps under the run
         'flux_guidance': config.flux_guidance,  # what a guidance-distilled Flux trains at, and samples with
+        # Streaming resumes mid-epoch by sample index: onto other data it reads other samples, or stops with a
+        # traceback where the data is now smaller than the point reached.
+        'dataset_identity': config.dataset_identity,
     }
 
 
@@ -188,6 +191,14 @@ def check_resumable(folder: Path, config: RunConfig, model: torch.nn.Module, ran
         differ = [
             f'{key} {saved[key]!r} there, {here[key]!r} here' for key in here if saved.get(key) not in (None, here[key])
         ]
+        if saved.get('dataset_identity') not in (None, here.get('dataset_identity')):
+            data = config.remote or config.local or "this run's data"
+            raise ConfigError(
+                f'--autoresume: the checkpoint {latest.resolve()} trained on a dataset of '
+                f'{saved["dataset_identity"]}; {data} now holds {here.get("dataset_identity") or "other data"} '
+                '(converted again, or replaced): resume on the data it trained on, or start over with a new '
+                '--save_folder'
+            )
         if differ:
             raise ConfigError(f'{where}: {"; ".join(differ)}; pass its flags, or a new --save_folder')
     prefix = f'{model.denoiser_name}.'

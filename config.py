@@ -11,8 +11,10 @@ asked about its GPU (hardware.py, which loads torch) and the dataset read.
 
 import argparse
 import dataclasses
+import importlib.metadata
 import importlib.util
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -52,6 +54,7 @@ from presets import (
 )
 from recipes import FLUX_GUIDANCE, RECIPES, Recipe, is_flow_matching
 from tokenizer import check_tokenizer
+from writer_lock import contents
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ class RunConfig:
     max_duration: str
     num_batches: int  # the run's length in batches, whatever unit max_duration is in
     epoch_size: int | None  # samples per epoch of the sample dataset (None: the whole dataset)
+    dataset_identity: str | None  # a converted dataset's samples and index digest (dataset_checks.dataset_identity)
     precision: str
     fsdp: str
     fsdp_state_dict_type: str
@@ -99,6 +103,8 @@ class RunConfig:
     compile: str | None  # an Inductor mode (flags.COMPILE_MODES), None: eager
     activation_checkpointing: bool
     fp8: bool
+    fused_groupnorm: bool  # fused_groupnorm.py's Triton GroupNorm + SiLU in the UNet
+    cudnn_benchmark: bool
     fused_adamw: bool
     low_precision_norm: bool
     encoders_bf16: bool
@@ -331,6 +337,29 @@ def describe_defaults(draft: argparse.Namespace, from_preset: dict, from_recipe:
     )
 
 
+def check_kernels(draft: argparse.Namespace, has_gpu: bool) -> None:
+    """The kernels past the fast recipe (docs/speed.md): each where it can run, or one line."""
+    if draft.attention == 'cudnn':
+        if not has_gpu:
+            raise ConfigError('--attention cudnn: cuDNN attention runs on CUDA GPUs only; use --attention sdpa here')
+        version = importlib.metadata.version('torch').split('+')[0]
+        if tuple(int(part) for part in version.split('.')[:2]) < (2, 6):
+            raise ConfigError(
+                f"--attention cudnn: SDPA's backend priority needs torch 2.6 or newer (this is {version}); "
+                'use --attention sdpa'
+            )
+    if draft.cudnn_benchmark and not has_gpu:
+        raise ConfigError('--cudnn_benchmark: cuDNN autotunes GPU convolutions; there is no GPU here')
+    if draft.fused_groupnorm:
+        if importlib.util.find_spec('triton') is None:
+            raise ConfigError('--fused_groupnorm: a Triton kernel, and triton is not installed (pip install triton)')
+        if not has_gpu and os.environ.get('TRITON_INTERPRET') != '1':
+            raise ConfigError(
+                '--fused_groupnorm: a Triton kernel for CUDA GPUs; on a CPU it runs only under TRITON_INTERPRET=1 '
+                "(Triton's interpreter: slow, for tests)"
+            )
+
+
 def published_on_a_cpu(draft: argparse.Namespace, from_preset: dict, from_recipe: dict) -> str:
     """What --recipe published leaves out on a CPU, of the 2023 run's choices a flag did not set."""
     dropped = []
@@ -375,8 +404,10 @@ def settle_recipe(draft: argparse.Namespace) -> None:
         if getattr(draft, flag) is not None:
             raise ConfigError(f'--{flag}: a UNet option ({why}); {draft.model_name} is a diffusion transformer')
     check_training_fields(draft.model_name, draft.model_dir)
-    if draft.attention != 'sdpa':
-        raise ConfigError(f'--attention {draft.attention}: the diffusion transformers run PyTorch SDPA attention only')
+    if draft.attention == 'xformers':
+        raise ConfigError('--attention xformers: the diffusion transformers run PyTorch SDPA attention only')
+    if draft.fused_groupnorm:
+        raise ConfigError(f'--fused_groupnorm: a UNet option (its ResNet blocks); {draft.model_name} has none')
     reads_captions = not (draft.use_synth_data or draft.precomputed_latents)
     if reads_captions and draft.caption_inputs.uses_t5 and draft.tokenizer is None:
         raise ConfigError(t5_tokenizer_needed(draft.model_name) + ', or --use_synth_data')
@@ -496,6 +527,7 @@ def check_device(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
             raise ConfigError(
                 '--attention xformers: xFormers attention runs on CUDA GPUs only; use --attention sdpa on this machine'
             )
+    check_kernels(draft, has_gpu)
     if draft.compile and not has_gpu:
         # Measured: the forward pass compiles, then Inductor's C++ codegen (outer-loop fusion with a local buffer,
         # which GPUs' Triton codegen does not use) fails on the backward graph. Dynamo's tracing is tested on CPU.
@@ -594,6 +626,8 @@ def check_outputs(draft: argparse.Namespace) -> None:
         raise ConfigError('--wandb_project needs the wandb package: pip install wandb (it leaves torch as it is)')
     if draft.autoresume and not (draft.save_folder and draft.run_name):
         raise ConfigError('--autoresume needs --save_folder and --run_name (Composer finds the checkpoint by both)')
+    if draft.save_folder:
+        refuse_what_composer_changes('--save_folder', draft.save_folder)
     local_save_folder = draft.save_folder and '://' not in draft.save_folder
     if local_save_folder and Path(draft.save_folder).exists() and not Path(draft.save_folder).is_dir():
         raise ConfigError(f'--save_folder {draft.save_folder}: is a file, not a folder of checkpoints')
@@ -614,6 +648,26 @@ def check_outputs(draft: argparse.Namespace) -> None:
         )
     if draft.results_json:
         check_writable_file('--results_json', draft.results_json)
+
+
+def refuse_what_composer_changes(flag: str, folder: str) -> None:
+    """Composer reads a checkpoint folder as a URL: a '#' or '?' (and ';' in the last name) would end its path there.
+    It also fills the folder in as a template ({run_name}, {rank}), and again each path in it as it saves, so no
+    escaping keeps a brace; and this run reads the folder as given (--autoresume, the checks at start). Either way
+    the checkpoints would go to another folder than the one named."""
+    if '{' in folder or '}' in folder:
+        raise ConfigError(
+            f'{flag} {folder}: Composer fills in braces as a template ({{run_name}}, {{rank}}), where this run '
+            "reads the folder as given: the checkpoints would go to another folder; give one without '{' or '}'"
+        )
+    url = urllib.parse.urlparse(folder if '://' in folder else f'./{folder}')
+    cut = {'#': url.fragment, '?': url.query, ';': url.params}
+    for char, rest in cut.items():
+        if rest:
+            raise ConfigError(
+                f"{flag} {folder}: Composer reads it as a URL, whose path ends before the '{char}': the checkpoints "
+                "would go to another folder; give one without '#', '?' or ';'"
+            )
 
 
 def check_writable_file(flag: str, file: str) -> None:
@@ -650,7 +704,7 @@ def check_writable_folder(flag: str, folder: str, given: str | None = None) -> N
 
 def refuse_used_output_folder(flag: str, folder: str, why: str) -> None:
     path = Path(folder)
-    if path.is_file() or (path.is_dir() and any(path.iterdir())):
+    if path.is_file() or (path.is_dir() and contents(path)):  # a lock file a killed writer left is no output
         problem = 'is a file' if path.is_file() else 'is not empty'
         raise ConfigError(f'{flag} {folder}: {problem}; give a new folder ({why})')
 
@@ -719,7 +773,7 @@ def settle_data(draft: argparse.Namespace) -> None:
     if draft.tokenizer is not None:
         check_tokenizer(draft.tokenizer, draft.caption_inputs)
     draft.sample_data = not (draft.use_synth_data or draft.remote or draft.local)
-    draft.epoch_size = None
+    draft.epoch_size = draft.dataset_identity = None
     if draft.use_synth_data:
         return
     duration = parse_duration(draft.max_duration)
@@ -740,7 +794,7 @@ def settle_data(draft: argparse.Namespace) -> None:
             dataset = describe_dataset(draft.remote, draft.local, precomputed=draft.precomputed_latents)
         except DataError as error:
             raise ConfigError(str(error))
-        num_samples, location = dataset.num_samples, dataset.location
+        num_samples, location, draft.dataset_identity = dataset.num_samples, dataset.location, dataset.identity
     # Streaming gives each rank ceil(epoch / ranks) samples; the loader drops a last partial batch.
     samples_per_device = -(-num_samples // draft.world_size)
     batches_per_epoch = samples_per_device // draft.device_batch_size

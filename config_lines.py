@@ -29,6 +29,7 @@ GROUPS = {
         'remote',
         'precomputed_latents',
         'epoch_size',
+        'dataset_identity',
         'num_workers',
         'caption_dropout',
     ),

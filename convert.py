@@ -37,7 +37,10 @@ from tqdm import tqdm
 import arguments
 from dataset_checks import s3_client
 from images import BadSample, decode_image
+from outputs import WriteFailed, free_space_fix, one_line, system_reason, write_failure
 from presets import SAMPLE_DATASET, SAMPLE_SIZE
+from stopping import SIGNALS, Stopped, stop_on_signals
+from writer_lock import LOCK_FILE, FolderBusy, one_writer
 
 COLUMNS = {'jpg': 'bytes', 'caption': 'str'}  # the LAION convention of the published benchmark
 IMAGE_EXTENSIONS = ('jpg', 'jpeg', 'png', 'webp', 'bmp', 'gif', 'tif', 'tiff')
@@ -194,7 +197,7 @@ def check_output(out: str, overwrite: bool, inputs: list[str]) -> None:
             raise ConvertError(f'{out}: is a file; give a folder (new, or with --overwrite an earlier output)')
         if any(Path(name).resolve().is_relative_to(path) for name in inputs):
             raise ConvertError(f'{out}: the output folder contains an input')
-        if path.is_dir() and any(entry.name != STAGING for entry in path.iterdir()) and not overwrite:
+        if path.is_dir() and any(entry.name not in (STAGING, LOCK_FILE) for entry in path.iterdir()) and not overwrite:
             raise ConvertError(f'{out} is not empty; pass --overwrite to replace its contents')
 
 
@@ -237,20 +240,25 @@ def write_mds(
         stats = write_samples(writer, validation_writer, samples, total, progress, before_first_sample)
         if not stats['written']:
             raise NothingWritten(out, stats)
-    except BaseException:
+        if stats['held_out']:
+            validation_writer.finish()  # before the training index: a run finds the split once it finds the dataset
+        elif validation:  # no sample fell in the split: no empty dataset for a run to find
+            validation_writer.executor.shutdown(wait=True)
+            shutil.rmtree(validation_writer.local, ignore_errors=True)
+        writer.finish()  # the last shard, then index.json (uploaded after every shard)
+    except BaseException as error:
         for each in (writer, validation_writer) if validation else (writer,):
             each.executor.shutdown(wait=True)  # uploads of shards already written end; no index.json: no dataset
             shutil.rmtree(each.local, ignore_errors=True)  # the staging folder, or a remote's temporary one
         if not remote and created:
             with contextlib.suppress(OSError):
                 folder.rmdir()  # made by this conversion, and empty again
-        raise
-    if stats['held_out']:
-        validation_writer.finish()  # before the training index: a run finds the split once it finds the dataset
-    elif validation:  # no sample fell in the split: no empty dataset for a run to find
-        validation_writer.executor.shutdown(wait=True)
-        shutil.rmtree(validation_writer.local, ignore_errors=True)
-    writer.finish()  # the last shard, then index.json (uploaded after every shard)
+        failure = write_failure(error)
+        if failure is None:
+            raise
+        # A full disk under the shards (or a remote's scratch folder): one line, exit status 1, nothing kept.
+        left = 'no index.json written: no run reads the shards uploaded' if remote else 'the output is left as it was'
+        raise WriteFailed(out, system_reason(failure), left, free_space_fix(failure, 'convert again')) from error
     if not remote:
         move_into_place(staging, folder)
     return {**stats, 'shards': len(writer.shards), 'out': out}
@@ -288,7 +296,7 @@ def move_into_place(staging: Path, folder: Path) -> None:
     index.json goes first and the new one comes last, so the folder never holds an index of shards that are not
     there."""
     for path in sorted(folder.iterdir(), key=lambda path: path.name != 'index.json'):
-        if path == staging:
+        if path == staging or path.name == LOCK_FILE:  # the lock: this conversion's, held until it ends
             continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
@@ -430,14 +438,19 @@ def ensure_sample_dataset(
     rng = random.Random(seed)
     from streaming import MDSWriter
 
-    with MDSWriter(out=str(work), columns=COLUMNS, exist_ok=True) as writer:
-        for index in range(num_samples):
-            image, caption = generated_sample(rng)
-            if broken and index == num_samples // 3:
-                image = b''
-            elif broken and index == 2 * num_samples // 3:
-                image = b'<!DOCTYPE html><html><body><h1>404 Not Found</h1></body></html>'
-            writer.write({'jpg': image, 'caption': caption})
+    try:
+        with MDSWriter(out=str(work), columns=COLUMNS, exist_ok=True) as writer:
+            for index in range(num_samples):
+                image, caption = generated_sample(rng)
+                if broken and index == num_samples // 3:
+                    image = b''
+                elif broken and index == 2 * num_samples // 3:
+                    image = b'<!DOCTYPE html><html><body><h1>404 Not Found</h1></body></html>'
+                writer.write({'jpg': image, 'caption': caption})
+    except OSError as error:  # a full disk: the hidden folder goes, and the line names the dataset
+        shutil.rmtree(work, ignore_errors=True)
+        fix = free_space_fix(error, 'run again, which builds it')
+        raise WriteFailed(f'{path} (the sample dataset)', system_reason(error), 'nothing written', fix) from error
     if path.exists():
         shutil.rmtree(path)  # a folder without index.json: left by an interrupted build
     try:
@@ -491,15 +504,16 @@ def main(argv=None) -> dict:
         )
     start = time.perf_counter()
     try:
-        stats = convert(
-            args.inputs,
-            args.out,
-            args.overwrite,
-            args.size_limit,
-            progress=True,
-            validation_fraction=args.validation_fraction,
-            caption_from_filename=args.caption_from_filename,
-        )
+        with stop_on_signals(lambda signum: stopped_line(signum, args.out)), output_lock(args.out):
+            stats = convert(
+                args.inputs,
+                args.out,
+                args.overwrite,
+                args.size_limit,
+                progress=True,
+                validation_fraction=args.validation_fraction,
+                caption_from_filename=args.caption_from_filename,
+            )
     except NothingWritten as error:
         print_skipped(error.stats)
         raise
@@ -510,6 +524,24 @@ def main(argv=None) -> dict:
         f'skipped {sum(stats["skipped"].values())}: {describe_skipped(stats["skipped"]) or "none"}'
     )
     return stats
+
+
+def output_lock(out: str):
+    """A second conversion into a local output folder is refused in one line before it reads an input
+    (writer_lock.py); a remote output is not locked."""
+    if urllib.parse.urlparse(out).scheme:
+        return contextlib.nullcontext()
+    return one_writer(out, out, 'wait for it to end or stop it, or give another output folder')
+
+
+def stopped_line(signum: int, out: str) -> str:
+    """Ctrl-C or SIGTERM: write_mds removed what this conversion had staged (or, on S3, never wrote the index)."""
+    if urllib.parse.urlparse(out).scheme:
+        return (
+            f'{SIGNALS[signum]}: conversion stopped; {out} has no index.json of it, so no run reads the shards it '
+            'uploaded: convert again with --overwrite'
+        )
+    return f'{SIGNALS[signum]}: conversion stopped; {out} is left as it was (nothing of this conversion kept)'
 
 
 def describe_written(stats: dict, validation_fraction: float) -> str:
@@ -555,6 +587,12 @@ def print_skipped(stats: dict) -> None:
 if __name__ == '__main__':
     try:
         main()
-    except ConvertError as error:
+    except (ConvertError, FolderBusy) as error:
         print(f'error: {error}', file=sys.stderr)
         sys.exit(2)
+    except OSError as error:  # a write that failed while converting (a full disk): nothing of it kept
+        print(f'error: {one_line(error)}', file=sys.stderr)
+        sys.exit(1)
+    except Stopped as stopped:
+        print(f'error: {stopped}', file=sys.stderr)
+        sys.exit(stopped.exit_status)

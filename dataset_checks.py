@@ -4,6 +4,7 @@ dataset (missing, cut short, rewritten), the columns a dataset must hold, and `d
 know of a dataset beforehand. Each problem is a DataError naming the dataset, not a failure deep inside Streaming.
 """
 
+import hashlib
 import json
 import os
 import tempfile
@@ -146,6 +147,9 @@ class DatasetDescription:
     embedding_width: int | None = None  # precomputed latents: the text embedding's width
     embedding_length: int | None = None  # precomputed latents: the text embedding's tokens
     pooled_width: int | None = None  # precomputed latents for SDXL: the pooled text embedding's width
+    # Its samples and a digest of its index.json (shards, their sizes and sample counts): what a checkpoint of a
+    # run on it records, so that a resumption onto data converted again or replaced is found (checkpoints.py).
+    identity: str | None = None
 
 
 def describe_dataset(
@@ -184,8 +188,9 @@ def describe_dataset(
             check_columns(location, name, shard.get('column_names'), precomputed)
         if remote is None:  # a cache folder of a remote fills as it downloads: Streaming checks what it fetches
             check_local_shards(location, Path(local), shards)
+        identity = dataset_identity(shards, num_samples)
         if not precomputed or num_samples == 0:
-            return DatasetDescription(location, num_samples)
+            return DatasetDescription(location, num_samples, identity=identity)
         shard = next(shard for shard in shards if shard['samples'])
         raw, packed = shard['raw_data']['basename'], (shard.get('zip_data') or {}).get('basename')
         if not (Path(folder) / raw).is_file():
@@ -199,11 +204,20 @@ def describe_dataset(
     return DatasetDescription(
         location,
         num_samples,
+        identity=identity,
         latent_shape=tuple(sample['latent_mean'].shape),
         embedding_width=sample['text_embedding'].shape[-1],
         embedding_length=sample['text_embedding'].shape[-2],
         pooled_width=None if pooled is None else pooled.shape[-1],
     )
+
+
+def dataset_identity(shards: list[dict], num_samples: int) -> str:
+    """`24 samples, index a1b2c3d4e5f6`: the samples and a digest of each shard's name, bytes and sample count, the
+    same for the same data converted again (convert.py writes the same shards from the same files)."""
+    listed = [[shard['raw_data']['basename'], shard['raw_data'].get('bytes'), shard['samples']] for shard in shards]
+    digest = hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:12]
+    return f'{num_samples} samples, index {digest}'
 
 
 def first_captions(local: str, count: int) -> tuple[str, ...]:

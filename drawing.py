@@ -21,6 +21,7 @@ from evaluation import ValidationSplit
 from export import RUN_DESCRIPTION_FILE, SCHEDULERS, build_pipeline, generate, labeled_grid
 from model import build_model
 from model_folder import caption_pad_ids, is_transformer_folder
+from outputs import staged_folder
 from recipes import is_flow_matching
 from tokenizer import CaptionTokenizer
 from transformer_model import DiffusionTransformer
@@ -53,22 +54,23 @@ def draw(args: argparse.Namespace, prompts: list[str]) -> torch.Tensor:
         origin = f"the model's sample size; {args.pipeline or args.checkpoint} records no training size"
     print(f'generating {len(prompts)} image(s) of {size}x{size} ({origin})')
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    images = []
-    for start in tqdm(range(0, len(prompts), args.batch_size), desc='generating', unit='batch'):
-        batch = prompts[start : start + args.batch_size]
-        seeds = [args.seed + start + i for i in range(len(batch))]
-        drawn = generate(
-            pipeline, batch, seeds, args.steps, args.guidance_scale, size, tokenizer, description.get('flux_guidance')
-        )
-        images.append(drawn.float().cpu())
-        for i, image in enumerate(images[-1]):
-            array = (image.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
-            Image.fromarray(array).save(out / f'{start + i:04d}.png')
-    images = torch.cat(images)
-    (out / 'prompts.txt').write_text(''.join(f'{i:04d}.png\t{args.seed + i}\t{p}\n' for i, p in enumerate(prompts)))
-    shown = min(len(prompts), GRID_IMAGES)
-    labeled_grid(images[:shown], prompts[:shown], min(shown, GRID_COLUMNS)).save(out / 'grid.png')
+    # The folder appears whole or not at all: a full disk part way removes the images drawn (WriteFailed).
+    with staged_folder(out, f'--out {args.out}', 'run again') as partial:
+        images = []
+        for start in tqdm(range(0, len(prompts), args.batch_size), desc='generating', unit='batch'):
+            batch = prompts[start : start + args.batch_size]
+            seeds = [args.seed + start + i for i in range(len(batch))]
+            flux_guidance = description.get('flux_guidance')
+            drawn = generate(pipeline, batch, seeds, args.steps, args.guidance_scale, size, tokenizer, flux_guidance)
+            images.append(drawn.float().cpu())
+            for i, image in enumerate(images[-1]):
+                array = (image.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
+                Image.fromarray(array).save(partial / f'{start + i:04d}.png')
+        images = torch.cat(images)
+        listing = ''.join(f'{i:04d}.png\t{args.seed + i}\t{p}\n' for i, p in enumerate(prompts))
+        (partial / 'prompts.txt').write_text(listing)
+        shown = min(len(prompts), GRID_IMAGES)
+        labeled_grid(images[:shown], prompts[:shown], min(shown, GRID_COLUMNS)).save(partial / 'grid.png')
     print(f'{len(prompts)} image(s) of {size}x{size} written to {out} (grid.png: {shown} with their prompts)')
     if args.clip_model:
         print(clip_score(images, prompts, args.clip_model))
@@ -85,9 +87,13 @@ def load_pipeline(args: argparse.Namespace) -> tuple[DiffusionPipeline, dict]:
         # Diffusers' default low_cpu_mem_usage needs the accelerate package, which this stack does not install, and
         # warns that it falls back to False; a pipeline loaded whole from a local folder onto one device needs
         # nothing more.
-        pipeline = DiffusionPipeline.from_pretrained(
-            args.pipeline, local_files_only=True, low_cpu_mem_usage=is_accelerate_available()
-        )
+        try:
+            pipeline = DiffusionPipeline.from_pretrained(
+                args.pipeline, local_files_only=True, low_cpu_mem_usage=is_accelerate_available()
+            )
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError) as error:  # what the checks cannot foresee
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ConfigError(f'--pipeline {args.pipeline}: Diffusers cannot load it ({reason})')
         if args.scheduler:
             if 'FlowMatch' in type(pipeline.scheduler).__name__:
                 raise ConfigError(
@@ -108,7 +114,7 @@ def load_pipeline(args: argparse.Namespace) -> tuple[DiffusionPipeline, dict]:
             f'--scheduler {args.scheduler}: {args.model_name} is a flow-matching model, which samples with its own '
             'Euler sampler'
         )
-    state = torch.load(args.checkpoint, map_location='cpu', weights_only=False)['state']
+    state = load_checkpoint_state(args.checkpoint)
     try:
         model.load_state_dict(state['model'])
         if args.ema:
@@ -121,6 +127,21 @@ def load_pipeline(args: argparse.Namespace) -> tuple[DiffusionPipeline, dict]:
         raise ConfigError(f'--checkpoint {args.checkpoint}: does not fit --model_name {args.model_name} ({reason})')
     description = state.get('callbacks', {}).get(RunDescription.__name__) or {}  # checkpoints.RunDescription's
     return build_pipeline(model, args.scheduler or 'ddim', args.tokenizer), description
+
+
+def load_checkpoint_state(checkpoint: str) -> dict:
+    """A Composer checkpoint's state; ConfigError naming the file where it cannot be read (a damaged archive whose
+    directory is whole, generate.not_a_checkpoint having refused the rest) or is not Composer's."""
+    try:
+        saved = torch.load(checkpoint, map_location='cpu', weights_only=False)
+    except Exception as error:  # torch raises RuntimeError, pickle's errors, EOFError, ... on a damaged file
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(f'--checkpoint {checkpoint}: cannot be read, damaged? ({reason}); give a whole checkpoint')
+    if not isinstance(saved, dict) or not isinstance(saved.get('state'), dict):
+        raise ConfigError(
+            f"--checkpoint {checkpoint}: a torch file without Composer's 'state', not a checkpoint of benchmark.py"
+        )
+    return saved['state']
 
 
 def recorded_description(record: Path) -> dict:

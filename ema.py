@@ -38,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import durations
 from durations import Duration
+from outputs import staged_folder
 
 log = logging.getLogger(__name__)
 
@@ -469,8 +470,9 @@ class EMA(Algorithm):
             self.weights.load_state_dict(model, state['ema'])
 
 
-def export_ema_unet(trainer, out_dir: str | Path) -> Path:
-    """Save the averaged UNet with Diffusers' save_pretrained (loads back with UNet2DConditionModel.from_pretrained)."""
+def export_ema_unet(trainer, out_dir: str | Path, again: str = 'run again') -> Path:
+    """Save the averaged UNet with Diffusers' save_pretrained (loads back with UNet2DConditionModel.from_pretrained),
+    whole or not at all: a failed write raises outputs.WriteFailed, whose fix ends in `again`."""
     ema = next((a for a in trainer.state.algorithms if isinstance(a, EMA)), None)
     if ema is None:
         raise ValueError('export_ema_unet: the trainer has no EMA algorithm (run with --use_ema)')
@@ -478,7 +480,8 @@ def export_ema_unet(trainer, out_dir: str | Path) -> Path:
     with ema.ema_weights():
         unet = full_unet(_unwrap(trainer.state.model).unet)
         if unet is not None:
-            unet.save_pretrained(out_dir)
+            with staged_folder(out_dir, f'--export_ema_unet {out_dir}', again) as partial:
+                unet.save_pretrained(partial)
     dist.barrier()
     return out_dir
 

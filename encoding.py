@@ -7,6 +7,8 @@ import argparse
 import contextlib
 import json
 import logging
+import os
+import shlex
 import shutil
 import time
 import urllib.parse
@@ -17,7 +19,7 @@ import torch
 from composer.utils import dist, get_device, reproducibility
 from streaming import MDSWriter
 from streaming.base.util import merge_index
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import Subset
 from tqdm import tqdm
 
 from arguments import ConfigError
@@ -33,13 +35,17 @@ from dataset_checks import (
     s3_client,
 )
 from images import unit_range
+from loaders import StoppableDataLoader
 from model import describe_weights, encode_captions
 from model_folder import caption_inputs, text_encoder_folders, transformer_family
 from model_parts import build_frozen_encoders
+from outputs import DISK_FULL, WriteFailed, free_space_fix, system_reason
 from recipes import PIXART
 from stack import check_stack
+from stopping import check_stopped
 from streaming_fixes import clean_stale_shared_memory
 from tokenizer import TokenizerError
+from writer_lock import contents, one_writer_on_rank_zero
 
 SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun never mixes two settings
 
@@ -93,14 +99,18 @@ def check_settings(args: argparse.Namespace, num_samples: int) -> None:
         previous is None
         and not is_remote(args.out)
         and Path(args.out).is_dir()
-        and any(Path(args.out).iterdir())
+        and contents(Path(args.out))  # this job's lock file is not an earlier output
         and not args.overwrite
     ):
         raise ConfigError(
             f'--out {args.out} is not empty and was not made by precompute.py; pass --overwrite or choose another --out'
         )
     if args.overwrite and not is_remote(args.out) and Path(args.out).is_dir():
-        shutil.rmtree(args.out)  # a remote one is overwritten part by part
+        for path in contents(Path(args.out)):  # all but this job's lock; a remote one is overwritten part by part
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
     write_text(args.out, SETTINGS_FILE, json.dumps(settings, indent=2) + '\n')
 
 
@@ -169,7 +179,7 @@ def output_columns(model_dir: Path) -> dict[str, str]:
 
 def precompute_part(dataset, indices: range, out: str, vae, text_encoders, device, args, progress) -> tuple[int, int]:
     """Encode one part's samples and write them as one MDS folder; returns (written, bad samples left out)."""
-    loader = DataLoader(
+    loader = StoppableDataLoader(  # a job-wide Ctrl-C or SIGTERM is the main process's to handle
         Subset(dataset, indices),
         batch_size=args.batch_size,
         num_workers=args.num_workers,
@@ -177,8 +187,10 @@ def precompute_part(dataset, indices: range, out: str, vae, text_encoders, devic
         pin_memory=device.type == 'cuda',
     )
     written = bad = 0
-    with MDSWriter(out=out, columns=output_columns(args.model_dir), exist_ok=True) as writer:
+    writer = MDSWriter(out=out, columns=output_columns(args.model_dir), exist_ok=True)
+    try:
         for batch in loader:
+            check_stopped()  # a Ctrl-C or SIGTERM that came while the loader started its workers
             encoded = encode(args.model_dir, vae, text_encoders, batch, device)
             for row, replaced in enumerate(batch['bad_samples'].tolist()):
                 # A bad sample was replaced by the next good one, which has its own position too: keep it once.
@@ -190,7 +202,65 @@ def precompute_part(dataset, indices: range, out: str, vae, text_encoders, devic
                 )
                 written += 1
             progress.update(len(batch['bad_samples']))
+        writer.finish()  # the last shard and index.json: a full disk there leaves the part unfinished too
+    except BaseException:
+        # MDSWriter's own exit finishes the part, index.json included, on an error or Ctrl-C too: a part stopped
+        # halfway would pass for a done one, and the rerun would skip it. Its shards go instead (a remote part's
+        # uploaded ones stay without an index), and the rerun redoes it.
+        writer.cancel_future_jobs()
+        shutil.rmtree(writer.local, ignore_errors=True)
+        raise
     return written, bad
+
+
+@contextlib.contextmanager
+def part_write_failures(out: str, part: int):
+    """A full disk (or another failed write) under a part: one line, WriteFailed, once precompute_part has removed
+    the part's shards; the parts finished stay, and the same command redoes the rest."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in DISK_FULL:  # a failed read of the input is not the output's
+            raise
+        left = f'{part_name(part)} was removed, the parts finished are kept'
+        fix = free_space_fix(error, 'run the same command again to finish the rest')
+        raise WriteFailed(f'--out {out}', system_reason(error), left, fix) from error
+
+
+def merge_parts(out: str) -> None:
+    """The parts' indexes merged into the output's index.json, each shard named by its part's folder, as Streaming's
+    merge_index does. A local output is merged here: merge_index reads its path as a URL, so a '#', '?' or ';' in it
+    ended the path early, and the indexes of the folder above were merged in (seen: twice the samples)."""
+    if is_remote(out):
+        with without_streaming_notices():
+            merge_index(out, keep_local=True)
+        return
+    shards = []
+    for index in sorted(Path(out).glob('part-*/index.json')):
+        for shard in json.loads(index.read_text())['shards']:
+            for key in ('raw_data', 'zip_data', 'raw_meta', 'zip_meta'):
+                if shard.get(key):
+                    shard[key]['basename'] = f'{index.parent.name}/{shard[key]["basename"]}'
+            shards.append(shard)
+    partial = Path(out) / '.index.json.partial'
+    try:  # whole or not at all: a run never reads half an index
+        partial.write_text(json.dumps({'version': 2, 'shards': shards}))
+        os.replace(partial, Path(out) / 'index.json')
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def merge_write_failures(out: str):
+    """A full disk while merging the parts' indexes: no index.json of a part of the dataset is left."""
+    try:
+        yield
+    except OSError as error:
+        if not is_remote(out):
+            (Path(out) / 'index.json').unlink(missing_ok=True)
+        left = 'every part is written, but no index.json merges them'
+        fix = free_space_fix(error, 'run the same command again, which merges them')
+        raise WriteFailed(f'--out {out}', system_reason(error), left, fix) from error
 
 
 def precompute(args: argparse.Namespace) -> dict:
@@ -198,6 +268,20 @@ def precompute(args: argparse.Namespace) -> dict:
     check_stack()
     device = get_device(None)
     dist.initialize_dist(device)
+    with output_lock(args.out):
+        return precompute_into_locked_output(args, device)
+
+
+def output_lock(out: str):
+    """A second precompute.py onto a local --out is refused in one line before it reads or writes anything
+    (writer_lock.py); an s3:// output is not locked."""
+    if is_remote(out):
+        return contextlib.nullcontext()
+    return one_writer_on_rank_zero(out, f'--out {out}', 'wait for it to end or stop it, or choose another --out')
+
+
+def precompute_into_locked_output(args: argparse.Namespace, device) -> dict:
+    """precompute(), with the output this job's alone."""
     rank, world_size = dist.get_global_rank(), dist.get_world_size()
     if args.sample_data:
         ensure_sample_dataset(Path(args.local))
@@ -244,9 +328,10 @@ def precompute(args: argparse.Namespace) -> dict:
     with tqdm(total=remaining, unit='img', desc='precompute', disable=rank != 0) as progress:
         for part in todo:
             indices = range(part * args.part_size, min((part + 1) * args.part_size, num_samples))
-            part_written, part_bad = precompute_part(
-                dataset, indices, part_out(args.out, part), vae, text_encoders, device._device, args, progress
-            )
+            with part_write_failures(args.out, part):
+                part_written, part_bad = precompute_part(
+                    dataset, indices, part_out(args.out, part), vae, text_encoders, device._device, args, progress
+                )
             written, bad = written + part_written, bad + part_bad
     totals = torch.tensor([written, bad], dtype=torch.long, device=device._device)
     dist.all_reduce(totals)
@@ -254,15 +339,16 @@ def precompute(args: argparse.Namespace) -> dict:
     if rank == 0:
         if not is_remote(args.out):  # Streaming's merge will not replace the index of an earlier run
             (Path(args.out) / 'index.json').unlink(missing_ok=True)
-        with without_streaming_notices():
-            merge_index(args.out, keep_local=True)
+        with merge_write_failures(args.out):
+            merge_parts(args.out)
         index = json.loads(read_text(args.out, 'index.json'))
         total = sum(shard['samples'] for shard in index['shards'])
         print(
             f'precompute: encoded {int(totals[0])} samples ({int(totals[1])} bad ones left out) in '
             f'{time.perf_counter() - start:.1f} s; {args.out} holds {total} samples in {len(index["shards"])} '
             f'shard(s). Train on it: composer benchmark.py --precomputed_latents '
-            f'--{"remote" if is_remote(args.out) else "local"} {args.out} --model_name {args.model_name}',
+            f'--{"remote" if is_remote(args.out) else "local"} {shlex.quote(args.out)} --model_name '
+            f'{shlex.quote(args.model_name)}',
             flush=True,
         )
     return {

@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 from convert import ensure_sample_dataset
 from data import ImageCaptionSample, PrecomputedLatentsDataset
 from images import BadSample
+from loaders import StoppableDataLoader
 from model_folder import CaptionInputs
 from presets import SAMPLE_VALIDATION_SEED, SAMPLE_VALIDATION_SIZE, VALIDATION_TIMESTEPS
 
@@ -167,7 +168,7 @@ def build_evaluators(config, latent_shape: tuple[int, int, int]) -> list[Evaluat
         split = ValidationSplit(
             folder, latent_shape, config.image_size, config.tokenizer, config.precomputed_latents, config.caption_inputs
         )
-        loader = DataLoader(
+        loader = StoppableDataLoader(
             split,
             batch_size=batch_size,
             # Composer's sampler, without shuffling: Composer's eval loop drops the samples it repeats to even out

@@ -33,6 +33,7 @@ from checkpoints import RunDescription
 from ema import EMA, full_unet
 from model import DiffusionModel, StableDiffusion
 from model_folder import CAPTION_LENGTH, CLIP_PAD_ID, T5_CAPTION_LENGTH, TRANSFORMER_PIPELINE_NAMES, caption_pad_ids
+from outputs import staged_file, staged_folder
 from presets import SAMPLE_SEEDS, SAMPLERS
 from recipes import FLUX, FLUX_GUIDANCE, PIXART, SD3, is_flow_matching
 from tokenizer import CLIP_END, CLIP_START, CaptionTokenizer, build_clip_tokenizer, clean_caption
@@ -208,10 +209,13 @@ def transformer_images(
     return pipeline(**arguments).images
 
 
-def export_pipeline(trainer, out_dir: str | Path, scheduler: str = 'ddim', tokenizer: str | None = None) -> str:
+def export_pipeline(
+    trainer, out_dir: str | Path, scheduler: str = 'ddim', tokenizer: str | None = None, again: str = 'run again'
+) -> str:
     """Saves the trained model as a pipeline folder (rank 0), with the averaged denoiser when the run has an EMA,
     and the run's description (RUN_DESCRIPTION_FILE: generate.py draws at the size the run trained at); returns the
-    pipeline's class name."""
+    pipeline's class name. The folder appears whole or not at all: a failed write (a full disk) removes what was
+    written and raises outputs.WriteFailed, whose fix ends in `again`."""
     model = trainer.state.model.module if hasattr(trainer.state.model, 'module') else trainer.state.model
     ema = next((a for a in trainer.state.algorithms if isinstance(a, EMA)), None)
     description = next((c.state_dict() for c in trainer.state.callbacks if isinstance(c, RunDescription)), None)
@@ -219,9 +223,10 @@ def export_pipeline(trainer, out_dir: str | Path, scheduler: str = 'ddim', token
         denoiser = full_unet(model.denoiser)  # a collective under FSDP
         if denoiser is not None:
             pipeline = build_pipeline(model, scheduler, tokenizer, denoiser)
-            pipeline.save_pretrained(out_dir, safe_serialization=True)
-            if description is not None:
-                (Path(out_dir) / RUN_DESCRIPTION_FILE).write_text(json.dumps(description, indent=2) + '\n')
+            with staged_folder(out_dir, f'--export_pipeline {out_dir}', again) as partial:
+                pipeline.save_pretrained(partial, safe_serialization=True)
+                if description is not None:
+                    (partial / RUN_DESCRIPTION_FILE).write_text(json.dumps(description, indent=2) + '\n')
     dist.barrier()
     return pipeline_class(model)
 
@@ -317,7 +322,8 @@ class SampleGrid(Callback):
         grid = labeled_grid(images, labels, columns)
         weights = 'ema-' if state.dataloader_label.endswith('_ema') else ''
         path = Path(config.sample_dir) / f'samples-{weights}ba{int(state.timestamp.batch):06d}.png'
-        path.parent.mkdir(parents=True, exist_ok=True)
-        grid.save(path)
+        # Whole or not at all: a grid cut short by a full disk would look like a drawing of broken weights.
+        with staged_file(path, f'--sample_dir {config.sample_dir}', 'run again') as partial:
+            grid.save(partial)
         self.saved.append(path)
         logger.log_images(np.asarray(grid), name=f'samples/{weights or "trained"}', channels_last=True)

@@ -42,10 +42,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     model.add_argument(
         '--attention',
-        choices=['sdpa', 'xformers'],
+        choices=['sdpa', 'cudnn', 'xformers'],
         default=None,
-        help='UNet attention backend: PyTorch scaled_dot_product_attention or xFormers (default: sdpa; with '
-        '--recipe published on a GPU, xformers where it is installed)',
+        help="attention backend: PyTorch's scaled_dot_product_attention as it chooses (sdpa), SDPA with cuDNN's "
+        'fused attention first (cudnn: a GPU, torch 2.6 or newer; the UNets and the transformers), or xFormers '
+        '(UNets) (default: sdpa; with --recipe published on a GPU, xformers where it is installed)',
     )
     data = parser.add_argument_group('data')
     data.add_argument('--use_synth_data', action='store_true', help='train on random images and captions')
@@ -187,6 +188,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         action='store_true',
         help="torchao's float8 training of a diffusion transformer's linear layers (H100, H200 and newer; needs "
         'amp_bf16); the UNets, mostly convolutions, are not converted',
+    )
+    speed.add_argument(
+        '--fused_groupnorm',
+        action='store_true',
+        help="a UNet's GroupNorm and the SiLU after it as one Triton kernel (fused_groupnorm.py), forward and "
+        'backward, in the layout it is given: not in either recipe until the GPU campaign measures it; a GPU '
+        "(on a CPU only under TRITON_INTERPRET=1, Triton's slow interpreter, for tests)",
+    )
+    speed.add_argument(
+        '--cudnn_benchmark',
+        action='store_true',
+        help='cuDNN tries its convolution algorithms on each new shape and keeps the fastest '
+        '(torch.backends.cudnn.benchmark): the first batch pays for it, which the throughput windows leave out; '
+        'a GPU; not in either recipe until the GPU campaign measures it',
     )
     add_switch(speed, '--fused_adamw', "PyTorch's fused AdamW kernel (same update)")
     add_switch(

@@ -30,10 +30,16 @@ from model_folder import (
     LATENT_DOWNSAMPLE,
     TRANSFORMER_PIPELINE_NAMES,
     UNET_PIPELINE_NAME,
+    WEIGHT_FILES,
+    caption_inputs,
     is_transformer_folder,
     resolve_model_dir,
+    weight_files,
+    weights_problem,
 )
+from outputs import one_line
 from presets import SAMPLERS
+from tokenizer import check_tokenizer_file
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')  # never the network: every part is local
 
@@ -49,6 +55,9 @@ RECORDED_FLAGS = {
     'prediction_type': "the model's own prediction type",
     'tokenizer': 'the default tokenizer',
 }
+
+
+ZIP_START = b'PK\x03\x04'  # the first bytes of a zip archive, as torch.save writes a checkpoint
 
 
 class GenerateError(ConfigError):
@@ -114,6 +123,12 @@ def check_args(args: argparse.Namespace) -> list[str]:
             raise GenerateError(
                 f'--checkpoint {args.checkpoint}: no such file (sharded FSDP checkpoints: not supported)'
             )
+        problem = not_a_checkpoint(args.checkpoint)
+        if problem:
+            raise GenerateError(
+                f'--checkpoint {args.checkpoint}: {problem}; give a checkpoint of benchmark.py --save_folder '
+                '(e.g. latest-rank0.pt)'
+            )
         for line in take_recorded_flags(args):
             print(line)
         try:
@@ -128,16 +143,24 @@ def check_args(args: argparse.Namespace) -> list[str]:
                 )
             if args.prediction_type:
                 raise GenerateError(f'--prediction_type: a UNet option; {args.model_name} is a diffusion transformer')
+        if args.tokenizer is not None:
+            check_tokenizer_file(args.tokenizer, caption_inputs(args.model_dir))  # another family's is named now
     else:
         index = Path(args.pipeline) / 'model_index.json'
         if not index.is_file():
             raise GenerateError(f'--pipeline {args.pipeline}: no model_index.json there (not a pipeline folder)')
         try:
-            kind = json.loads(index.read_text()).get('_class_name')
-        except (ValueError, AttributeError):
+            components = json.loads(index.read_text())
+            kind = components.get('_class_name')
+        except (ValueError, UnicodeDecodeError, AttributeError):
             raise GenerateError(f'--pipeline {args.pipeline}: its model_index.json is not a JSON object')
         if kind not in PIPELINES:
             raise GenerateError(f'--pipeline {args.pipeline}: a {kind}; generate.py draws with {", ".join(PIPELINES)}')
+        problem = missing_part(Path(args.pipeline), components)
+        if problem:
+            raise GenerateError(
+                f'--pipeline {args.pipeline}: {problem}; give a whole pipeline folder (export it again)'
+            )
         transformer = kind != UNET_PIPELINE_NAME
         given = [flag for flag in ('model_name', 'prediction_type', 'tokenizer', 'ema') if getattr(args, flag)]
         if given:
@@ -163,6 +186,49 @@ def check_args(args: argparse.Namespace) -> list[str]:
     if args.fid_reference and not (Path(args.fid_reference) / 'index.json').is_file():
         raise GenerateError(f'--fid_reference {args.fid_reference}: no MDS split (index.json) there')
     return prompts
+
+
+def missing_part(folder: Path, components: dict) -> str | None:
+    """The first part of a pipeline folder that its model_index.json lists and that is not there whole (a folder, a
+    model's weights), or None; read before Diffusers loads, which would stop with a traceback."""
+    for name, entry in components.items():
+        if name.startswith('_') or not isinstance(entry, list) or not entry or entry[0] is None:
+            continue  # the pipeline's own fields, and parts left out (a safety checker)
+        part = folder / name
+        if not part.is_dir():
+            return f'no {name}/ folder, which its model_index.json lists ({entry[-1]})'
+        if name not in WEIGHT_FILES or not (part / 'config.json').is_file():
+            continue  # a scheduler or tokenizer: no weights
+        files = weight_files(part, name)
+        if not files:
+            return f'{name}/ holds no weights ({" or ".join(WEIGHT_FILES[name])})'
+        for path in files:
+            problem = weights_problem(path)
+            if problem:
+                return f'{path.relative_to(folder)}: {problem}'
+    return None
+
+
+def not_a_checkpoint(path: str) -> str | None:
+    """What the file is instead of a checkpoint (torch.save's zip archive, its pickle inside), or None where it is
+    one: read without torch, so that an empty, cut-off or wrong file is named in one line before torch loads."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return 'an empty file, not a checkpoint'
+    with open(path, 'rb') as file:
+        head = file.read(4)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except zipfile.BadZipFile:
+        if head == ZIP_START:  # a zip's directory is at its end: a file cut short has none
+            return f'a checkpoint cut short ({size:,} bytes and no end: a copy or a write that stopped part way?)'
+        if head.lstrip()[:1] in (b'{', b'['):
+            return 'a JSON file (a results file?), not a checkpoint'
+        return 'not a checkpoint (not the zip archive torch.save writes)'
+    if not any(name.endswith('/data.pkl') for name in names):
+        return 'a zip archive without the pickle a checkpoint holds (data.pkl), not a checkpoint'
+    return None
 
 
 def take_recorded_flags(args: argparse.Namespace) -> list[str]:
@@ -277,6 +343,9 @@ def cli(argv=None) -> None:
     except ConfigError as error:
         print(f'error: {error}', file=sys.stderr)
         sys.exit(2)
+    except OSError as error:  # a write that failed while drawing (a full disk): the partial folder removed
+        print(f'error: {one_line(error)}', file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == '__main__':

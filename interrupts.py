@@ -6,8 +6,10 @@ and without the batches trained since its last checkpoint. Here the first signal
 stop after the batch in progress: StopOnSignal then saves a checkpoint through Composer's checkpoint saver (one
 process only: with several, each would have to reach the same batch before the write, and a rank that stops one
 batch later waits forever for the others) and raises Stopped. A second signal, or one before training starts,
-stops at once. The line names the batch reached and the newest checkpoint; the exit status is the signal's, 130
-for SIGINT and 143 for SIGTERM.
+stops at once; one while that checkpoint is written sets the file aside as NAME.incomplete, whole or not. The
+line names the batch reached and the newest whole checkpoint; the exit status is the signal's, 130 for SIGINT and
+143 for SIGTERM. A signal to every process of the job (scancel, Ctrl-C) reaches the loader workers too: they leave it
+to this process (loaders.StoppableDataLoader).
 """
 
 import os
@@ -17,19 +19,9 @@ from pathlib import Path
 
 from composer.core import Callback, State
 
-from checkpoints import CHECKPOINT_FILE
+from checkpoints import CHECKPOINT_FILE, checkpoint_files, set_aside_incomplete
 from config import RunConfig
-
-SIGNALS = {signal.SIGINT: 'Ctrl-C (SIGINT)', signal.SIGTERM: 'SIGTERM'}
-
-
-class Stopped(BaseException):
-    """A run stopped by a signal; BaseException, as KeyboardInterrupt is, so that no `except Exception` on the way
-    out takes it for an error of its own."""
-
-    def __init__(self, signum: int, line: str):
-        super().__init__(line)
-        self.exit_status = 128 + signum
+from stopping import SIGNALS, Stopped, check_stopped, forget_stops, stop
 
 
 class StopOnSignal(Callback):
@@ -43,11 +35,13 @@ class StopOnSignal(Callback):
         self.previous = {}
 
     def install(self) -> None:
+        forget_stops()
         self.previous = {signum: signal.signal(signum, self.handle) for signum in SIGNALS}
 
     def uninstall(self) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+        forget_stops()
 
     def handle(self, signum: int, frame) -> None:
         if os.getpid() != self.pid:
@@ -56,24 +50,47 @@ class StopOnSignal(Callback):
             self.requested = signum
             print(f'{SIGNALS[signum]}: stopping after this batch, with a checkpoint; again to stop at once', flush=True)
             return
-        raise Stopped(signum, self.describe(signum, checkpoint_written=False))
+        stop(Stopped(signum, self.describe(signum, checkpoint_written=False)))  # at once, or once stops are not held
 
     def fit_start(self, state: State, logger) -> None:
         self.state = state
 
     def batch_end(self, state: State, logger) -> None:
+        check_stopped()  # one that came while a loader started its workers
         if self.requested is None:
             return
-        self.save_checkpoint()
+        folder = Path(self.config.save_folder)
+        local = '://' not in self.config.save_folder
+        before = set(checkpoint_files(folder)) if local and folder.is_dir() else set()
+        try:
+            self.save_checkpoint()
+        except Stopped as again:  # a second signal while the checkpoint was written
+            if not local:
+                raise
+            raise Stopped(again.signum, self.set_aside_cut_short(again.signum, before)) from None
         raise Stopped(self.requested, self.describe(self.requested, checkpoint_written=True))
 
-    def describe(self, signum: int, checkpoint_written: bool) -> str:
+    def set_aside_cut_short(self, signum: int, before: set[Path]) -> str:
+        """Renames the checkpoint file a second signal stopped NAME.incomplete, and links the latest to the newest
+        whole one; returns the stop's line. torch.save, interrupted, still ends its zip archive: the file would pass
+        for a whole checkpoint. One the write had finished is set aside too: the signal cannot say which it was."""
+        folder = Path(self.config.save_folder)
+        cut = [path for path in checkpoint_files(folder) if path not in before] if folder.is_dir() else []
+        for path in cut:
+            path.rename(path.with_name(f'{path.name}.incomplete'))
+        if folder.is_dir():
+            set_aside_incomplete(folder)
+        return self.describe(signum, checkpoint_written=False, cut_short=cut[0].name if cut else None)
+
+    def describe(self, signum: int, checkpoint_written: bool, cut_short: str | None = None) -> str:
         """e.g. 'Ctrl-C (SIGINT): stopped at batch 3 of 12; checkpoint ep0-ba3-rank0.pt written in ckpt; rerun with
         --autoresume to continue'."""
         config = self.config
         if self.state is None:
             return f'{SIGNALS[signum]}: stopped before training started; nothing trained, no results written'
         reached = f'stopped at batch {int(self.state.timestamp.batch)} of {config.num_batches}'
+        if cut_short:
+            reached += f', while writing its checkpoint: {cut_short} set aside as {cut_short}.incomplete'
         # --autoresume needs a --run_name; a run given none may resume under any name (checkpoints.check_resumable).
         resume = f'rerun the same command with {"--run_name NAME " * (config.run_name is None)}--autoresume to continue'
         if not config.save_folder:

@@ -72,6 +72,7 @@ def resolve_model_dir(model_name: str) -> Path:
         path = download_from_hub(model_name)
     if (path / TRANSFORMER_CONFIG).is_file():
         check_transformer_folder(model_name, path)
+        check_weight_files(model_name, path)
         return path
     missing = [name for name in CONFIG_FILES if not (path / name).is_file()]
     if missing:
@@ -99,6 +100,7 @@ def resolve_model_dir(model_name: str) -> Path:
                 else f"{SECOND_ENCODER_CONFIG} is there, but the UNet has no addition_embed_type 'text_time' to use it"
             )
         )
+    check_weight_files(model_name, path)
     return path
 
 
@@ -162,7 +164,59 @@ def download_from_hub(model_name: str) -> Path:
 
 
 def has_weights(model_dir: Path, part: str) -> bool:
-    return any((model_dir / part / name).is_file() for name in WEIGHT_FILES[part])
+    """Whether a part folder carries weights: one file, or the index of a sharded checkpoint (Flux's, T5-XXL's)."""
+    return bool(weight_files(model_dir / part, part))
+
+
+def weight_files(part_dir: Path, part: str) -> list[Path]:
+    """A part folder's weight files: the one file, or the shards its index lists (there or not)."""
+    for name in WEIGHT_FILES[part]:
+        index = part_dir / f'{name}.index.json'
+        if (part_dir / name).is_file():
+            return [part_dir / name]
+        if index.is_file():
+            try:
+                shards = sorted(set(json.loads(index.read_text())['weight_map'].values()))
+            except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+                return [index]  # named as not a checkpoint index by check_weight_files
+            return [part_dir / shard for shard in shards]
+    return []
+
+
+def check_weight_files(model_name: str, model_dir: Path) -> None:
+    """Every weight file a folder's parts name is there and whole (a download cut short, a shard missing), checked
+    before torch loads: a part with none is randomly initialized, as meant, but one whose weights are broken or
+    half there is refused in one line rather than by a traceback as it loads."""
+    for part in WEIGHT_FILES:
+        for path in weight_files(model_dir / part, part):
+            problem = weights_problem(path)
+            if problem:
+                raise ModelFolderError(f'--model_name {model_name!r}: {path.relative_to(model_dir)}: {problem}')
+
+
+def weights_problem(path: Path) -> str | None:
+    """What is wrong with one weights file, read without torch, or None where it looks whole: missing, not a
+    shard index, a safetensors file whose header does not parse or that is shorter than its header says."""
+    if path.name.endswith('.index.json'):
+        return "not a sharded checkpoint's index (JSON with a 'weight_map'); download the folder again"
+    if not path.is_file():
+        return 'missing (the index of the sharded weights lists it); download the folder again, whole'
+    if path.suffix != '.safetensors':
+        return None  # torch's own format: read when it loads
+    size = path.stat().st_size
+    with open(path, 'rb') as file:
+        length = int.from_bytes(file.read(8), 'little') if size >= 8 else size
+        try:
+            header = json.loads(file.read(length)) if 8 + length <= size else None
+        except (ValueError, UnicodeDecodeError):
+            header = None
+    if not isinstance(header, dict):
+        return f'not a safetensors file ({size:,} bytes, no header that reads): download it again'
+    tensors = [entry for key, entry in header.items() if key != '__metadata__' and isinstance(entry, dict)]
+    end = 8 + length + max((entry.get('data_offsets', [0, 0])[1] for entry in tensors), default=0)
+    if size < end:
+        return f'cut short: {size:,} of the {end:,} bytes its header gives; download it again'
+    return None
 
 
 def is_transformer_folder(model_dir: Path) -> bool:

@@ -23,7 +23,9 @@ import hardware
 from arguments import ConfigError
 from dataset_checks import is_remote
 from model_folder import caption_inputs, is_transformer_folder, resolve_model_dir, t5_tokenizer_needed
+from outputs import one_line
 from presets import PRESETS, SAMPLE_DATASET, SD2_BASE
+from stopping import SIGNALS, Stopped, stop_on_signals
 from tokenizer import check_tokenizer
 
 
@@ -149,12 +151,24 @@ def overlaps(out: str, source: str) -> bool:
 
 
 def main(argv=None) -> dict:
-    args = resolve_args(parse_args(argv))
-    # Imported once the flags check out, not at the top: torch, Streaming and the encoders take seconds to load, and
-    # --help or a bad flag answers without them.
-    import encoding
+    args = parse_args(argv)
+    with stop_on_signals(lambda signum: stopped_line(signum, args)):
+        args = resolve_args(args)
+        # Imported once the flags check out, not at the top: torch, Streaming and the encoders take seconds to load,
+        # and --help or a bad flag answers without them.
+        import encoding
 
-    return encoding.precompute(args)
+        return encoding.precompute(args)
+
+
+def stopped_line(signum: int, args: argparse.Namespace) -> str:
+    """Ctrl-C or SIGTERM: the parts finished stay, the one in progress goes (encoding.precompute_part), and the
+    same command finishes the rest; with --overwrite it would start over."""
+    again = 'the same command without --overwrite' if args.overwrite else 'the same command again'
+    return (
+        f'{SIGNALS[signum]}: precompute stopped; {args.out} keeps the parts finished, not the one in progress: '
+        f'{again} finishes the rest'
+    )
 
 
 if __name__ == '__main__':
@@ -163,3 +177,9 @@ if __name__ == '__main__':
     except ConfigError as error:
         print(f'error: {error}', file=sys.stderr)
         sys.exit(2)
+    except Stopped as stopped:
+        print(f'error: {stopped}', file=sys.stderr)
+        sys.exit(stopped.exit_status)
+    except OSError as error:  # a write that failed while encoding (a full disk): the parts finished are kept
+        print(f'error: {one_line(error)}', file=sys.stderr)
+        sys.exit(1)

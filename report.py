@@ -32,6 +32,7 @@ import numpy as np
 
 import arguments
 import scaling
+from outputs import one_line, staged_file
 from results import PEAK_FLOPS, ResultsError, gpu_key
 from results import load_results as read_results
 
@@ -1052,13 +1053,16 @@ def main(args):
         )
     if notes:
         print('Notes:\n\n' + '\n'.join(f'- {n}' for n in notes) + '\n')
+    # Each file whole or not at all: a full disk leaves the earlier one (or none) and ends in one line, exit status 1.
     if args.csv:
-        write_csv(args.csv, [(gpu, rows) for gpu, rows, _, _ in tables], phases)
+        with staged_file(args.csv, f'--csv {args.csv}', 'run again') as partial:
+            write_csv(partial, [(gpu, rows) for gpu, rows, _, _ in tables], phases)
         print(f'wrote {args.csv}', file=sys.stderr)
     if args.plot:
         devices = device_axis_label({pts[0].gpu for pts in groups.values()})
         tables_drawn = [(label, rows, curve) for label, rows, curve, _ in tables]
-        plot(args.plot, tables_drawn, args.budget, names, devices, args.price, device)
+        with staged_file(args.plot, f'--plot {args.plot}', 'run again') as partial:
+            plot(partial, tables_drawn, args.budget, names, devices, args.price, device)
         print(f'wrote {args.plot}', file=sys.stderr)
     return tables
 
@@ -1069,3 +1073,6 @@ if __name__ == '__main__':
     except ReportError as error:
         print(f'error: {error}', file=sys.stderr)
         sys.exit(2)
+    except OSError as error:  # writing --csv or --plot failed (a full disk): the earlier file is left as it was
+        print(f'error: {one_line(error)}', file=sys.stderr)
+        sys.exit(1)

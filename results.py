@@ -93,13 +93,17 @@ class Results:
 
 
 def load_results(path: str) -> Results:
+    if Path(path).is_dir():
+        raise ResultsError(f'{path}: is a folder, not a results file (give the .json files benchmark.py wrote)')
     try:
-        with open(path) as file:
+        with open(path, encoding='utf-8') as file:
             data = json.load(file)
     except OSError as error:
         raise ResultsError(f'{path}: cannot read results file ({error.strerror})')
     except json.JSONDecodeError as error:
         raise ResultsError(f'{path}: not valid JSON ({error})')
+    except UnicodeDecodeError:  # an image, an archive, a checkpoint: bytes that are not text
+        raise ResultsError(f'{path}: not a results file: binary data, not the JSON text benchmark.py writes')
     return Results.from_dict(data, str(path))
 
 

@@ -5,6 +5,7 @@ meet into one line. benchmark.py is its command line.
 """
 
 import argparse
+import contextlib
 import datetime
 import logging
 import os
@@ -33,6 +34,7 @@ from ema import export_ema_unet
 from evaluation import ValidationReport
 from export import SampleGrid, export_pipeline
 from interrupts import StopOnSignal, Stopped
+from kernels import attention_backends, use_kernels
 from model import DiffusionModel, build_model, describe_weights
 from results import Results, cpu_name, mfu, package_versions, peak_flops
 from stack import check_stack
@@ -40,19 +42,31 @@ from streaming_fixes import clean_stale_shared_memory
 from tokenizer import TokenizerError
 from training import build_dataloader, build_trainer, log_summary_to_wandb
 from transformer_model import convert_to_float8
+from writer_lock import one_writer_on_rank_zero
 
 
 def main(args: argparse.Namespace | RunConfig, callbacks: tuple = (), announced: bool = False) -> Trainer:
     """Runs the benchmark; `callbacks` lets tests and scripts watch the run. Ctrl-C and SIGTERM end it with one line
-    (interrupts.py), and the signal handlers there were before are back when it returns."""
+    (interrupts.py), and the signal handlers there were before are back when it returns. A local --save_folder is
+    this run's alone while it runs (writer_lock.py)."""
     check_stack()  # torch, numpy and transformers: silent on the pins, one line on others, an error on broken ones
     config = args if isinstance(args, RunConfig) else resolve_config(args)
     stop_on_signal = StopOnSignal(config)
     stop_on_signal.install()
     try:
-        return train(config, (stop_on_signal, *callbacks), stop_on_signal, announced)
+        with save_folder_lock(config):
+            return train(config, (stop_on_signal, *callbacks), stop_on_signal, announced)
     finally:
         stop_on_signal.uninstall()
+
+
+def save_folder_lock(config: RunConfig):
+    """Refuses a second run on a local --save_folder in one line (FolderBusy, exit status 2) before it builds
+    anything, and holds the folder for this one; an s3:// folder is not locked."""
+    if not config.save_folder or '://' in config.save_folder:
+        return contextlib.nullcontext()
+    fix = 'wait for it to end or stop it (then --autoresume continues its run), or pass another --save_folder'
+    return one_writer_on_rank_zero(config.save_folder, f'--save_folder {config.save_folder}', fix)
 
 
 def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, announced: bool = False) -> Trainer:
@@ -91,6 +105,8 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
     if config.fp8:
         converted = convert_to_float8(model.denoiser)
         announce(f"fp8: {converted} of the transformer's linear layers train in float8 (torchao)")
+    for line in use_kernels(config, model):
+        announce(line)
     announce(describe_model(config, model))
     if not config.use_synth_data:
         clean_stale_shared_memory()  # a killed run's Streaming shared memory would block this one
@@ -123,9 +139,10 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
             f'the latest in {config.save_folder}' if remote else Path(config.save_folder, LATEST_LINK).resolve().name
         )
         announce(f'resumed run {config.run_name!r} from {source} (batch {resumed_at} of {config.num_batches})')
-    if trainer.state.evaluators:
-        trainer.eval()  # the start of the learning curve, and the untrained model's samples
-    trainer.fit()
+    with attention_backends(config.attention):
+        if trainer.state.evaluators:
+            trainer.eval()  # the start of the learning curve, and the untrained model's samples
+        trainer.fit()
     check_finished(trainer, config)
     warn_of_cuda_graphs_skipped(config)
     if dist.get_global_rank() == 0:
@@ -144,11 +161,14 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
 
 def export(trainer: Trainer, config: RunConfig) -> None:
     """The exports asked for, of the weights trained (or, for a finished run resumed, of its last checkpoint's)."""
+    # After a failed export (a full disk), a run with checkpoints exports again without training again.
+    again = 'rerun the same command with --autoresume, which exports its last checkpoint'
+    again = again if config.save_folder and config.run_name else 'run again'
     if config.export_ema_unet:
-        export_ema_unet(trainer, config.export_ema_unet)
+        export_ema_unet(trainer, config.export_ema_unet, again)
         announce(f'EMA UNet saved to {config.export_ema_unet}')
     if config.export_pipeline:
-        pipeline = export_pipeline(trainer, config.export_pipeline, config.sample_scheduler, config.tokenizer)
+        pipeline = export_pipeline(trainer, config.export_pipeline, config.sample_scheduler, config.tokenizer, again)
         announce(f'pipeline saved to {config.export_pipeline} ({pipeline}.from_pretrained loads it)')
 
 

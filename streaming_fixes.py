@@ -20,6 +20,7 @@ those of the pinned 0.13.0.
 """
 
 import atexit
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -45,6 +46,7 @@ from streaming.base.storage import download as streaming_download
 from streaming.base.storage.download import S3Downloader
 
 from dataset_checks import READ_TIMEOUT, RETRIES, DataError, check_columns, check_dataset
+from outputs import DISK_FULL
 
 
 class S3DownloaderOneTransferAttempt(S3Downloader):
@@ -90,12 +92,20 @@ def get_shm_prefix_one_job_at_a_time(streams_local, streams_remote, world, *args
     look up their leader's entry, so they take no lock (and cannot block a barrier their leader waits at)."""
     if not world.is_local_leader:
         return get_shm_prefix(streams_local, streams_remote, world, *args, **kwargs)
+    with prefix_lock():
+        return get_shm_prefix(streams_local, streams_remote, world, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def prefix_lock():
+    """The machine-wide lock under which a job picks and registers its shared-memory prefix, and under which
+    clean_stale_shared_memory looks for segments no process maps (so that it never sees one mid-registration)."""
     # Opened read-only, which flock needs no more than: another user's jobs share the file (made 0o666 less umask).
     path = Path(tempfile.gettempdir()) / 'sd2-streaming-prefix.lock'
     lock = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
     try:
         wait_for_lock(lock, path)  # released when the file closes
-        return get_shm_prefix(streams_local, streams_remote, world, *args, **kwargs)
+        yield
     finally:
         os.close(lock)
 
@@ -194,7 +204,7 @@ class CheckedStreamingDataset(StreamingDataset):
         **streaming_kwargs,
     ):
         remote, local = resolve_location(remote, local, download_retry, download_timeout)
-        self.location = remote or local
+        self.location, self.cache = remote or local, local  # the cache: where a remote's shards are copied
         # Streaming's S3 client keeps botocore's own retries (3 tries of --download_timeout each) inside each of
         # its download_retry + 1 tries: 9 reads of 20 s before a hung server is reported. One botocore try per
         # Streaming try bounds it to 3 (AWS_MAX_ATTEMPTS, which botocore reads when its Config sets no count).
@@ -294,13 +304,16 @@ class CheckedStreamingDataset(StreamingDataset):
     def _record_failure(self, failure: DataError) -> None:
         """Keep the first failure on the node; written whole, then linked, so no reader sees half a line."""
         partial = f'{self._failure_path}.{os.getpid()}.{threading.get_ident()}'
-        Path(partial).write_text(str(failure))
         try:
+            Path(partial).write_text(str(failure))
             os.link(partial, self._failure_path)
         except FileExistsError:
             pass
+        except OSError:  # the temporary folder is full too (the failure may be that): each process meets its own
+            pass
         finally:
-            os.remove(partial)
+            with contextlib.suppress(OSError):
+                os.remove(partial)
 
     def _failure_elsewhere(self) -> DataError | None:
         # Checked for every sample (prepare_shard): a stat while there is no failure, not an open that raises.
@@ -315,6 +328,11 @@ class CheckedStreamingDataset(StreamingDataset):
         if isinstance(error, DataError):
             return error
         reason = str(error).strip().splitlines()[-1] if str(error).strip() else ''
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            return DataError(
+                f'{self.location}: caching shards in {self.cache} failed: {error.strerror}; free space there, or '
+                'pass --local a folder on a disk with room (without --local the cache is in TMPDIR)'
+            )
         if sample_id is None:
             return DataError(f'{self.location}: reading shards failed: {type(error).__name__}: {reason}')
         shard_id, row = self.spanner[sample_id]
@@ -371,17 +389,34 @@ def clean_stale_shared_memory() -> None:
         streaming_util.clean_stale_shared_memory()
         return
     if dist.get_local_rank() == 0:
-        names = {path.name for path in shm.glob('[0-9]' * 6 + '_*') if path.stat().st_uid == os.getuid()}
-        mapped = set()  # /proc/PID/maps lines end with the mapped file: ... /dev/shm/000000_locals
-        for maps in Path('/proc').glob('[0-9]*/maps'):
-            try:
-                lines = [line for line in maps.read_text().splitlines() if '/dev/shm/' in line]
-            except OSError:  # a process that ended, or another user's
-                continue
-            mapped.update(line.rsplit('/dev/shm/', 1)[1].split()[0] for line in lines)
-        for name in names - mapped:
-            (shm / name).unlink(missing_ok=True)
+        with prefix_lock():
+            for path in stale_segments(shm):
+                path.unlink(missing_ok=True)
     dist.barrier()
+
+
+def stale_segments(shm: Path) -> list[Path]:
+    """This user's Streaming segments (`000105_locals`, `000105_barrier`, ...) of prefixes no process maps any
+    segment of. By prefix, not by segment: a live dataset creates its other segments after registering its
+    `_locals` (which it maps at once, under prefix_lock), and one of them seen between its creation and its mapping
+    was removed from under it (seen: FileExistsError in a dataset built beside a starting job)."""
+    segments = [path for path in shm.glob('[0-9]' * 6 + '_*') if owned(path)]
+    mapped = set()  # /proc/PID/maps lines end with the mapped file: ... /dev/shm/000000_locals
+    for maps in Path('/proc').glob('[0-9]*/maps'):
+        try:
+            lines = [line for line in maps.read_text().splitlines() if '/dev/shm/' in line]
+        except OSError:  # a process that ended, or another user's
+            continue
+        mapped.update(line.rsplit('/dev/shm/', 1)[1].split()[0] for line in lines)
+    live = {name[:6] for name in mapped}
+    return [path for path in segments if path.name[:6] not in live]
+
+
+def owned(path: Path) -> bool:
+    try:
+        return path.stat().st_uid == os.getuid()
+    except FileNotFoundError:  # removed by its job meanwhile
+        return False
 
 
 def pid_alive(pid: int) -> bool:

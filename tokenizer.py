@@ -35,6 +35,7 @@ from model_folder import (
     CLIP_END_ID,
     CLIP_PAD_ID,
     CLIP_START_ID,
+    CLIP_VOCAB_SIZE,
     T5_END_ID,
     T5_PAD_ID,
     T5_VOCAB_SIZE,
@@ -260,10 +261,14 @@ class CaptionTokenizer:
                     )
 
     def __call__(self, caption: str) -> torch.Tensor:
+        return id_tensor(self.ids(caption))
+
+    def ids(self, caption: str) -> list[int]:
+        """The caption's ids, padded, as a list: without torch, for the checks at start."""
         if self._encode is None:
             self.load()
         ids = self._encode(clean_caption(caption, self.lowercase))
-        return id_tensor(ids + [self.pad_id] * (self.length - len(ids)))
+        return ids + [self.pad_id] * (self.length - len(ids))
 
 
 def column_tokenizers(folder: str | None, inputs) -> dict[str, CaptionTokenizer]:
@@ -290,14 +295,53 @@ def check_tokenizer(folder: str, inputs: CaptionInputs) -> None:
     if not Path(folder).is_dir():
         raise ConfigError(f'--tokenizer {folder}: no such folder')
     try:
-        ids = CaptionTokenizer(folder, length=max(inputs.lengths))('a photo')
+        ids = CaptionTokenizer(folder, length=max(inputs.lengths)).ids('a photo')
     except Exception as error:  # Transformers raises several kinds (OSError, ValueError, TypeError, ...)
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ConfigError(f'--tokenizer {folder}: no tokenizer Transformers can load ({reason})')
+    problem = family_problem(ids, inputs)
+    if problem:
+        raise ConfigError(f'--tokenizer {folder}: {problem}')
+
+
+def check_tokenizer_file(folder: str, inputs: CaptionInputs) -> None:
+    """check_tokenizer's check of the family, without Transformers, whose import loads torch (seconds): of the
+    folder's tokenizer.json, with the `tokenizers` library alone; a folder without one is loaded when it is used."""
+    if not Path(folder).is_dir():
+        raise ConfigError(f'--tokenizer {folder}: no such folder')
+    if not (Path(folder) / 'tokenizer.json').is_file():
+        return
+    try:
+        ids = Tokenizer.from_file(str(Path(folder) / 'tokenizer.json')).encode('a photo').ids
+    except Exception as error:  # the Rust library's own exception, for a file that is not a tokenizer's
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(f'--tokenizer {folder}: its tokenizer.json does not load ({reason})')
+    problem = family_problem(ids, inputs)
+    if problem:
+        raise ConfigError(f'--tokenizer {folder}: {problem}')
+
+
+def family_problem(ids: list[int], inputs: CaptionInputs) -> str | None:
+    """Why a tokenizer's ids for 'a photo' (padded or not) are not those the model's text encoders read, or None:
+    a model with a T5 encoder reads T5's (below its vocabulary, ending in its end of text), the others CLIP's.
+    Another family's would index the embedding out of range, or train on the wrong tokens."""
     if inputs.uses_t5:
-        ids = ids[ids != T5_PAD_ID].tolist()
+        ids = [token for token in ids if token != T5_PAD_ID]
         if not ids or max(ids) >= T5_VOCAB_SIZE or ids[-1] != T5_END_ID:
-            raise ConfigError(
-                f"--tokenizer {folder}: gives ids {ids[:8]} for 'a photo', not T5's (below {T5_VOCAB_SIZE}, ending "
-                f"in </s> = {T5_END_ID}); this model's --tokenizer is its T5 encoder's"
+            return (
+                f"gives ids {ids[:8]} for 'a photo', not T5's (below {T5_VOCAB_SIZE}, ending in </s> = "
+                f"{T5_END_ID}); this model's --tokenizer is its T5 encoder's"
             )
+    elif not clip_ids(ids):
+        return (
+            f"gives ids {ids[:8]} for 'a photo', not CLIP's ({CLIP_START} = {CLIP_START_ID} first, {CLIP_END} = "
+            f"{CLIP_END_ID} after the words, all below {CLIP_VOCAB_SIZE}): another model's tokenizer (T5's?); "
+            "this model's text encoder is CLIP: pass a CLIP tokenizer folder, or leave --tokenizer out for the "
+            'built-in one'
+        )
+    return None
+
+
+def clip_ids(ids: list[int]) -> bool:
+    """Whether a caption's ids, padded, are as CLIP's tokenizer gives them."""
+    return bool(ids) and ids[0] == CLIP_START_ID and CLIP_END_ID in ids[1:] and max(ids) < CLIP_VOCAB_SIZE

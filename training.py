@@ -4,6 +4,7 @@ profiler, and the random state of a checkpoint resumed mid-epoch. run.py runs it
 benchmarks/framework_overhead.py times it against a bare loop.
 """
 
+import urllib.parse
 import warnings
 from collections import deque
 from pathlib import Path
@@ -33,6 +34,7 @@ from data import (
 from dataset_checks import DataError
 from ema import EMA
 from evaluation import build_evaluators, evaluation_callbacks
+from loaders import StoppableDataLoader
 from model import DiffusionModel
 from model_folder import LATENT_DOWNSAMPLE
 from presets import SYNTHETIC_SAMPLES
@@ -71,7 +73,7 @@ def build_dataloader(config: RunConfig, model: DiffusionModel) -> DataLoader:
         )
     # Composer's sampler gives each rank its own slice of every global batch.
     sampler = dist.get_sampler(dataset, shuffle=False, drop_last=True)
-    return DataLoader(
+    return StoppableDataLoader(  # a job-wide Ctrl-C or SIGTERM is the main process's to handle
         dataset,
         batch_size=config.device_batch_size,
         sampler=sampler,
@@ -110,7 +112,7 @@ def build_streaming_dataloader(config: RunConfig) -> DataLoader:
             )
     except (DataError, TokenizerError) as error:
         raise ConfigError(str(error))
-    return DataLoader(
+    return StoppableDataLoader(  # a job-wide Ctrl-C or SIGTERM is the main process's to handle
         dataset,
         batch_size=config.device_batch_size,
         drop_last=True,
@@ -184,7 +186,7 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
         progress_bar=bar,
         seed=config.seed,
         run_name=config.run_name,
-        save_folder=config.save_folder,
+        save_folder=composer_folder(config.save_folder),
         save_interval=config.save_interval,
         save_num_checkpoints_to_keep=config.save_num_checkpoints_to_keep,
         autoresume=config.autoresume,
@@ -357,13 +359,25 @@ def log_summary_to_wandb(trainer: Trainer, results) -> None:
         wandb.run.summary.update({name: value for name, value in headline.items() if value is not None})
 
 
+def composer_folder(folder: str | None) -> str | None:
+    """A folder as given, for Composer, which formats it as a template ({run_name}, {rank}): its braces doubled so
+    that they stay as they are, and a local name that would read as a URL scheme ('run:2') made relative
+    ('./run:2'). A --save_folder, whose paths Composer formats again as it saves, is given none (config.py's
+    refuse_what_composer_changes refuses braces there, and '#', '?', which no spelling keeps)."""
+    if folder is None:
+        return None
+    if '://' not in folder and urllib.parse.urlparse(folder).scheme:
+        folder = f'./{folder}'
+    return folder.replace('{', '{{').replace('}', '}}')
+
+
 def build_profiler(config: RunConfig) -> Profiler:
     """PyTorch's profiler on the last batch (the one before it warms the profiler up), traces kept locally."""
     return Profiler(
         schedule=cyclic_schedule(skip_first=config.num_batches - 2, wait=0, warmup=1, active=1, repeat=1),
         trace_handlers=[],
         sys_prof_cpu=False,
-        torch_prof_folder=config.profile,
+        torch_prof_folder=composer_folder(config.profile),
         torch_prof_remote_file_name=None,
         torch_prof_memory_remote_file_name=None,
         torch_prof_with_flops=False,  # FLOP counting adds CPU time to every op; SpeedMonitor counts FLOPs

@@ -3,12 +3,15 @@ process of its own and printing one JSON line last:
 
     python -m benchmarks.campaign_probes environment
     python -m benchmarks.campaign_probes transformer_step --model_name flux-schnell --image_size 256 [--fp8] [--compile]
+    python -m benchmarks.campaign_probes launches --model_name sd2-base --image_size 512 --microbatch 32
 
 environment: the device, driver and versions, and two measured ceilings: a bf16 matrix multiply's FLOP/s (fp32 on
 a CPU) and a device-to-device copy's bytes per second. transformer_step: a denoiser's forward and backward per image
 from precomputed latents in bf16, weights and gradients on the device, no optimizer (one GPU holds Flux's weights,
 not its AdamW state), with its training FLOPs, for MLPerf flux1's per-GPU rows; --compile compiles the model's
 forward as a run's --compile does (torchao's float8 is made to run compiled: Inductor fuses its scaling and casts).
+launches: the operations one microbatch's step dispatches, counted on the meta device, with and without
+--fused_groupnorm.
 """
 
 import argparse
@@ -21,6 +24,7 @@ import time
 import torch
 from torch.utils.data import default_collate
 
+from benchmarks.launch_counts import step_ops
 from data import SyntheticLatentsDataset
 from model import build_model
 from model_folder import LATENT_DOWNSAMPLE, resolve_model_dir
@@ -112,9 +116,23 @@ def transformer_step(model_name: str, image_size: int, microbatch: int, fp8: boo
     }
 
 
+def launches(model_name: str, image_size: int, microbatch: int) -> dict:
+    """The operations one microbatch's step dispatches from the host (benchmarks/launch_counts.py, on the meta
+    device), with and without --fused_groupnorm: what the fused kernel saves the host."""
+    plain = step_ops(model_name, image_size, microbatch)['eager_fp32']
+    fused = step_ops(model_name, image_size, microbatch, fused_groupnorm=True)['eager_fp32']
+    return {
+        'model_name': model_name,
+        'image_size': image_size,
+        'microbatch': microbatch,
+        'ops': plain,
+        'ops_fused': fused,
+    }
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split('\n\n')[0])
-    parser.add_argument('probe', choices=['environment', 'transformer_step'])
+    parser.add_argument('probe', choices=['environment', 'transformer_step', 'launches'])
     parser.add_argument('--model_name', default='flux-schnell')
     parser.add_argument('--image_size', type=int, default=256)
     parser.add_argument('--microbatch', type=int, default=1)
@@ -123,6 +141,8 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.probe == 'environment':
         measured = environment()
+    elif args.probe == 'launches':
+        measured = launches(args.model_name, args.image_size, args.microbatch)
     else:
         measured = transformer_step(args.model_name, args.image_size, args.microbatch, args.fp8, args.compile)
     print(json.dumps(measured), flush=True)

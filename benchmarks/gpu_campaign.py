@@ -14,6 +14,8 @@ The steps (each row a process of its own: a failure is a row of the table, not t
 4. sweep: precomputed, eager, at microbatch 4, 8, 16, 32, 64 (peak memory each; the planned one marked);
 5. paths: at the fastest microbatch, each speed path alone (the others off) and all together, fp16 against bf16,
    --compile reduce-overhead, activation checkpointing;
+   kernels: the kernels past the fast recipe (--fused_groupnorm, --attention cudnn, --cudnn_benchmark), each over
+   the fast recipe and all three, eager and compiled, beside the fast recipe at the same microbatch;
 6. profile: at microbatch 4 and at the fastest (benchmarks/profile_summary.py: busy share, classes of work);
 7. transformers: SD3.5 medium and PixArt-Sigma at their presets' sizes, a few microbatches a step; Flux's
    transformer forward and backward per image at 256px, compiled, in bf16 and with --fp8, and report.py --predict
@@ -48,7 +50,18 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 REPO = Path(__file__).resolve().parent.parent
 # Each row's process runs this interpreter with the same site setting (a rehearsal runs `python -S`).
 PYTHON = [sys.executable, *(['-S'] if sys.flags.no_site else [])]
-STEPS = ('environment', 'headline', 'tests_first', 'sweep', 'paths', 'profile', 'transformers', 'tests_rest', 'late')
+STEPS = (
+    'environment',
+    'headline',
+    'tests_first',
+    'sweep',
+    'paths',
+    'kernels',
+    'profile',
+    'transformers',
+    'tests_rest',
+    'late',
+)
 # The speed paths of step 5: each alone over a row with every path off, then together (the fast recipe's own).
 ALL_OFF = ('--no-channels_last', '--no-fused_adamw', '--no-low_precision_norm', '--no-encoders_bf16')
 PATHS = {
@@ -60,6 +73,15 @@ PATHS = {
     'activation_checkpointing': ('--activation_checkpointing',),
     'compile default': ('--compile',),
     'compile reduce-overhead': ('--compile', 'reduce-overhead'),
+}
+# The kernels past the fast recipe (kernels.py), each over the fast recipe and all together, eager and compiled,
+# beside the fast recipe itself in the same call.
+KERNELS = {
+    'fast recipe': (),
+    'fused_groupnorm': ('--fused_groupnorm',),
+    'attention cudnn': ('--attention', 'cudnn'),
+    'cudnn_benchmark': ('--cudnn_benchmark',),
+    'all three': ('--fused_groupnorm', '--attention', 'cudnn', '--cudnn_benchmark'),
 }
 LATE_PATHS = {'compile max-autotune-no-cudagraphs': ('--compile', 'max-autotune-no-cudagraphs')}
 GPU_ONLY = {name for name in {**PATHS, **LATE_PATHS} if name.startswith('compile')} | {'low_precision_norm', 'fp16'}
@@ -182,6 +204,19 @@ class Campaign:
                 trace = self.work / f'trace-mb{m}'
                 row = self.run(f'profile mb{m}', (*precomputed, '--profile', str(trace)), m, 2 * m, 'profile')
                 rows.append({**row, 'kind': 'profile', 'trace': str(trace)})
+            return rows
+        if step == 'kernels':
+            sized = ['--model_name', self.model, '--image_size', str(self.size), '--microbatch', str(fastest)]
+            rows = [probe_row('kernel launches per microbatch', 'probe', ['launches', *sized])]
+            for compiled in (False, True):
+                for name, flags in KERNELS.items():
+                    key = f'kernel {name}' + (', compiled' if compiled else '')
+                    cost = 'compile' if compiled else 'eager'
+                    if not self.on_gpu:
+                        rows.append(skipped_row(key, 'GPU only', cost))
+                        continue
+                    flags = ('--precomputed_latents', *flags, *(('--compile',) if compiled else ()))
+                    rows.append(self.run(key, flags, fastest, 2 * fastest, cost))
             return rows
         if step in ('paths', 'late'):
             paths = PATHS if step == 'paths' else LATE_PATHS

@@ -7,6 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import default_collate
 
 from data import SyntheticLatentsDataset
+from fused_groupnorm import use_fused_groupnorm_silu
 from model import build_model
 from model_folder import LATENT_DOWNSAMPLE, resolve_model_dir
 
@@ -26,14 +27,23 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def step_ops(model_name: str, image_size: int, microbatch: int, activation_checkpointing: bool = False) -> dict:
+def step_ops(
+    model_name: str,
+    image_size: int,
+    microbatch: int,
+    activation_checkpointing: bool = False,
+    fused_groupnorm: bool = False,
+) -> dict:
     """One microbatch's forward and backward from precomputed latents: the operations dispatched in fp32 eager
     mode, and the casts bf16 autocast adds (a forward cast of each Linear and Conv2d weight and bias per call, and
-    the cast of its gradient back: estimated from the calls, as the meta device runs no autocast)."""
+    the cast of its gradient back: estimated from the calls, as the meta device runs no autocast). fused_groupnorm:
+    a UNet's GroupNorm + SiLU pairs as fused_groupnorm.py's one operation each way."""
     with torch.device('meta'):
         model = build_model(resolve_model_dir(model_name), precomputed=True)
     if activation_checkpointing:
         model.denoiser.enable_gradient_checkpointing()
+    if fused_groupnorm:
+        use_fused_groupnorm_silu(model.denoiser)
     shapes = model.precomputed_shapes(image_size // LATENT_DOWNSAMPLE)
     dataset = SyntheticLatentsDataset(**shapes, num_samples=microbatch)
     batch = {name: tensor.to('meta') for name, tensor in default_collate(list(dataset)).items()}

@@ -71,3 +71,31 @@ def test_numbers_of_checkpoints_composer_would_take_badly_are_refused(flags, mes
     with pytest.raises(ConfigError) as error:
         resolve_config(parse_args([*KEPT, *flags]))
     assert str(error.value) == message
+
+
+def test_a_resumption_onto_data_converted_again_or_replaced_is_refused_in_one_line(tmp_path):
+    """The checkpoint records its dataset's samples and index digest: the same data written again resumes; smaller
+    data (Streaming's traceback before) or other images of the same count are refused before anything trains."""
+    import shutil
+
+    from conftest import good_samples, write_dataset
+
+    data, folder = tmp_path / 'mds', tmp_path / 'ckpt'
+    flags = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '4', '--local', str(data)]
+    flags += ['--save_folder', str(folder), '--save_interval', '2ba', '--run_name', 'moved']
+
+    def rewrite(samples):
+        shutil.rmtree(data, ignore_errors=True)
+        write_dataset(data, samples)
+
+    rewrite(good_samples(24))
+    main(parse_args([*flags, '--max_duration', '2ba']))
+    rewrite(good_samples(16))
+    refused = r'trained on a dataset of 24 samples, index \w+; .*mds now holds 16 samples, index \w+ \(converted again'
+    with pytest.raises(ConfigError, match=refused):
+        main(parse_args([*flags, '--max_duration', '4ba', '--autoresume']))
+    rewrite([{**sample, 'caption': 'another'} for sample in good_samples(23)] + good_samples(30)[29:])
+    with pytest.raises(ConfigError, match='now holds 24 samples, index'):  # as many samples, other images
+        main(parse_args([*flags, '--max_duration', '4ba', '--autoresume']))
+    rewrite(good_samples(24))  # the same data, written again
+    assert int(main(parse_args([*flags, '--max_duration', '4ba', '--autoresume'])).state.timestamp.batch) == 4

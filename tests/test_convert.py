@@ -29,6 +29,7 @@ from data import StreamingLAIONDataset
 from dataset_checks import DataError
 from flags import parse_args
 from run import main
+from streaming_fixes import prefix_lock
 
 PYTHON_BIN = Path(sys.executable).parent
 
@@ -541,12 +542,15 @@ def test_a_killed_run_does_not_block_the_next(s3, tmp_path):
         start_new_session=True,
     )
     try:
-        assert victim.stdout.readline().strip() == 'streaming'
+        started = victim.stdout.readline().strip()
     finally:
-        os.killpg(victim.pid, signal.SIGKILL)
-        victim.wait()
-    time.sleep(0.5)
-    left_behind = shared_memory() - before
+        # Under the machine's prefix lock: no other job's cleaner removes the victim's segments before they are seen.
+        with prefix_lock():
+            os.killpg(victim.pid, signal.SIGKILL)
+            victim.wait()
+            time.sleep(0.5)
+            left_behind = shared_memory() - before
+    assert started == 'streaming'
     assert (cache / 'index.json').is_file()
     results = tmp_path / 'results.json'
     run = subprocess.run(

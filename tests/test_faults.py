@@ -366,15 +366,19 @@ def test_cleaning_shared_memory_leaves_a_live_jobs_alone():
     from streaming_fixes import clean_stale_shared_memory
 
     live = shared_memory.SharedMemory('999998_locals', create=True, size=64)  # mapped by this process
+    # A live job's segment created a moment ago and not mapped yet: its prefix's _locals is mapped, so it stays.
+    starting = Path('/dev/shm/999998_barrier')
+    starting.write_bytes(b'\0' * 64)
     stale = Path('/dev/shm/999999_locals')
     stale.write_bytes(b'\0' * 64)  # left by a killed run: mapped by no one
     try:
         clean_stale_shared_memory()
-        assert Path('/dev/shm/999998_locals').exists() and not stale.exists()
+        assert Path('/dev/shm/999998_locals').exists() and starting.exists() and not stale.exists()
     finally:
         live.close()
         live.unlink()
-        stale.unlink(missing_ok=True)
+        for path in (starting, stale):
+            path.unlink(missing_ok=True)
 
 
 @pytest.mark.slow

@@ -53,7 +53,15 @@ BF16 = [*RUN, '--precision', 'amp_bf16']
 # The flag sets the tests below add to RUN, FP32 or BF16 (tests/test_memory_plan.py settles each on a faked GPU).
 SPEED_FLAGS = [['--channels_last'], ['--fused_adamw'], ['--compile'], ['--no-pin_memory']]
 COMPILE_MODES = ['max-autotune-no-cudagraphs', 'reduce-overhead']
-BF16_FLAGS = [['--low_precision_norm'], ['--encoders_bf16']]
+# The kernels past the fast recipe (kernels.py) among them: against the plain bf16 run, whose attention is SDPA's
+# flash path, the fused GroupNorm + SiLU's and cuDNN attention's rounding within the bf16 gradient tolerance.
+BF16_FLAGS = [
+    ['--low_precision_norm'],
+    ['--encoders_bf16'],
+    ['--fused_groupnorm'],
+    ['--attention', 'cudnn'],
+    ['--cudnn_benchmark'],
+]
 OTHER_PATHS = [
     ['--device_train_microbatch_size', '2'],
     ['--fsdp', 'full_shard', '--use_ema'],

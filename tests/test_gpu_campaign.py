@@ -64,11 +64,11 @@ def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
     )
     assert unreachable.returncode != 0, 'the repo is importable without the slice putting it on the path'
 
-    def call(out):
+    def call(out, minutes='1.2'):
         return subprocess.run(
             ['bash', 'benchmarks/gpu_slice.sh'],
             cwd=tree,
-            env={**env, 'OUT': str(out)},
+            env={**env, 'OUT': str(out), 'GPU_SLICE_MINUTES': minutes},
             capture_output=True,
             text=True,
             timeout=600,
@@ -87,9 +87,10 @@ def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
     rows = campaign_rows(tmp_path / 'out1')
     # How many rows fit the slice depends on this machine's load: those that ran are the first in the campaign's order.
     headline = ['headline precomputed, fast', 'headline online, fast', 'headline precomputed, published mb4']
-    measured = [key for key in rows if key in headline]
-    assert list(rows)[0] == 'environment' and measured and measured == headline[: len(measured)], list(rows)
-    assert all(rows[key]['img_per_sec_per_device'] > 0 for key in measured)
+    started = [key for key in rows if key in headline]
+    assert list(rows)[0] == 'environment' and started and started == headline[: len(started)], list(rows)
+    finished = {key: row for key, row in rows.items() if not row.get('pending')}  # else cut by the deadline
+    assert all(finished[key]['img_per_sec_per_device'] > 0 for key in started if key in finished), rows
     assert rows['environment']['matmul_tflops'] > 0 and rows['environment']['copy_gb_s'] > 0
     assert rows['headline precomputed, fast, compiled'] == {
         'step': 'headline',
@@ -101,15 +102,16 @@ def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
     # The folder given back as results/gpu-campaign: the second call keeps the first's rows and runs none again.
     (tree / 'results').mkdir()
     (tmp_path / 'out1' / 'gpu-campaign').rename(tree / 'results' / 'gpu-campaign')
-    second = call(tmp_path / 'out2')
+    second = call(tmp_path / 'out2', minutes='2')  # room for the gpu tests' rows on a loaded machine
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert 'gpu_slice: resuming from results/gpu-campaign' in second.stdout
     returned_files(tmp_path / 'out2')
     again = campaign_rows(tmp_path / 'out2')
-    assert {key: again[key] for key in rows} == rows
-    started = [line for line in second.stdout.splitlines() if line.startswith('[')]
-    assert started and not any(f'] {key} (' in line for line in started for key in rows)
-    assert len(again) > len(rows)
+    assert {key: again[key] for key in finished} == finished
+    ran = [line for line in second.stdout.splitlines() if line.startswith('[')]
+    assert ran and not any(f'] {key} (' in line for line in ran for key in finished)
+    assert len([row for row in again.values() if not row.get('pending')]) > len(finished)
+    assert any(again[key].get('img_per_sec_per_device', 0) > 0 for key in headline if key in again)
     tests = {key: row for key, row in again.items() if key.startswith('test ')}
     assert tests and all(row['outcome'] == 'skipped' for row in tests.values())  # no CUDA: skipped, never passed
 

@@ -218,3 +218,36 @@ def test_the_gpu_tiers_runs_settle_on_a_faked_gpu(monkeypatch):
         assert settled.num_batches == 4 and settled.precision in ('fp32', 'amp_bf16'), flags
     reduce_overhead = settle(monkeypatch, *tier.BF16, '--compile', 'reduce-overhead')
     assert reduce_overhead.device_train_microbatch_size == reduce_overhead.device_batch_size  # one microbatch a step
+
+
+def test_the_campaigns_kernel_rows_settle_on_a_faked_gpu(monkeypatch, tmp_path):
+    """The kernels step (benchmarks/gpu_campaign.py): each kernel over the fast recipe and all three, eager and
+    compiled, beside the fast recipe at the fastest microbatch; every row's flags settle on an H100."""
+    import argparse
+
+    from benchmarks import gpu_campaign
+
+    campaign = gpu_campaign.Campaign(argparse.Namespace(batches=None), True, tmp_path)
+    sweep = {f'sweep mb{m}': {'microbatch': m, 'img_per_sec_per_device': 100 + m % 48} for m in campaign.microbatches}
+    launches, *rows = campaign.rows('kernels', sweep)  # fastest: microbatch 32
+    assert launches['argv'][-7:] == [
+        'launches',
+        '--model_name',
+        'sd2-base',
+        '--image_size',
+        '512',
+        '--microbatch',
+        '32',
+    ]
+    assert [row['key'] for row in rows[:5]] == [f'kernel {name}' for name in gpu_campaign.KERNELS]
+    assert [row['cost'] for row in rows] == ['eager'] * 5 + ['compile'] * 5
+    for row in rows:
+        flags = row['argv'][1:]
+        settled = settle(monkeypatch, *flags)
+        assert settled.device_train_microbatch_size == 32 and settled.precomputed_latents, row['key']
+        assert settled.fused_groupnorm == ('fused_groupnorm' in row['key'] or 'all three' in row['key'])
+        assert (settled.compile == 'default') == row['key'].endswith(', compiled')
+    cpu = gpu_campaign.Campaign(argparse.Namespace(batches=None), False, tmp_path)
+    cpu_sweep = {f'sweep mb{m}': {'microbatch': m, 'img_per_sec_per_device': m} for m in cpu.microbatches}
+    cpu_launches, *cpu_rows = cpu.rows('kernels', cpu_sweep)
+    assert cpu_launches['kind'] == 'probe' and all(row['kind'] == 'skipped' for row in cpu_rows)

@@ -94,3 +94,43 @@ def test_a_logged_warning_is_a_warning_line_not_pythons_default_format(monkeypat
     logging.getLogger('data').warning('bad sample 3 (shard shard.00000.mds, row 3): empty image bytes')
     assert stream.getvalue() == 'warning: bad sample 3 (shard shard.00000.mds, row 3): empty image bytes\n'
     assert mine.formatter._fmt == '%(asctime)s %(name)s %(message)s'
+
+
+FIRST_IMPORT_OF_COMPOSER = """
+import runpy, sys
+
+
+class AnnounceComposer:
+    def find_spec(self, name, path=None, target=None):
+        if name == 'composer':
+            print('-- composer starts loading', flush=True)
+            sys.meta_path.remove(self)
+        return None
+
+
+sys.meta_path.insert(0, AnnounceComposer())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def test_the_start_is_printed_before_composer_loads(tmp_path):
+    """Composer, Diffusers and Transformers take seconds to import (torch alone, which settling the flags asks
+    whether there is a GPU, about one): the settled flags are printed before them."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, TINY
+
+    flags = [*TINY, '--image_size', '32', '--batch_size', '2', '--max_duration', '1ba']
+    run = subprocess.run(
+        [sys.executable, '-c', FIRST_IMPORT_OF_COMPOSER, str(REPO / 'benchmark.py'), *flags],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert lines.index('config (every field: --results_json):') < lines.index('-- composer starts loading')
+    assert lines[0].startswith('defaults: ') and lines.count('config (every field: --results_json):') == 1

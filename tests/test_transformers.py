@@ -507,7 +507,7 @@ def test_pipeline_flags_and_generate_refuse_what_they_cannot_draw(tmp_path):
     with pytest.raises(ConfigError, match=r"^--export_pipeline: tiny-sd3.5-medium's pipeline reads prompts with T5"):
         resolve_config(parse_args(flags))
     checkpoint = tmp_path / 'ckpt.pt'
-    checkpoint.write_bytes(b'')
+    torch.save({'state': {'model': {}}}, checkpoint)  # a checkpoint's form, recording no run: --model_name given
     args = ['--checkpoint', str(checkpoint), '--model_name', 'tiny-flux-schnell', '--prompt', 'a', '--out', 'o']
     with pytest.raises(generate.GenerateError, match=r'^--tokenizer: tiny-flux-schnell reads prompts with T5'):
         generate.check_args(generate.parse_args(args))

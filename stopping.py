@@ -1,0 +1,131 @@
+"""Ctrl-C and SIGTERM, to one process or to every process of a job, end each script with one line and the signal's
+exit status (130 for SIGINT, 143 for SIGTERM), never a traceback.
+
+Slurm's scancel and a deleted Kubernetes pod send SIGTERM to every process of the job at once, and Ctrl-C in a
+terminal sends SIGINT to every process of the foreground group: the loader workers get the signal too. PyTorch's
+worker ends on a SIGTERM from anyone but its parent, and the main process then stops with `DataLoader worker
+(pid ...) is killed by signal: Terminated`. Workers here (`quiet_loader_worker`, the worker_init_fn of
+loaders.StoppableDataLoader) leave both signals to the main process, which handles them and shuts its workers down,
+and still end on their parent's SIGTERM, which is how PyTorch and multiprocessing end workers that do not stop by
+themselves.
+
+A signal's Stopped is raised wherever the main thread is, except where stopping there would leave a mess: inside
+os.fork (Python prints an exception raised in its fork hooks and goes on) and while a loader starts its workers.
+There it waits (`stops_held`) and is raised once they are done.
+
+Light on purpose (no torch): convert.py answers --help without loading it.
+"""
+
+import contextlib
+import logging  # noqa: F401  imported first: its fork hooks must run inside ours (stops held)
+import os
+import signal
+import threading
+from collections.abc import Callable
+
+SIGNALS = {signal.SIGINT: 'Ctrl-C (SIGINT)', signal.SIGTERM: 'SIGTERM'}
+
+
+class Stopped(BaseException):
+    """A run stopped by a signal; BaseException, as KeyboardInterrupt is, so that no `except Exception` on the way
+    out takes it for an error of its own."""
+
+    def __init__(self, signum: int, line: str):
+        super().__init__(line)
+        self.signum = signum
+        self.exit_status = 128 + signum
+
+
+# Stops held: while a DataLoader starts its workers (stops_held), and inside os.fork, where Python runs its fork
+# hooks (logging's lock) and prints an exception raised there as a traceback and goes on. A stop that comes then
+# waits in _pending until it can be raised.
+_held = 0
+_pending: list[Stopped] = []
+
+
+def stop(stopped: Stopped) -> None:
+    """Raises `stopped` now, or where stops are held, once they are not (on leaving stops_held, or at check_stopped)."""
+    if _held:
+        _pending[:] = [stopped]
+        return
+    raise stopped
+
+
+def check_stopped() -> None:
+    """Raises the stop that came while stops were held. Called where the work can stop between two steps."""
+    if _pending and not _held:
+        raise _pending.pop()
+
+
+def forget_stops() -> None:
+    _pending.clear()
+
+
+@contextlib.contextmanager
+def stops_held():
+    """Inside, a stop waits until the end, and is raised there: for a step that must not stop halfway, as a
+    DataLoader starting its workers (one stopped halfway prints a traceback as it is collected)."""
+    global _held
+    _held += 1
+    try:
+        yield
+    finally:
+        _held -= 1
+    check_stopped()
+
+
+def _fork_begins() -> None:
+    global _held
+    _held += 1
+
+
+def _fork_ends() -> None:
+    global _held
+    _held -= 1
+
+
+def _forked() -> None:
+    global _held
+    _held = 0  # the child: its parent handles the stop
+    _pending.clear()
+
+
+os.register_at_fork(before=_fork_begins, after_in_parent=_fork_ends, after_in_child=_forked)
+
+
+@contextlib.contextmanager
+def stop_on_signals(describe: Callable[[int], str]):
+    """Inside, SIGINT and SIGTERM raise Stopped(signum, describe(signum)) in the main thread (or where stops are
+    held, after), each time one comes: a second Ctrl-C stops the cleanup of the first, and the line is still one.
+    The handlers before are back after."""
+    owner = os.getpid()
+
+    def handle(signum, frame):
+        if os.getpid() == owner:  # else a child forked from this process (a loader worker starting): ours to end
+            stop(Stopped(signum, describe(signum)))
+
+    previous = {signum: signal.signal(signum, handle) for signum in SIGNALS}
+    forget_stops()
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        forget_stops()
+
+
+def quiet_loader_worker(worker_id: int) -> None:
+    """A DataLoader's worker_init_fn: this worker ignores Ctrl-C and SIGTERM from anyone but its parent. SIGTERM stays
+    blocked, and a thread of its own waits for it: only the parent's (multiprocessing's terminate, at the main
+    process's exit) ends the worker, quietly, as PyTorch's own handler ends it; a job-wide one is left to the main
+    process. Blocked before the dataset starts its threads, which inherit the mask."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=end_on_parents_sigterm, name='sigterm-from-parent', daemon=True).start()
+
+
+def end_on_parents_sigterm() -> None:
+    while True:
+        sent = signal.sigwaitinfo({signal.SIGTERM})
+        if sent.si_pid == os.getppid():
+            os._exit(0)

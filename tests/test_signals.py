@@ -1,0 +1,321 @@
+"""Ctrl-C and SIGTERM sent to every process of a job at once (Slurm's scancel, a deleted Kubernetes pod, Ctrl-C in a
+terminal, which signals the whole foreground group): benchmark.py, precompute.py and convert.py each end with one
+`error:` line and the signal's exit status, with no traceback from any process, loader workers included, and
+leave nothing half-written that looks whole."""
+
+import json
+import multiprocessing
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import types
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, TINY, good_samples, jpeg, write_dataset
+
+import convert
+import encoding
+import precompute
+from config import resolve_config
+from flags import parse_args
+from interrupts import StopOnSignal
+from stopping import Stopped, quiet_loader_worker
+from writer_lock import LOCK_FILE
+
+NAMES = {signal.SIGINT: 'Ctrl-C (SIGINT)', signal.SIGTERM: 'SIGTERM'}
+
+
+def start(command: list[str], cwd: Path) -> subprocess.Popen:
+    """A command in a process group of its own, as a job is: os.killpg then signals all its processes."""
+    env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', 'OMP_NUM_THREADS': '1'}
+    return subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
+def live_members(group: int) -> list[int]:
+    """The processes of a process group still running (zombies waiting for their reaper are done)."""
+    members = []
+    for stat in Path('/proc').glob('[0-9]*/stat'):
+        try:
+            fields = stat.read_text().rsplit(')', 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended while read
+        if int(fields[2]) == group and fields[0] != 'Z':
+            members.append(int(stat.parent.name))
+    return members
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f'not within {timeout} s: {what}')
+        time.sleep(0.02)
+
+
+def assert_one_line(err: str, line: str) -> None:
+    """The signal's line is the one error, and the last line; no process printed a traceback."""
+    assert 'Traceback' not in err and 'killed by signal' not in err, err[-3000:]
+    assert [each for each in err.splitlines() if each.startswith('error:')] == [f'error: {line}'], err[-3000:]
+    assert err.strip().splitlines()[-1] == f'error: {line}'
+
+
+# ------------------------------------------------------------------------------------------ benchmark.py
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signum, status', [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=['SIGTERM', 'SIGINT'])
+def test_a_signal_to_every_process_of_a_run_checkpoints_the_batch_reached(tmp_path, signum, status):
+    """scancel's SIGTERM, or Ctrl-C, to the main process and its 2 loader workers at once: the workers leave the
+    signal to the main process, which finishes the batch, writes its checkpoint, shuts them down and ends in one
+    line; before, the workers died of the SIGTERM and the run ended in `DataLoader worker (pid ...) is killed by
+    signal: Terminated`, exit status 1."""
+    data = write_dataset(tmp_path / 'mds', good_samples(24), size_limit=1 << 12)
+    folder = tmp_path / 'ckpt'
+    flags = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '4', '--max_duration', '400ba']
+    flags += ['--local', data, '--num_workers', '2', '--save_folder', str(folder), '--run_name', 'r']
+    run = start([sys.executable, str(REPO / 'benchmark.py'), *flags], tmp_path)
+    for line in run.stdout:  # progress lines every 20 batches
+        if line.startswith('batch 20 of 400'):
+            break
+    os.killpg(run.pid, signum)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == status, err[-3000:]
+    checkpoint = (folder / 'latest-rank0.pt').resolve()
+    reached = int(re.fullmatch(r'ep\d+-ba(\d+)-rank0\.pt', checkpoint.name).group(1))
+    assert 20 <= reached < 400 and zipfile.is_zipfile(checkpoint)
+    assert_one_line(
+        err,
+        f'{NAMES[signum]}: stopped at batch {reached} of 400; checkpoint {checkpoint.name} written in {folder}; '
+        'rerun the same command with --autoresume to continue',
+    )
+    wait_until(lambda: not live_members(run.pid), 30, 'every process of the run ended, loader workers included')
+    assert not (folder / LOCK_FILE).exists()
+
+
+def test_a_second_signal_while_the_checkpoint_is_written_sets_the_file_aside(tmp_path):
+    """Ctrl-C twice: the first asks for a checkpoint after the batch, the second comes while torch.save writes it
+    and stops at once. torch.save, interrupted, still closes its zip archive, so the cut file would pass for a whole
+    checkpoint: it is set aside as NAME.incomplete, and the latest link names the newest whole one."""
+    folder = tmp_path / 'ckpt'
+    config = resolve_config(
+        parse_args([*TINY, '--save_folder', str(folder), '--run_name', 'r', '--max_duration', '9ba'])
+    )
+    folder.mkdir()
+    torch.save({'state': {}}, folder / 'ep0-ba4-rank0.pt')
+    (folder / 'latest-rank0.pt').symlink_to('ep0-ba4-rank0.pt')
+    stopper = StopOnSignal(config)
+    stopper.fit_start(types.SimpleNamespace(timestamp=types.SimpleNamespace(batch=6)), None)
+
+    class SecondCtrlC:
+        def __reduce__(self):
+            stopper.handle(signal.SIGINT, None)  # arrives while torch.save pickles the state
+
+    def save_checkpoint():
+        with open(folder / 'ep0-ba6-rank0.pt', 'wb') as file:
+            torch.save({'state': {'weights': torch.zeros(64), 'callbacks': SecondCtrlC()}}, file)
+        (folder / 'latest-rank0.pt').unlink()
+        (folder / 'latest-rank0.pt').symlink_to('ep0-ba6-rank0.pt')
+
+    stopper.save_checkpoint = save_checkpoint
+    stopper.handle(signal.SIGINT, None)  # the first: a checkpoint after this batch
+    with pytest.raises(Stopped) as stopped:
+        stopper.batch_end(None, None)
+    assert stopped.value.exit_status == 130
+    assert str(stopped.value) == (
+        'Ctrl-C (SIGINT): stopped at batch 6 of 9, while writing its checkpoint: ep0-ba6-rank0.pt set aside as '
+        f'ep0-ba6-rank0.pt.incomplete; the newest checkpoint is ep0-ba4-rank0.pt in {folder}; rerun the same command '
+        'with --autoresume to continue'
+    )
+    assert zipfile.is_zipfile(folder / 'ep0-ba6-rank0.pt.incomplete')  # what would have passed for whole
+    assert sorted(path.name for path in folder.iterdir()) == [
+        'ep0-ba4-rank0.pt',
+        'ep0-ba6-rank0.pt.incomplete',
+        'latest-rank0.pt',
+    ]
+    assert (folder / 'latest-rank0.pt').readlink().name == 'ep0-ba4-rank0.pt'
+
+
+def sleeping_worker(ready) -> None:
+    quiet_loader_worker(0)
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_loader_worker_leaves_a_job_wide_signal_to_the_main_process_and_ends_on_its_parents():
+    """Without this, PyTorch's worker dies of a SIGTERM from anyone but its parent. With it, a SIGTERM or Ctrl-C
+    that another process sends (scancel, the terminal) leaves it running; its parent's SIGTERM (multiprocessing's
+    terminate, at the main process's exit) still ends it, quietly, as PyTorch's own handler would."""
+    context = multiprocessing.get_context('fork')  # as DataLoader's workers start on Linux
+    ready = context.Event()
+    worker = context.Process(target=sleeping_worker, args=(ready,), daemon=True)
+    worker.start()
+    try:
+        assert ready.wait(30)
+        for name in ('TERM', 'INT'):
+            subprocess.run(['kill', f'-{name}', str(worker.pid)], check=True)  # sent by another process
+        time.sleep(0.5)
+        assert worker.is_alive()
+        worker.terminate()
+        worker.join(30)
+        assert worker.exitcode == 0
+    finally:
+        worker.kill()
+
+
+# ------------------------------------------------------------------------------------------ precompute.py
+
+
+def precompute_flags(source: str, out: Path) -> list[str]:
+    flags = ['--local', source, '--out', str(out), '--model_name', 'tiny', '--image_size', '32']
+    return [*flags, '--part_size', '8', '--batch_size', '4']
+
+
+def parts(out: Path) -> dict[str, int | None]:
+    """Each part folder and the samples its index.json lists (None: no index.json)."""
+    found = {}
+    for part in sorted(out.glob('part-*')):
+        index = part / 'index.json'
+        found[part.name] = (
+            sum(s['samples'] for s in json.loads(index.read_text())['shards']) if index.is_file() else None
+        )
+    return found
+
+
+def test_precompute_stopped_by_a_signal_keeps_finished_parts_only_and_the_rerun_loses_nothing(tmp_path, monkeypatch):
+    """SIGTERM in the middle of a part: Streaming's writer, left at an error, finishes the part and writes its
+    index.json, and the rerun would skip a part of half its samples. The part in progress is removed instead, the
+    finished ones stay, and the same command again precomputes every sample."""
+    source = write_dataset(tmp_path / 'mds', good_samples(24), size_limit=1 << 12)
+    out = tmp_path / 'latents'
+    encode, batches = encoding.encode, []
+
+    def encode_then_sigterm(*args, **kwargs):
+        batches.append(1)
+        if len(batches) == 4:  # the second batch of the second part of 8
+            os.kill(os.getpid(), signal.SIGTERM)
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(encoding, 'encode', encode_then_sigterm)
+    with pytest.raises(Stopped) as stopped:
+        precompute.main(precompute_flags(source, out))
+    assert stopped.value.exit_status == 143
+    assert str(stopped.value) == (
+        f'SIGTERM: precompute stopped; {out} keeps the parts finished, not the one in progress: the same command '
+        'again finishes the rest'
+    )
+    assert parts(out) == {'part-00000': 8}
+    assert not (out / 'index.json').exists() and not (out / LOCK_FILE).exists()
+    monkeypatch.setattr(encoding, 'encode', encode)
+    done = precompute.main(precompute_flags(source, out))
+    assert done['skipped_parts'] == 1 and parts(out) == {'part-00000': 8, 'part-00001': 8, 'part-00002': 8}
+    assert sum(s['samples'] for s in json.loads((out / 'index.json').read_text())['shards']) == 24
+
+
+# A precompute.py whose encoding takes 0.3 s a batch, so that a signal finds it in the middle of a part.
+SLOW_PRECOMPUTE = """
+import runpy, sys, time
+import encoding
+encode = encoding.encode
+encoding.encode = lambda *args, **kwargs: (time.sleep(0.3), encode(*args, **kwargs))[1]
+sys.argv[0] = 'precompute.py'
+runpy.run_path('precompute.py', run_name='__main__')
+"""
+
+
+@pytest.mark.slow
+def test_precompute_stopped_by_a_signal_to_every_process_ends_in_one_line(tmp_path):
+    """SIGTERM to precompute.py and its 2 loader workers at once: one line, exit status 143, finished parts only."""
+    source = write_dataset(tmp_path / 'mds', good_samples(48), size_limit=1 << 12)
+    out = tmp_path / 'latents'
+    run = start([sys.executable, '-c', SLOW_PRECOMPUTE, *precompute_flags(source, out), '--num_workers', '2'], REPO)
+    wait_until(lambda: (out / 'part-00000' / 'index.json').is_file(), 120, 'the first part written')
+    os.killpg(run.pid, signal.SIGTERM)
+    out_text, err = run.communicate(timeout=60)
+    assert run.returncode == 143, err[-3000:]
+    assert_one_line(
+        err,
+        f'SIGTERM: precompute stopped; {out} keeps the parts finished, not the one in progress: the same command '
+        'again finishes the rest',
+    )
+    finished = parts(out)
+    assert 1 <= len(finished) < 6 and set(finished.values()) == {8}, finished
+    wait_until(lambda: not live_members(run.pid), 30, 'every process ended, loader workers included')
+
+
+# ------------------------------------------------------------------------------------------ convert.py
+
+
+def photo_folder(folder: Path, count: int) -> Path:
+    folder.mkdir(parents=True)
+    for i in range(count):
+        (folder / f'{i:03d}.jpg').write_bytes(jpeg(i))
+        (folder / f'{i:03d}.txt').write_text(f'photo number {i}')
+    return folder
+
+
+def listing(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+def test_convert_stopped_by_a_signal_leaves_the_output_as_it_was(tmp_path, monkeypatch):
+    """SIGTERM part way, over an earlier output (--overwrite) and into a new folder: the earlier dataset is as it
+    was, the new folder is not made, no staging folder or lock is left, and the line says so."""
+    photos = photo_folder(tmp_path / 'photos', 6)
+    earlier = tmp_path / 'out'
+    handler = signal.getsignal(signal.SIGTERM)
+    convert.main([str(photos), str(earlier)])
+    before = listing(earlier)
+    samples = convert.folder_samples
+
+    def samples_then_sigterm(*args, **kwargs):
+        for number, sample in enumerate(samples(*args, **kwargs)):
+            if number == 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # scancel, with shards of this conversion staged
+            yield sample
+
+    monkeypatch.setattr(convert, 'folder_samples', samples_then_sigterm)
+    for out in (earlier, tmp_path / 'new'):
+        with pytest.raises(Stopped) as stopped:
+            convert.main([str(photos), str(out), '--overwrite', '--size_limit', '1kb'])
+        assert stopped.value.exit_status == 143
+        assert (
+            str(stopped.value)
+            == f'SIGTERM: conversion stopped; {out} is left as it was (nothing of this conversion kept)'
+        )
+    assert listing(earlier) == before
+    assert not (tmp_path / 'new').exists()
+    assert signal.getsignal(signal.SIGTERM) == handler  # the handler before is back
+
+
+# A convert.py that takes 50 ms a sample, so that a signal finds it part way.
+SLOW_CONVERT = """
+import runpy, sys, time
+import images
+decode_image = images.decode_image
+images.decode_image = lambda *args, **kwargs: (time.sleep(0.05), decode_image(*args, **kwargs))[1]
+sys.argv[0] = 'convert.py'
+runpy.run_path('convert.py', run_name='__main__')
+"""
+
+
+@pytest.mark.slow
+def test_convert_stopped_by_ctrl_c_ends_in_one_line(tmp_path):
+    photos = photo_folder(tmp_path / 'photos', 200)
+    out = tmp_path / 'out'
+    run = start([sys.executable, '-c', SLOW_CONVERT, str(photos), str(out), '--size_limit', '1kb'], REPO)
+    wait_until(lambda: any((out / convert.STAGING).glob('*.mds')), 60, 'shards staged')
+    os.killpg(run.pid, signal.SIGINT)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err[-3000:]
+    assert_one_line(
+        err, f'Ctrl-C (SIGINT): conversion stopped; {out} is left as it was (nothing of this conversion kept)'
+    )
+    assert not out.exists()
