@@ -24,7 +24,7 @@ from pathlib import Path
 
 import hardware
 from arguments import ConfigError
-from dataset_checks import DataError, DatasetDescription, describe_dataset, first_captions
+from dataset_checks import DataError, DatasetDescription, describe_dataset, first_captions, is_remote
 from durations import Duration, parse_duration, parse_half_life
 from memory_plan import Plan, plan, plans_for
 from memory_plan import Run as PlannedRun
@@ -919,7 +919,7 @@ def settle_validation_split(draft: argparse.Namespace) -> None:
     validation loss runs (see --eval_interval)."""
     if draft.eval_local and draft.eval_remote:
         raise ConfigError('--eval_local and --eval_remote: give one (a folder, or a remote copied whole)')
-    if draft.eval_remote and not urllib.parse.urlparse(draft.eval_remote).scheme:
+    if draft.eval_remote and not is_remote(draft.eval_remote):
         draft.eval_local, draft.eval_remote = draft.eval_remote, None  # a bare folder is read in place
     given = bool(draft.eval_local or draft.eval_remote)
     draft.sample_validation = False
@@ -970,7 +970,7 @@ def converted_validation_split(draft: argparse.Namespace) -> str | None:
     folder in place (--local alone, or --remote naming a folder). Not looked for on a remote, where telling a
     missing split from an unreachable server would cost a round of retries: pass it as --eval_remote."""
     folder = draft.remote or draft.local
-    if folder is None or urllib.parse.urlparse(folder).scheme:  # --use_synth_data, or a remote
+    if folder is None or is_remote(folder):  # --use_synth_data, or a remote
         return None
     split = Path(folder) / CONVERTED_VALIDATION_SPLIT
     return str(split) if (split / 'index.json').is_file() else None

@@ -35,7 +35,7 @@ from PIL import Image, ImageDraw, ImageOps
 from tqdm import tqdm
 
 import arguments
-from dataset_checks import s3_client
+from dataset_checks import is_remote, s3_client
 from images import BadSample, decode_image
 from outputs import WriteFailed, free_space_fix, one_line, system_reason, write_failure
 from presets import SAMPLE_DATASET, SAMPLE_SIZE
@@ -221,14 +221,15 @@ def write_mds(
     as it was. A split that no sample fell into is not written."""
     from streaming import MDSWriter  # here, not at the top: Streaming loads torch, and --help answers without it
 
-    remote = bool(urllib.parse.urlparse(out).scheme)
+    remote = is_remote(out)
     if not remote:
         folder = Path(out)
         created = not folder.exists()
         staging = folder / STAGING
         shutil.rmtree(staging, ignore_errors=True)  # left by an interrupted conversion
         staging.mkdir(parents=True)
-    target = out if remote else str(staging)
+    # Absolute: Streaming reads a relative folder with a colon (`run:2`) as a URL of an unknown cloud.
+    target = out if remote else str(staging.resolve())
     writer = MDSWriter(out=target, columns=COLUMNS, size_limit=size_limit)
     # Made after the training writer, which wants its folder empty; on a remote, uploaded from its own scratch folder.
     split = f'{target.rstrip("/")}/{VALIDATION_SPLIT}'
@@ -529,14 +530,14 @@ def main(argv=None) -> dict:
 def output_lock(out: str):
     """A second conversion into a local output folder is refused in one line before it reads an input
     (writer_lock.py); a remote output is not locked."""
-    if urllib.parse.urlparse(out).scheme:
+    if is_remote(out):
         return contextlib.nullcontext()
     return one_writer(out, out, 'wait for it to end or stop it, or give another output folder')
 
 
 def stopped_line(signum: int, out: str) -> str:
     """Ctrl-C or SIGTERM: write_mds removed what this conversion had staged (or, on S3, never wrote the index)."""
-    if urllib.parse.urlparse(out).scheme:
+    if is_remote(out):
         return (
             f'{SIGNALS[signum]}: conversion stopped; {out} has no index.json of it, so no run reads the shards it '
             'uploaded: convert again with --overwrite'

@@ -36,8 +36,9 @@ class DataError(RuntimeError):
 
 
 def is_remote(location: str) -> bool:
-    """A URL (s3://, gs://, ...) rather than a local folder."""
-    return bool(urllib.parse.urlparse(location).scheme)
+    """A URL (s3://, gs://, ...) rather than a local folder. By its `://`, not by urlparse's scheme, which a
+    relative folder such as `run:2` or `a:b` also has."""
+    return '://' in location
 
 
 def s3_client(timeout: float = READ_TIMEOUT, attempts: int = RETRIES + 1, unsigned: bool = False):
@@ -161,7 +162,7 @@ def describe_dataset(
 ) -> DatasetDescription:
     """The size of an MDS dataset, read from its index.json, its columns checked; for precomputed latents also
     the shapes of the first sample (its shard is read into a temporary folder when the dataset is remote)."""
-    if remote is not None and not urllib.parse.urlparse(remote).scheme and local is None:
+    if remote is not None and not is_remote(remote) and local is None:
         remote, local = None, remote  # a bare folder is read in place
     check_dataset(remote, local, retries=retries, timeout=timeout)
     # Streaming (which loads torch) only from here on, so that config.py checks the flags before either loads.

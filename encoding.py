@@ -187,7 +187,9 @@ def precompute_part(dataset, indices: range, out: str, vae, text_encoders, devic
         pin_memory=device.type == 'cuda',
     )
     written = bad = 0
-    writer = MDSWriter(out=out, columns=output_columns(args.model_dir), exist_ok=True)
+    # A local part absolute: Streaming reads a relative folder with a colon (`run:2`) as a URL of an unknown cloud.
+    target = out if is_remote(out) else str(Path(out).resolve())
+    writer = MDSWriter(out=target, columns=output_columns(args.model_dir), exist_ok=True)
     try:
         for batch in loader:
             check_stopped()  # a Ctrl-C or SIGTERM that came while the loader started its workers

@@ -7,6 +7,7 @@ meet into one line. benchmark.py is its command line.
 import argparse
 import contextlib
 import datetime
+import errno
 import logging
 import os
 import re
@@ -394,7 +395,8 @@ def main_reporting_errors(
         )
     except OSError as error:  # a write of the run failed (results, export, samples): a full disk, a removed folder
         where = f'{error.filename}: ' if error.filename else ''
-        stop(1, f'{where}{error.strerror or error}')
+        fix = '; nothing of it was written (an earlier file is as it was): free space there and run again'
+        stop(1, f'{where}{error.strerror or error}{fix if error.errno == errno.ENOSPC else ""}')
     except torch._dynamo.exc.TorchDynamoException as error:  # --compile: tracing, compiling or a CUDA graph failed
         lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
         reason = ' '.join(lines[:2]) if lines[0].endswith(':') else lines[0]  # "backend='inductor' raised:", why

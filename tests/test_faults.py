@@ -581,7 +581,11 @@ def test_a_full_disk_at_the_results_file_is_one_line_and_leaves_no_partial_file(
         benchmark.cli([*TINY, '--max_duration', '2ba', '--results_json', str(results)])
     assert stopped.value.code == 1
     err = capfd.readouterr().err.strip()  # after the progress bar, on its line
-    assert err.endswith(f'error: {results}: No space left on device') and err.count('error:') == 1
+    assert err.endswith(
+        f'error: {results}: No space left on device; nothing of it was written (an earlier file is as it was): free '
+        'space there and run again'
+    )
+    assert err.count('error:') == 1
     assert results.read_text() == '{"from": "an earlier run"}'  # the earlier file kept whole
     assert sorted(path.name for path in tmp_path.iterdir()) == ['results.json']
 

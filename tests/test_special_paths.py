@@ -125,6 +125,22 @@ def test_precompute_writes_to_any_name_and_a_run_trains_on_it(converted, tmp_pat
     assert int(trainer.state.timestamp.batch) == 2
 
 
+def test_relative_folders_with_a_colon_are_folders_not_urls(converted, tmp_path, monkeypatch):
+    """urlparse gives `a:b` the scheme 'a', and Streaming's writer refused it as an unknown cloud (a traceback):
+    convert.py's output, precompute.py's --out and a run's --local, each relative with a colon, are folders."""
+    monkeypatch.chdir(tmp_path)
+    images = tmp_path / 'images'
+    images.mkdir()
+    for i in range(8):
+        (images / f'{i}.jpg').write_bytes(jpeg(i))
+        (images / f'{i}.txt').write_text(f'photo number {i}')
+    assert convert.main([str(images), 'run:2'])['written'] == 8 and (tmp_path / 'run:2' / 'index.json').is_file()
+    precompute.main(['--local', 'run:2', '--out', 'latents:2', '--model_name', 'tiny', '--image_size', '32'])
+    assert (tmp_path / 'latents:2' / 'index.json').is_file()
+    for flags in (['--local', 'run:2'], ['--precomputed_latents', '--local', 'latents:2']):
+        assert int(main(parse_args([*REAL_DATA, '--max_duration', '2ba', *flags])).state.timestamp.batch) == 2
+
+
 def test_generate_reads_a_checkpoint_and_writes_images_under_any_name(tmp_path):
     save_folder = tmp_path / SAVE_NAME
     main(parse_args([*QUICK, '--max_duration', '1ba', '--save_folder', str(save_folder), '--save_interval', '1ba']))
