@@ -5,18 +5,18 @@ frozen VAE and text encoders, trained from scratch by Composer's Trainer; img/s,
     python benchmark.py --use_synth_data                                   # on a laptop: tiny model
 
 Flags default to the published run (512px, global batch 2048, AdamW lr 1e-4 wd 1e-3, constant LR).
-Without a GPU the default model is `tiny`, and the choice is printed at start. The flags are in flags.py, and
-config.py settles them into one frozen RunConfig before torch loads; run.py runs the benchmark (model.py builds the
-model, training.py the Trainer) and reports the throughput: printed, and with --results_json written in the schema
-of results.py.
+Without a GPU the default model is `tiny`, and the choice is printed at start. The flags are in
+settings/flags.py, and settings/config.py settles them into one frozen RunConfig before torch loads; runs/run.py runs
+the benchmark (models/ builds the model, runs/training.py the Trainer) and reports the throughput: printed, and with
+--results_json written in the schema of costs/results.py.
 """
 
 import os
 
-from arguments import ConfigError, stop
-from config import resolve_config
-from config_lines import start_lines
-from flags import parse_args
+from runs.start_lines import start_lines
+from settings.arguments import ConfigError, stop
+from settings.config import resolve_config
+from settings.flags import parse_args
 
 
 def cli(argv: list[str] | None = None, callbacks: tuple = ()):
@@ -29,7 +29,7 @@ def cli(argv: list[str] | None = None, callbacks: tuple = ()):
         print('\n'.join(start_lines(config)), flush=True)
     # Imported once the flags are settled, not at the top: torch, Composer and Diffusers take seconds to load, and
     # --help or a bad flag answers without them.
-    import run
+    from runs import run
 
     trainer = run.main_reporting_errors(config, callbacks, announced=True)
     run.close_process_group()

@@ -34,13 +34,13 @@ from pathlib import Path
 from PIL import Image, ImageDraw, ImageOps
 from tqdm import tqdm
 
-import arguments
-from dataset_checks import is_remote, s3_client
-from images import BadSample, decode_image
-from outputs import WriteFailed, free_space_fix, one_line, system_reason, write_failure
-from presets import SAMPLE_DATASET, SAMPLE_SIZE
-from stopping import SIGNALS, Stopped, stop_on_signals
-from writer_lock import LOCK_FILE, FolderBusy, one_writer
+from datapath.dataset_checks import is_remote, s3_client
+from datapath.images import BadSample, decode_image
+from runs.outputs import WriteFailed, free_space_fix, one_line, system_reason, write_failure
+from runs.stopping import SIGNALS, Stopped, stop_on_signals
+from runs.writer_lock import LOCK_FILE, FolderBusy, one_writer
+from settings import arguments
+from settings.presets import SAMPLE_DATASET, SAMPLE_SIZE
 
 COLUMNS = {'jpg': 'bytes', 'caption': 'str'}  # the LAION convention of the published benchmark
 IMAGE_EXTENSIONS = ('jpg', 'jpeg', 'png', 'webp', 'bmp', 'gif', 'tif', 'tiff')

@@ -21,11 +21,11 @@ from composer.core import Callback
 from composer.utils import dist
 from torch.utils.data import Dataset, default_collate
 
-from dataset_checks import READ_TIMEOUT, RETRIES, SDXL_PRECOMPUTED_COLUMNS, DataError
-from images import MAX_IMAGE_PIXELS, BadSample, decode_image, size_conditions
-from model_folder import CAPTION_LENGTH, CaptionInputs
-from streaming_fixes import CheckedStreamingDataset
-from tokenizer import column_tokenizers
+from datapath.dataset_checks import READ_TIMEOUT, RETRIES, SDXL_PRECOMPUTED_COLUMNS, DataError
+from datapath.images import MAX_IMAGE_PIXELS, BadSample, decode_image, size_conditions
+from datapath.streaming_fixes import CheckedStreamingDataset
+from datapath.tokenizer import column_tokenizers
+from settings.model_folder import CAPTION_LENGTH, CaptionInputs
 
 log = logging.getLogger(__name__)
 

@@ -36,9 +36,9 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-import durations
-from durations import Duration
-from outputs import staged_folder
+from runs.outputs import staged_folder
+from settings import durations
+from settings.durations import Duration
 
 log = logging.getLogger(__name__)
 

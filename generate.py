@@ -24,9 +24,11 @@ import sys
 import zipfile
 from pathlib import Path
 
-import arguments
-from arguments import ConfigError
-from model_folder import (
+from datapath.tokenizer import check_tokenizer_file
+from runs.outputs import one_line
+from settings import arguments
+from settings.arguments import ConfigError
+from settings.model_folder import (
     LATENT_DOWNSAMPLE,
     TRANSFORMER_PIPELINE_NAMES,
     UNET_PIPELINE_NAME,
@@ -37,9 +39,7 @@ from model_folder import (
     weight_files,
     weights_problem,
 )
-from outputs import one_line
-from presets import SAMPLERS
-from tokenizer import check_tokenizer_file
+from settings.presets import SAMPLERS
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')  # never the network: every part is local
 
@@ -332,9 +332,9 @@ def main(args: argparse.Namespace):
     prompts = check_args(args)
     # Imported once the flags check out, not at the top: torch and Diffusers take seconds to load, and --help or a
     # bad flag answers without them.
-    import drawing
+    from pipelines import generation
 
-    return drawing.draw(args, prompts)
+    return generation.draw(args, prompts)
 
 
 def cli(argv=None) -> None:

@@ -18,15 +18,14 @@ import argparse
 import sys
 from pathlib import Path
 
-import arguments
-import hardware
-from arguments import ConfigError
-from dataset_checks import is_remote
-from model_folder import caption_inputs, is_transformer_folder, resolve_model_dir, t5_tokenizer_needed
-from outputs import one_line
-from presets import PRESETS, SAMPLE_DATASET, SD2_BASE
-from stopping import SIGNALS, Stopped, stop_on_signals
-from tokenizer import check_tokenizer
+from datapath.dataset_checks import is_remote
+from datapath.tokenizer import check_tokenizer
+from runs.outputs import one_line
+from runs.stopping import SIGNALS, Stopped, stop_on_signals
+from settings import arguments, hardware
+from settings.arguments import ConfigError
+from settings.model_folder import caption_inputs, is_transformer_folder, resolve_model_dir, t5_tokenizer_needed
+from settings.presets import PRESETS, SAMPLE_DATASET, SD2_BASE
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -156,13 +155,13 @@ def main(argv=None) -> dict:
         args = resolve_args(args)
         # Imported once the flags check out, not at the top: torch, Streaming and the encoders take seconds to load,
         # and --help or a bad flag answers without them.
-        import encoding
+        from datapath import precomputing
 
-        return encoding.precompute(args)
+        return precomputing.precompute(args)
 
 
 def stopped_line(signum: int, args: argparse.Namespace) -> str:
-    """Ctrl-C or SIGTERM: the parts finished stay, the one in progress goes (encoding.precompute_part), and the
+    """Ctrl-C or SIGTERM: the parts finished stay, the one in progress goes (precomputing.precompute_part), and the
     same command finishes the rest; with --overwrite it would start over."""
     again = 'the same command without --overwrite' if args.overwrite else 'the same command again'
     return (

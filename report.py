@@ -16,7 +16,7 @@ It implies a per-doubling efficiency that falls with scale:
     e(N -> 2N) = throughput(2N) / (2 throughput(N)) = (a + b/N) / (2a + b/N).
 The fit minimizes relative error in 1/throughput, with a >= 0 and b >= 0.
 
-With --predict, one measured GPU count is enough: scaling.py's step model (compute measured, gradient
+With --predict, one measured GPU count is enough: step_model.py's step model (compute measured, gradient
 communication over the cluster's NVLink and network, fixed per-step work) predicts the others, and the report
 prints each step's breakdown and the range its plausible inputs give.
 """
@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-import arguments
-import scaling
-from outputs import one_line, staged_file
-from results import PEAK_FLOPS, ResultsError, gpu_key
-from results import load_results as read_results
+from costs import step_model
+from costs.results import PEAK_FLOPS, ResultsError, gpu_key
+from costs.results import load_results as read_results
+from runs.outputs import one_line, staged_file
+from settings import arguments
 
 # "2.9 billion samples" in the published table is exactly 2,867,200,000 samples:
 # 550k steps x 2048 at 256px + 850k steps x 2048 at 512px (SD2-base model card schedule).
@@ -146,7 +146,7 @@ def parse_args(argv=None):
 def add_prediction_args(parser):
     group = parser.add_argument_group(
         'scaling model (--predict)',
-        'Predicts other GPU counts from one measured count by modelling each step (scaling.py): compute as '
+        'Predicts other GPU counts from one measured count by modelling each step (step_model.py): compute as '
         'measured, gradient communication over the cluster, fixed per-step work. Cluster figures default to the '
         'preset of the GPU type.',
     )
@@ -155,7 +155,7 @@ def add_prediction_args(parser):
     )
     group.add_argument(
         '--cluster',
-        choices=sorted(scaling.CLUSTERS),
+        choices=sorted(step_model.CLUSTERS),
         default=None,
         help='node preset (NVLink, network and memory bandwidth per GPU; default: the GPU type of the inputs)',
     )
@@ -166,8 +166,8 @@ def add_prediction_args(parser):
     group.add_argument(
         '--link_efficiency',
         type=float,
-        default=scaling.LINK_EFFICIENCY,
-        help=f'achieved share of the link rate (default {scaling.LINK_EFFICIENCY}, nccl-tests reach 0.8-0.9)',
+        default=step_model.LINK_EFFICIENCY,
+        help=f'achieved share of the link rate (default {step_model.LINK_EFFICIENCY}, nccl-tests reach 0.8-0.9)',
     )
     group.add_argument('--no_overlap', action='store_true', help='the backward hides none of the communication')
     group.add_argument(
@@ -186,9 +186,9 @@ def add_prediction_args(parser):
         default=None,
         metavar='FRACTION',
         help='share of the step lost per doubling of the node count to what the model leaves out (collective '
-        f'latency, synchronisation, stragglers, input); default {scaling.SCALE_LOSS}, fitted to published weak '
+        f'latency, synchronisation, stragglers, input); default {step_model.SCALE_LOSS}, fitted to published weak '
         "scaling, with a range of {:g}-{:g}; give your cluster's own to drop it from the range".format(
-            *scaling.SCALE_LOSS_BAND
+            *step_model.SCALE_LOSS_BAND
         ),
     )
     group.add_argument(
@@ -231,7 +231,7 @@ def add_prediction_args(parser):
     group.add_argument(
         '--gradient_value_bytes',
         type=int,
-        choices=sorted(scaling.GRADIENT_DTYPES),
+        choices=sorted(step_model.GRADIENT_DTYPES),
         default=4,
         help="bytes per gradient value reduced, for a --throughput value: 4 (fp32, as Composer's AMP and FSDP's "
         'default mixed precision reduce; results files: always) or 2 (a run that reduces in bf16/fp16)',
@@ -240,7 +240,7 @@ def add_prediction_args(parser):
         '--trained_parameters',
         type=int,
         default=None,
-        help=f'parameters trained, for a --throughput value (default SD2 UNet, {scaling.SD2_UNET_PARAMETERS:,})',
+        help=f'parameters trained, for a --throughput value (default SD2 UNet, {step_model.SD2_UNET_PARAMETERS:,})',
     )
 
 
@@ -436,30 +436,30 @@ def microbatch_curve(paths, points) -> tuple:
 
 
 def predict(points, args, gpu, label):
-    """--predict for one table: scaling.prediction_models on the cluster and settings the flags give, its errors
+    """--predict for one table: step_model.prediction_models on the cluster and settings the flags give, its errors
     as one-line ReportErrors. Returns the models, their bands, notes, and the cluster preset where it is another
     GPU's than the measured one (else None)."""
     cluster_name = args.cluster or gpu
     refuse_a_cpu_run(points, cluster_name)
-    if cluster_name not in scaling.CLUSTERS:
+    if cluster_name not in step_model.CLUSTERS:
         raise ReportError(
             f'--predict: no cluster preset for GPU type {gpu!r}; pass --cluster '
-            f'({", ".join(sorted(scaling.CLUSTERS))}), adjusted with --nvlink_gb_s, --network_gb_s, --memory_gb_s'
+            f'({", ".join(sorted(step_model.CLUSTERS))}), adjusted with --nvlink_gb_s, --network_gb_s, --memory_gb_s'
         )
     overrides = {
         field: getattr(args, field)
         for field in ('gpus_per_node', 'nvlink_gb_s', 'network_gb_s', 'memory_gb_s')
         if getattr(args, field) is not None
     }
-    assumptions = scaling.Assumptions(
-        replace(scaling.CLUSTERS[cluster_name], **overrides),
+    assumptions = step_model.Assumptions(
+        replace(step_model.CLUSTERS[cluster_name], **overrides),
         link_efficiency=args.link_efficiency,
         overlap=not args.no_overlap,
         rail_aligned=args.rail_aligned,
         fixed_seconds=None if args.fixed_ms is None else args.fixed_ms / 1000,
         scale_loss=args.scale_loss,
     )
-    settings = scaling.PredictionSettings(
+    settings = step_model.PredictionSettings(
         global_batch=predicted_batch(points, args),
         microbatch=args.microbatch,
         trained_parameters=args.trained_parameters,
@@ -470,10 +470,10 @@ def predict(points, args, gpu, label):
     )
     phases = sorted(args.budget, key=lambda k: -1 if k is None else k)
     try:
-        models, bands, notes = scaling.prediction_models(points, phases, args.predict, assumptions, settings, label)
-    except scaling.PredictionError as error:  # complete: it names the results file or the flag
+        models, bands, notes = step_model.prediction_models(points, phases, args.predict, assumptions, settings, label)
+    except step_model.PredictionError as error:  # complete: it names the results file or the flag
         raise ReportError(str(error))
-    except scaling.ScalingError as error:  # the step model's: say that --predict led to it
+    except step_model.ScalingError as error:  # the step model's: say that --predict led to it
         raise ReportError(f'--predict: {error}')
     notes += assumed_batch_notes(points, settings, label)
     if gpu in (cluster_name, UNNAMED_GPU):
@@ -514,7 +514,7 @@ def refuse_a_cpu_run(points, cluster_name):
     cpu = next((p for p in points if p.device_type == 'cpu'), None)
     if cpu is None:
         return
-    known = cluster_name in scaling.CLUSTERS
+    known = cluster_name in step_model.CLUSTERS
     raise ReportError(
         f'--predict: {cpu.source} was measured on a CPU ({cpu.gpu}), whose step time predicts nothing of '
         + (f'the {cluster_name} cluster; measure on {cluster_name}s' if known else 'a GPU cluster; measure on GPUs')
@@ -536,7 +536,7 @@ def predicted_batch(points, args):
             'with --global_batch'
         )
     batch = next(iter(batches), None)
-    if not isinstance(batch, int) or batch <= 0:  # none, or a results file without one: scaling.py names it
+    if not isinstance(batch, int) or batch <= 0:  # none, or a results file without one: step_model.py names it
         return PUBLISHED_BATCH
     for gpus in args.predict if args.images_per_gpu is None else []:
         if batch % gpus:
@@ -549,7 +549,7 @@ def predicted_batch(points, args):
 
 def build_rows(points, budget, extrapolate, references, price, peak, models=None):
     """Rows of one table (one GPU type): measured, reference and predicted counts, then the limit. Predictions
-    come from `models` ({phase: scaling.ScalingModel}) when given, else from a fit per phase."""
+    come from `models` ({phase: step_model.ScalingModel}) when given, else from a fit per phase."""
     phases = sorted(budget, key=lambda k: -1 if k is None else k)
     # FLOPs per image of each phase: results files first, then the analytic SD2 figures.
     flops = {}
@@ -565,7 +565,7 @@ def build_rows(points, budget, extrapolate, references, price, peak, models=None
         known = [p.flops_per_image for p in points if p.image_size in sizes and p.flops_per_image]
         # Without a results file's own count: SD2's, of the UNet alone where the throughput trained only it.
         unet_only = any(p.precomputed for p in points if p.image_size in sizes)
-        analytic = scaling.TRAINED_FLOPS_PER_IMAGE if unet_only else scaling.FLOPS_PER_IMAGE
+        analytic = step_model.TRAINED_FLOPS_PER_IMAGE if unet_only else step_model.FLOPS_PER_IMAGE
         flops[ph] = known[0] if known else analytic.get(next(iter(sizes), ph))
     total_flops = sum(budget[ph] * flops[ph] for ph in phases) if all(flops.values()) else None
     total = sum(budget.values())
@@ -657,7 +657,7 @@ def build_rows(points, budget, extrapolate, references, price, peak, models=None
     base = next((r for r in rows if r['kind'] == 'measured'), None)
     base = base or next((r for r in rows if r['kind'] == 'predicted'), rows[0])
     for r in rows:
-        r['efficiency'] = scaling.scaling_efficiency(r['img_per_sec'], r['gpus'], base['img_per_sec'], base['gpus'])
+        r['efficiency'] = step_model.scaling_efficiency(r['img_per_sec'], r['gpus'], base['img_per_sec'], base['gpus'])
     if total_flops and peak:
         # The best any run could do: every GPU at its dense peak, all FLOPs useful (MFU 100%).
         gpus = rows[-1]['gpus']
@@ -677,7 +677,7 @@ def unpredictable(models, gpus):
     for model in models.values():
         try:
             model.step(gpus)
-        except scaling.ScalingError as error:
+        except step_model.ScalingError as error:
             return str(error)
     return None
 
@@ -762,8 +762,8 @@ def add_prediction_ranges(rows, models, bands, budget):
     row's own throughput (a measured phase keeps its measured rate)."""
     for r in rows:
         if r['kind'] == 'predicted':
-            low, high = scaling.prediction_range(models, bands, budget, r['gpus'])
-            central = scaling.overall_img_per_sec(models, budget, r['gpus'])
+            low, high = step_model.prediction_range(models, bands, budget, r['gpus'])
+            central = step_model.overall_img_per_sec(models, budget, r['gpus'])
             r['img_per_sec_range'] = (r['img_per_sec'] * low / central, r['img_per_sec'] * high / central)
 
 
@@ -1007,7 +1007,7 @@ def main(args):
             ]
             references = [(gpus, img_per_sec) for gpus, img_per_sec in references if not shown[gpus]]
             prediction_text.append(
-                scaling.describe_prediction(
+                step_model.describe_prediction(
                     f'{label} measured, {other_cluster} cluster' if other_cluster else label,
                     models,
                     bands,

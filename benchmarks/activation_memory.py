@@ -16,9 +16,9 @@ fp32, so a GPU holds somewhat more, plus its allocator's slack: measure the peak
 import argparse
 import os
 
-from arguments import ConfigError
-from model_folder import LATENT_DOWNSAMPLE, resolve_model_dir
-from presets import PRESETS
+from settings.arguments import ConfigError
+from settings.model_folder import LATENT_DOWNSAMPLE, resolve_model_dir
+from settings.presets import PRESETS
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 

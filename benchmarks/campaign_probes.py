@@ -25,11 +25,11 @@ import torch
 from torch.utils.data import default_collate
 
 from benchmarks.launch_counts import step_ops
+from costs.results import cpu_name, package_versions
 from data import SyntheticLatentsDataset
-from model import build_model
-from model_folder import LATENT_DOWNSAMPLE, resolve_model_dir
-from results import cpu_name, package_versions
-from transformer_model import convert_to_float8
+from models.diffusion_transformer import convert_to_float8
+from models.stable_diffusion import build_model
+from settings.model_folder import LATENT_DOWNSAMPLE, resolve_model_dir
 
 COMPILE_BACKEND = 'inductor'  # torch.compile's backend for --compile; the CPU tests trace with aot_eager
 MEASURES = 'the transformer forward and backward only (no optimizer step, no encoders)'

@@ -13,10 +13,10 @@ from diffusers import UNet2DConditionModel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from costs.results import cpu_name
 from ema import EMAWeights
-from model import build_model
-from model_folder import CONFIGS_DIR
-from results import cpu_name
+from models.stable_diffusion import build_model
+from settings.model_folder import CONFIGS_DIR
 
 SMOOTHING = 2 ** -(1 / 1000)  # half life 1000ba, updated every batch: the published run
 

@@ -24,8 +24,8 @@ import argparse
 import os
 import statistics
 
-from arguments import ConfigError
-from flags import parse_args
+from settings.arguments import ConfigError
+from settings.flags import parse_args
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 
@@ -56,7 +56,7 @@ def main():
     if options.steps < options.warmup + 3:
         parser.error(f'--steps {options.steps}: at least --warmup + 3 ({options.warmup + 3})')
     # Loaded once the flags are checked: --help and a bad flag answer without torch, Composer or Diffusers.
-    from config import resolve_config
+    from settings.config import resolve_config
 
     try:
         args = resolve_config(

@@ -44,7 +44,7 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from results import Results
+from costs.results import Results
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 REPO = Path(__file__).resolve().parent.parent

@@ -21,10 +21,10 @@ neither is counted here (the GPU campaign's profile measures launches for real).
 import argparse
 import os
 
-from arguments import ConfigError
-from model_folder import resolve_model_dir
-from presets import PRESETS
-from results import PEAK_FLOPS
+from costs.results import PEAK_FLOPS
+from settings.arguments import ConfigError
+from settings.model_folder import resolve_model_dir
+from settings.presets import PRESETS
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 

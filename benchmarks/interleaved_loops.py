@@ -10,8 +10,8 @@ from composer.loggers import Logger
 from composer.trainer import trainer as composer_trainer
 from composer.utils import reproducibility
 
-from model import build_model
-from training import build_dataloader, build_optimizer, build_trainer
+from models.stable_diffusion import build_model
+from runs.training import build_dataloader, build_optimizer, build_trainer
 
 
 def model_of(args):

@@ -7,9 +7,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import default_collate
 
 from data import SyntheticLatentsDataset
-from fused_groupnorm import use_fused_groupnorm_silu
-from model import build_model
-from model_folder import LATENT_DOWNSAMPLE, resolve_model_dir
+from models.fused_groupnorm import use_fused_groupnorm_silu
+from models.stable_diffusion import build_model
+from settings.model_folder import LATENT_DOWNSAMPLE, resolve_model_dir
 
 # Modules whose weights autocast casts to the half precision in the forward (and whose gradients it casts back).
 AUTOCAST_MODULES = (torch.nn.Linear, torch.nn.Conv2d)

@@ -11,8 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from presets import VALIDATION_TIMESTEPS
-from results import ResultsError, load_results
+from costs.results import ResultsError, load_results
+from settings.presets import VALIDATION_TIMESTEPS
 
 
 def read_curves(paths: list[str], labels: list[str]) -> list[tuple[str, list, list]]:

@@ -78,7 +78,7 @@ def main() -> None:
     from streaming import MDSWriter
 
     from data import StreamingLAIONDataset, collate
-    from images import decode_image
+    from datapath.images import decode_image
 
     torch.set_num_threads(1)  # one worker = one core
     warnings.simplefilter('ignore', UserWarning)  # torch.from_numpy on Pillow's read-only pixels

@@ -5,9 +5,9 @@ import torch
 from torch.utils.data import default_collate
 
 from data import SyntheticLatentsDataset
-from model import DiffusionTransformer, build_model
-from model_folder import LATENT_DOWNSAMPLE, resolve_model_dir
-from recipes import is_flow_matching
+from models.stable_diffusion import DiffusionTransformer, build_model
+from settings.model_folder import LATENT_DOWNSAMPLE, resolve_model_dir
+from settings.recipes import is_flow_matching
 
 BYTES_PER_ELEMENT = 2  # bf16 autocast
 

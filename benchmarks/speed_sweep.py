@@ -34,12 +34,12 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from arguments import ConfigError
 from benchmarks import profile_summary
-from model_folder import is_transformer_folder, resolve_model_dir
-from presets import PRESETS, SD2_BASE
-from results import load_results
-from results import mfu as results_mfu
+from costs.results import load_results
+from costs.results import mfu as results_mfu
+from settings.arguments import ConfigError
+from settings.model_folder import is_transformer_folder, resolve_model_dir
+from settings.presets import PRESETS, SD2_BASE
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 REPO = Path(__file__).resolve().parent.parent

@@ -101,7 +101,7 @@ def fixed_batch(n=4, image_size=64, model_name='tiny'):
     from torch.utils.data import default_collate
 
     from data import SyntheticImageCaptionDataset
-    from model_folder import CONFIGS_DIR, caption_inputs
+    from settings.model_folder import CONFIGS_DIR, caption_inputs
 
     dataset = SyntheticImageCaptionDataset(image_size, inputs=caption_inputs(CONFIGS_DIR / model_name))
     batch = default_collate([dataset[i] for i in range(n)])

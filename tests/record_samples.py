@@ -13,8 +13,8 @@ import torch.distributed
 from composer.core import Callback
 from composer.utils import dist
 
-import flags
-import run
+from runs import run
+from settings import flags
 
 
 class RecordSamples(Callback):

@@ -17,18 +17,17 @@ from diffusers.models.attention_processor import Attention
 from torch.utils.data import DataLoader, Dataset
 from transformers.models.clip.modeling_clip import CLIPAttention
 
-import config
-import model as model_module
-import model_folder
-import training
-from arguments import ConfigError
-from config import resolve_config
 from data import SyntheticImageCaptionDataset
-from flags import parse_args
-from model import build_model
-from model_folder import CONFIGS_DIR, resolve_model_dir
-from run import main
-from training import build_dataloader, build_trainer
+from models import stable_diffusion as model_module
+from models.stable_diffusion import build_model
+from runs import training
+from runs.run import main
+from runs.training import build_dataloader, build_trainer
+from settings import config, model_folder
+from settings.arguments import ConfigError
+from settings.config import resolve_config
+from settings.flags import parse_args
+from settings.model_folder import CONFIGS_DIR, resolve_model_dir
 
 
 def tiny_model(seed=0):
@@ -175,7 +174,7 @@ def test_compile_modes_reach_composers_compile_config():
 
 def test_a_compile_that_fails_stops_in_one_line_naming_the_flag(monkeypatch, capfd):
     """A backend that raises, as a failed CUDA graph capture or Inductor compile does on a GPU."""
-    import run
+    from runs import run
 
     def failing_backend(graph, inputs):
         raise RuntimeError('capture failed')
@@ -431,7 +430,7 @@ def test_published_flags_keep_their_names_and_defaults():
 
 
 def test_the_model_line_names_the_parts_randomly_initialized(capfd):
-    from model import describe_weights
+    from models.stable_diffusion import describe_weights
 
     main(parse_args([*TINY, '--max_duration', '1ba']))
     assert f"model 'tiny' from {CONFIGS_DIR / 'tiny'}: random init: unet, vae, text_encoder\n" in capfd.readouterr().out

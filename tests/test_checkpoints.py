@@ -4,10 +4,10 @@ the values Composer would take badly refused."""
 import pytest
 from conftest import TINY
 
-from arguments import ConfigError
-from config import resolve_config
-from flags import parse_args
-from run import main
+from runs.run import main
+from settings.arguments import ConfigError
+from settings.config import resolve_config
+from settings.flags import parse_args
 
 KEPT = [*TINY, '--image_size', '32', '--batch_size', '4', '--save_interval', '1ba', '--run_name', 'kept']
 

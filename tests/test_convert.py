@@ -23,13 +23,13 @@ from test_data import RecordSamples
 
 import convert
 import precompute
-from arguments import ConfigError
-from config import resolve_config
 from data import StreamingLAIONDataset
-from dataset_checks import DataError
-from flags import parse_args
-from run import main
-from streaming_fixes import prefix_lock
+from datapath.dataset_checks import DataError
+from datapath.streaming_fixes import prefix_lock
+from runs.run import main
+from settings.arguments import ConfigError
+from settings.config import resolve_config
+from settings.flags import parse_args
 
 PYTHON_BIN = Path(sys.executable).parent
 

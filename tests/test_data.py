@@ -20,17 +20,17 @@ from composer.core import Callback
 from conftest import LAUNCHER, REPO, final_weights, good_samples, jpeg, write_dataset
 from PIL import Image
 
-import config
-import tokenizer
-from arguments import ConfigError
-from config import resolve_config
 from data import StreamingLAIONDataset, collate
-from dataset_checks import DataError
-from flags import parse_args
-from images import BadSample, decode_image, unit_range
-from model_folder import CAPTION_LENGTH
-from run import main
-from tokenizer import CaptionTokenizer, TokenizerError, clip_tokenizer_folder
+from datapath import tokenizer
+from datapath.dataset_checks import DataError
+from datapath.images import BadSample, decode_image, unit_range
+from datapath.tokenizer import CaptionTokenizer, TokenizerError, clip_tokenizer_folder
+from runs.run import main
+from settings import config
+from settings.arguments import ConfigError
+from settings.config import resolve_config
+from settings.flags import parse_args
+from settings.model_folder import CAPTION_LENGTH
 
 
 def images(location, **kwargs):
@@ -446,7 +446,7 @@ def test_mid_epoch_resumption_is_exact(workers, ema, tmp_path, monkeypatch, capf
     average) as an uninterrupted run: the noise and timesteps continue where the checkpoint left them. Whatever the
     machine's state: the uninterrupted run beside busy work (load average 5 on 2 cores), the stopped one on an idle
     machine, the resumed one on 1 core (which takes its checkpoint's thread count)."""
-    import hardware
+    from settings import hardware
 
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
     monkeypatch.setattr(hardware, 'process_cores', lambda: 2)

@@ -11,9 +11,9 @@ import torch
 from conftest import LAUNCHER, REPO, TINY, free_port, good_samples, write_dataset
 
 import mcloud
-from arguments import ConfigError
-from config import resolve_config
-from flags import parse_args
+from settings.arguments import ConfigError
+from settings.config import resolve_config
+from settings.flags import parse_args
 
 # Two ranks share this machine's cores: small images, a batch of 8 (4 per rank).
 SMALL_RUN = [*TINY, '--image_size', '32', '--batch_size', '8']

@@ -16,15 +16,15 @@ from composer.utils import reproducibility
 from diffusers import UNet2DConditionModel
 from torch.utils.data import DataLoader
 
-import config
 import ema
-import training
-from arguments import ConfigError
 from data import SyntheticImageCaptionDataset
-from flags import parse_args
-from model import build_model
-from model_folder import CONFIGS_DIR
-from run import main as run_main
+from models.stable_diffusion import build_model
+from runs import training
+from runs.run import main as run_main
+from settings import config
+from settings.arguments import ConfigError
+from settings.flags import parse_args
+from settings.model_folder import CONFIGS_DIR
 
 TINY = [
     '--model_name',

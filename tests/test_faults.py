@@ -35,20 +35,20 @@ from conftest import (
 )
 from streaming.base.storage.download import CloudDownloader, S3Downloader
 
-import config
 import convert
 import generate
 import mcloud
 import precompute
 import report
-from arguments import ConfigError
-from config import resolve_config
 from data import StreamingLAIONDataset
-from dataset_checks import DataError
-from flags import parse_args
-from interrupts import StopOnSignal, Stopped
-from run import IncompleteRun, main
-from streaming_fixes import S3DownloaderOneTransferAttempt
+from datapath.dataset_checks import DataError
+from datapath.streaming_fixes import S3DownloaderOneTransferAttempt
+from runs.interrupts import StopOnSignal, Stopped
+from runs.run import IncompleteRun, main
+from settings import config
+from settings.arguments import ConfigError
+from settings.config import resolve_config
+from settings.flags import parse_args
 
 # The tiny model on real images: 24 samples in shards of a few samples each, batches of 4.
 REAL_DATA = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '4', '--max_duration', '1ep']
@@ -363,7 +363,7 @@ def test_a_server_that_hangs_mid_run_ends_it_within_about_a_minute(tmp_path):
 def test_cleaning_shared_memory_leaves_a_live_jobs_alone():
     from multiprocessing import shared_memory
 
-    from streaming_fixes import clean_stale_shared_memory
+    from datapath.streaming_fixes import clean_stale_shared_memory
 
     live = shared_memory.SharedMemory('999998_locals', create=True, size=64)  # mapped by this process
     # A live job's segment created a moment ago and not mapped yet: its prefix's _locals is mapped, so it stays.
@@ -614,8 +614,8 @@ def test_a_microbatch_out_of_memory_is_one_line_with_a_smaller_one_to_try(tmp_pa
 
 
 def test_out_of_memory_names_the_plan_and_the_peaks_on_a_gpu(monkeypatch):
-    import hardware
-    from run import out_of_memory
+    from runs.run import out_of_memory
+    from settings import hardware
 
     h200 = hardware.Gpu('NVIDIA H200', 150_079_209_472, True, (9, 0))
     monkeypatch.setattr(hardware, 'gpu', lambda: h200)
@@ -677,7 +677,7 @@ def test_a_resumed_run_says_where_it_resumed_and_measures_the_batches_it_trained
 
 
 def test_the_cpu_thread_count_is_the_cores_given_less_the_loader_workers_whatever_the_load(monkeypatch):
-    import hardware
+    from settings import hardware
 
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
     monkeypatch.delenv('LOCAL_WORLD_SIZE', raising=False)
@@ -702,7 +702,7 @@ def test_the_cpu_thread_count_is_the_cores_given_less_the_loader_workers_whateve
 
 
 def test_a_resumed_cpu_run_takes_its_checkpoints_thread_count_unless_one_is_given(monkeypatch):
-    import checkpoints
+    from runs import checkpoints
 
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)  # else the count is given
     chosen = resolve_config(parse_args([*TINY, '--max_duration', '2ba']))
@@ -825,7 +825,7 @@ def test_autoresume_over_another_runs_checkpoints_is_refused_in_one_line(tmp_pat
 
 def test_autoresume_over_checkpoints_without_a_description_compares_the_unet(tmp_path, monkeypatch):
     """Checkpoints written before runs described themselves: the UNet's shapes still tell another model apart."""
-    import checkpoints
+    from runs import checkpoints
 
     folder = tmp_path / 'ckpt'
     monkeypatch.setattr(checkpoints.RunDescription, 'state_dict', lambda self: {})
@@ -917,7 +917,7 @@ def test_two_jobs_starting_together_each_get_their_own_shared_memory(tmp_path, d
 def test_a_job_stuck_holding_the_prefix_lock_is_named_not_waited_on_forever(tmp_path):
     import fcntl
 
-    import streaming_fixes
+    from datapath import streaming_fixes
 
     path = tmp_path / 'prefix.lock'
     holder, waiter = os.open(path, os.O_RDONLY | os.O_CREAT), os.open(path, os.O_RDONLY)

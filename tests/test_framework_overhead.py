@@ -4,8 +4,8 @@ import torch
 from conftest import TINY
 
 from benchmarks import framework_overhead, interleaved_loops
-from config import resolve_config
-from flags import parse_args
+from settings.config import resolve_config
+from settings.flags import parse_args
 
 
 def test_framework_overhead_times_every_phase_of_both_loops_and_composers_host_work():

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TINY, good_samples, jpeg, write_dataset
 
-import outputs
-from outputs import WriteFailed, staged_file, staged_folder
+from runs import outputs
+from runs.outputs import WriteFailed, staged_file, staged_folder
 
 # The tiny model on random tensors, as quick as a run gets.
 QUICK = [*TINY, '--image_size', '32', '--batch_size', '4', '--max_duration', '2ba']

@@ -19,8 +19,7 @@ import torch.nn.functional as F
 from diffusers import UNet2DConditionModel
 from diffusers.models.resnet import ResnetBlock2D
 
-import fused_groupnorm
-import groupnorm_silu_kernels
+from models import fused_groupnorm, groupnorm_silu_kernels
 
 REPO = Path(__file__).resolve().parent.parent
 EPS = 1e-5
@@ -264,8 +263,8 @@ def interpreted_training_matches() -> None:
     """Two batches of the tiny model with and without --fused_groupnorm: the same losses, within float rounding."""
     from composer.core import Callback
 
-    from flags import parse_args
-    from run import main
+    from runs.run import main
+    from settings.flags import parse_args
 
     triton_only()
 

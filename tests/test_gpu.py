@@ -19,17 +19,17 @@ from composer.core import Callback
 from conftest import TINY, final_weights, good_samples, write_dataset, write_t5_tokenizer
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import config
 import generate
 import precompute
-from config import resolve_config
 from convert import ensure_sample_dataset
+from costs.results import PEAK_FLOPS, gpu_key
 from ema import EMA
-from flags import parse_args
-from model import build_model
-from model_folder import CONFIGS_DIR
-from results import PEAK_FLOPS, gpu_key
-from run import main
+from models.stable_diffusion import build_model
+from runs.run import main
+from settings import config
+from settings.config import resolve_config
+from settings.flags import parse_args
+from settings.model_folder import CONFIGS_DIR
 
 pytestmark = pytest.mark.gpu
 

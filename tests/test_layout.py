@@ -12,30 +12,77 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+# The folders of modules (each one's rule in its __init__.py and docs/architecture.md); the command lines and the
+# design card's modules stay at the top.
+FOLDERS = ['costs', 'datapath', 'models', 'pipelines', 'runs', 'settings']
+TOP = sorted(path.stem for path in REPO.glob('*.py'))
+MODULES = sorted(
+    [*TOP, *(f'{folder}.{path.stem}' for folder in FOLDERS for path in (REPO / folder).glob('*.py'))]
+)  # dotted names; a folder's __init__ among them as the folder's own name ('runs.__init__')
 
-def test_every_top_level_module_is_installed():
-    # make install installs the repo in editable mode from this list: a module missing from it cannot be
+
+def module_path(name: str) -> Path:
+    return REPO / f'{name.replace(".", "/")}.py'
+
+
+def python_files() -> list[Path]:
+    return [*REPO.glob('*.py'), *(path for folder in FOLDERS for path in (REPO / folder).glob('*.py'))]
+
+
+def test_every_module_is_installed():
+    # make install installs the repo in editable mode from these lists: a module missing from them cannot be
     # imported by the scripts under benchmarks/.
     settings = tomllib.loads((REPO / 'pyproject.toml').read_text())['tool']['setuptools']
-    assert sorted(settings['py-modules']) == sorted(path.stem for path in REPO.glob('*.py'))
-    assert settings['packages'] == ['benchmarks']
+    assert sorted(settings['py-modules']) == TOP
+    assert sorted(settings['packages']) == sorted(['benchmarks', *FOLDERS])
+    assert sorted(path.parent.name for path in REPO.glob('*/__init__.py')) == sorted(['benchmarks', *FOLDERS])
+
+
+def test_the_top_holds_the_command_lines_and_the_design_cards_modules():
+    assert TOP == ['benchmark', 'convert', 'data', 'ema', 'generate', 'mcloud', 'precompute', 'report']
+    assert len(TOP) <= 12
+
+
+def test_no_file_over_600_lines_and_no_function_over_80_but_flag_declarations():
+    # A flag declaration (argparse's add_argument, each with its help) reads whole however long it is.
+    long_files, long_functions = [], []
+    for path in [*python_files(), *REPO.glob('benchmarks/*.py')]:
+        text = path.read_text()
+        if len(text.splitlines()) > 600:
+            long_files.append(path.name)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 80:
+                declares = sum(
+                    isinstance(call, ast.Call) and getattr(call.func, 'attr', '') == 'add_argument'
+                    for call in ast.walk(node)
+                )
+                if declares < (node.end_lineno - node.lineno) / 10:  # under one flag per 10 lines: not a declaration
+                    long_functions.append(f'{path.name}:{node.name}')
+    assert long_files == [] and long_functions == []
 
 
 # The scripts whose work lives in a module of its own, imported once their flags check out (see below).
-ENTRY_POINTS = {'benchmark': 'run', 'generate': 'drawing', 'precompute': 'encoding'}
+ENTRY_POINTS = {'benchmark': 'runs.run', 'generate': 'pipelines.generation', 'precompute': 'datapath.precomputing'}
 # What no flag check may load: seconds of imports before a mistyped flag is answered.
 HEAVY = {'torch', 'composer', 'streaming', 'diffusers', 'transformers', 'torchvision'}
-MODULES = sorted(path.stem for path in REPO.glob('*.py'))
+
+
+def repo_modules(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The repo's modules an import names: `import a.b`, `from a.b import c`, and `from folder import module`."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names if alias.name in MODULES]
+    if node.level or node.module is None:
+        return []
+    named = [f'{node.module}.{alias.name}' for alias in node.names if f'{node.module}.{alias.name}' in MODULES]
+    return named or ([node.module] if node.module in MODULES else [])
 
 
 def test_no_module_imports_an_entry_point():
     importers = []
-    for path in [*REPO.glob('*.py'), *REPO.glob('benchmarks/*.py')]:
+    for path in [*python_files(), *REPO.glob('benchmarks/*.py')]:
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
-            if isinstance(node, ast.ImportFrom) and node.level == 0:
-                names = [node.module]
-            importers += [(path.name, name) for name in names if name in ENTRY_POINTS]
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                importers += [(path.name, name) for name in repo_modules(node) if name in ENTRY_POINTS]
     assert importers == []
 
 
@@ -45,25 +92,21 @@ def imports(path: Path) -> tuple[set[str], set[str], set[str]]:
     tree = ast.parse(path.read_text())
     top, inner, libraries = set(), set(), set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            names = [node.module]
-        else:
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) or getattr(node, 'level', 0):
             continue
         at_top = node in tree.body
-        for name in (name.split('.')[0] for name in names):
-            if name in MODULES:
-                (top if at_top else inner).add(name)
-            elif at_top:
-                libraries.add(name)
+        own = repo_modules(node)
+        (top if at_top else inner).update(own)
+        if at_top and not own:
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module]
+            libraries.update(name.split('.')[0] for name in names if name.split('.')[0] not in [*TOP, *FOLDERS])
     return top, inner, libraries
 
 
 def floors() -> dict[str, int]:
     """Each module's floor in the import graph: 1 for a module that imports none of the repo's, else one above the
     highest it imports (inside functions too); fails on a circle, whose modules never get one."""
-    graph = {name: set.union(*imports(REPO / f'{name}.py')[:2]) for name in MODULES}
+    graph = {name: set.union(*imports(module_path(name))[:2]) for name in MODULES}
     floor: dict[str, int] = {}
     while len(floor) < len(graph):
         ready = [name for name, needs in graph.items() if name not in floor and needs <= set(floor)]
@@ -76,35 +119,47 @@ def test_the_modules_stand_on_eight_floors_without_a_circle():
     # docs/architecture.md draws these floors: what settles a run's values low, the builders above them.
     floor = floors()
     assert max(floor.values()) <= 8
-    assert floor['config'] <= 4
-    assert floor['config'] < min(floor[builder] for builder in ('model', 'training', 'evaluation', 'export'))
+    assert floor['settings.config'] <= 4
+    builders = ('models.stable_diffusion', 'runs.training', 'runs.evaluation', 'pipelines.export')
+    assert floor['settings.config'] < min(floor[builder] for builder in builders)
 
 
 def test_a_run_is_settled_from_modules_that_load_no_heavy_library():
-    # config.py and everything it imports, at their top level: none of torch, Composer, Streaming, Diffusers.
-    settled, todo = set(), ['config', 'flags']
+    # settings/config.py and everything it imports, at their top level: none of torch, Composer, Streaming,
+    # Diffusers; and nothing in settings/ imports those at its top level.
+    settled, todo = set(), ['settings.config', 'settings.flags', *(m for m in MODULES if m.startswith('settings.'))]
     while todo:
         name = todo.pop()
         settled.add(name)
-        top, _, libraries = imports(REPO / f'{name}.py')
-        assert not libraries & HEAVY, f'{name}.py imports {sorted(libraries & HEAVY)} at its top level'
+        top, _, libraries = imports(module_path(name))
+        assert not libraries & HEAVY, f'{name} imports {sorted(libraries & HEAVY)} at its top level'
         todo += sorted(top - settled)
-    assert {'presets', 'recipes', 'durations', 'hardware', 'memory_plan', 'model_folder', 'tokenizer'} <= settled
+    facts = {'presets', 'recipes', 'durations', 'hardware', 'memory_plan', 'model_folder'}
+    assert {f'settings.{name}' for name in facts} | {'datapath.tokenizer'} <= settled
+
+
+def test_each_folder_imports_only_what_its_rule_allows():
+    # settings/ is settled from facts: of the other folders, only datapath's facts (a dataset's index, the
+    # tokenizers' ids) and the lock a running writer holds on a save folder (read, never taken); costs/ reads results
+    # files, and writes its outputs whole, without any other folder.
+    allowed = {'settings': {'settings', 'datapath', 'runs.writer_lock'}, 'costs': {'costs', 'runs.outputs'}}
+    for folder, may in allowed.items():
+        for name in (m for m in MODULES if m.startswith(f'{folder}.')):
+            top, inner, _ = imports(module_path(name))
+            outside = [m for m in top | inner if not any(m == a or m.startswith(f'{a}.') for a in may)]
+            assert outside == [], f'{name} imports {outside}'
 
 
 def test_repo_modules_are_imported_inside_functions_only_by_entry_points():
     # Such imports would hide a circle. An entry point's main loads its work only once its flags check out, and so
     # does a benchmark script's.
     inner = {}
-    for path in [*REPO.glob('*.py'), *REPO.glob('benchmarks/*.py')]:
+    for path in [*python_files(), *REPO.glob('benchmarks/*.py')]:
         for function in ast.walk(ast.parse(path.read_text())):
             if isinstance(function, ast.FunctionDef):
                 for node in ast.walk(function):
-                    if isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, 'level', 0) == 0:
-                        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
-                        for name in names:
-                            if name.split('.')[0] in MODULES:
-                                inner.setdefault(f'{path.parent.name}/{path.name}', set()).add(function.name)
+                    if isinstance(node, (ast.Import, ast.ImportFrom)) and repo_modules(node):
+                        inner.setdefault(f'{path.parent.name}/{path.name}', set()).add(function.name)
     scripts = {f'{REPO.name}/{name}.py' for name in ENTRY_POINTS}
     assert {name for name in inner if not name.startswith('benchmarks/')} <= scripts
     assert all(functions <= {'main', 'cli'} for functions in inner.values()), inner

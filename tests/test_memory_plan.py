@@ -7,14 +7,13 @@ import importlib.util
 import pytest
 import torch
 
-import hardware
-import memory_plan
-from arguments import ConfigError
-from config import resolve_config
-from flags import parse_args
-from memory_plan import GB, Run, plan
-from model import build_model
-from model_folder import resolve_model_dir
+from models.stable_diffusion import build_model
+from settings import hardware, memory_plan
+from settings.arguments import ConfigError
+from settings.config import resolve_config
+from settings.flags import parse_args
+from settings.memory_plan import GB, Run, plan
+from settings.model_folder import resolve_model_dir
 
 A100_40GB, H100_80GB, H200_141GB = 40e9, 80e9, 141e9  # nominal sizes, as the hand computations below take them
 H100 = hardware.Gpu('NVIDIA H100 80GB HBM3', 85_029_158_912, True, (9, 0))  # as torch reports an H100 SXM

@@ -12,15 +12,21 @@ from conftest import jpeg, run_cli, write_dataset
 from diffusers import UNet2DConditionModel
 from PIL import Image
 
-import config
-import model_folder
-from arguments import ConfigError
-from config import resolve_config
 from data import StreamingLAIONDataset, SyntheticImageCaptionDataset, SyntheticLatentsDataset
-from flags import parse_args
-from images import size_conditions
-from model import build_model
-from model_folder import CLIP_END_ID, CLIP_PAD_ID, CONFIGS_DIR, caption_inputs, caption_pad_ids, resolve_model_dir
+from datapath.images import size_conditions
+from models.stable_diffusion import build_model
+from settings import config, model_folder
+from settings.arguments import ConfigError
+from settings.config import resolve_config
+from settings.flags import parse_args
+from settings.model_folder import (
+    CLIP_END_ID,
+    CLIP_PAD_ID,
+    CONFIGS_DIR,
+    caption_inputs,
+    caption_pad_ids,
+    resolve_model_dir,
+)
 
 # Parameter counts of the public models (Diffusers layout, counted on the meta device).
 SD2_UNET = 865_910_724

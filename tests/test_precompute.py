@@ -13,18 +13,18 @@ from conftest import LAUNCHER, REPO, fixed_batch
 from streaming import StreamingDataset
 from torch.utils.data import default_collate
 
-import encoding
 import precompute
-from arguments import ConfigError
-from config import resolve_config
 from convert import ensure_sample_dataset
 from data import PrecomputedLatentsDataset, StreamingLAIONDataset
-from flags import parse_args
-from images import unit_range
-from model import StableDiffusion, build_encoders, build_model, count_forward_flops, encode_text
-from model_folder import CONFIGS_DIR
-from run import main
-from tokenizer import CaptionTokenizer
+from datapath import precomputing
+from datapath.images import unit_range
+from datapath.tokenizer import CaptionTokenizer
+from models.stable_diffusion import StableDiffusion, build_encoders, build_model, count_forward_flops, encode_text
+from runs.run import main
+from settings.arguments import ConfigError
+from settings.config import resolve_config
+from settings.flags import parse_args
+from settings.model_folder import CONFIGS_DIR
 
 SOURCE_SAMPLES = 40  # the generated dataset breaks samples 13 and 26 (an empty download, an HTML page)
 
@@ -45,7 +45,7 @@ def online_and_precomputed_models(model_name='tiny'):
 def precomputed_from(online, batch, dtype=torch.float16):
     text_encoders = [encoder for encoder in (online.text_encoder, online.text_encoder_2) if encoder is not None]
     if dtype == torch.float16:  # as precompute.py stores them
-        columns = encoding.encode(online.model_dir, online.vae, text_encoders, batch, torch.device('cpu'))
+        columns = precomputing.encode(online.model_dir, online.vae, text_encoders, batch, torch.device('cpu'))
         columns = {name: torch.from_numpy(array) for name, array in columns.items()}
     else:  # the same values before fp16 storage rounds them
         with torch.no_grad():
@@ -141,7 +141,7 @@ def test_precompute_writes_aligned_samples_resumes_and_trains(source, tmp_path, 
     reader = PrecomputedLatentsDataset(local=str(out), shuffle=False, batch_size=1)
     for k in (0, 13, 37):
         batch = default_collate([good[k]])
-        encoded = encoding.encode(CONFIGS_DIR / 'tiny', vae, [text_encoder], batch, torch.device('cpu'))
+        encoded = precomputing.encode(CONFIGS_DIR / 'tiny', vae, [text_encoder], batch, torch.device('cpu'))
         assert sorted(encoded) == ['latent_logvar', 'latent_mean', 'text_embedding']
         # Encoded in batches of 16 there, of 1 here: equal up to fp16 rounding of reassociated sums.
         for name, expected in encoded.items():

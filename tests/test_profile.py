@@ -3,11 +3,11 @@
 import pytest
 from conftest import TINY
 
-from arguments import ConfigError
 from benchmarks import profile_summary
-from config import resolve_config
-from flags import parse_args
-from run import main
+from runs.run import main
+from settings.arguments import ConfigError
+from settings.config import resolve_config
+from settings.flags import parse_args
 
 PROFILED_RUN = [*TINY, '--image_size', '32', '--batch_size', '4']
 

@@ -2,11 +2,11 @@
 
 import types
 
-import progress
-from config import resolve_config
-from config_lines import WIDTH, config_lines
-from flags import parse_args
-from progress import ProgressLines
+from runs import progress
+from runs.progress import ProgressLines
+from runs.start_lines import WIDTH, config_lines
+from settings.config import resolve_config
+from settings.flags import parse_args
 
 
 class Clock:
@@ -81,7 +81,7 @@ def test_a_logged_warning_is_a_warning_line_not_pythons_default_format(monkeypat
     import io
     import logging
 
-    import run
+    from runs import run
 
     stream = io.StringIO()
     default = logging.StreamHandler(stream)

@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 
 import report
-import scaling
+from costs import step_model
 
 # The published table (blog post and benchmark README): A100-40GB, 8 to 128 measured, 256 extrapolated.
 # (GPUs, img/s, days, A100-hours, cost)
@@ -187,7 +187,7 @@ def test_per_phase_budget(tmp_path):
     rows = rows_by_kind(tables, 'measured')
     assert rows[8]['days'] == pytest.approx((1_126_400_000 / 400 + 1_740_800_000 / 128.2) / 86_400)
     assert 32 in rows_by_kind(tables, 'predicted')  # one doubling past the largest measured count
-    flops = 1_126_400_000 * scaling.FLOPS_PER_IMAGE[256] + 1_740_800_000 * 3.58e12
+    flops = 1_126_400_000 * step_model.FLOPS_PER_IMAGE[256] + 1_740_800_000 * 3.58e12
     assert rows[8]['mfu'] == pytest.approx(flops / (rows[8]['gpu_hours'] * 3600 * 312e12))
 
 
@@ -451,7 +451,7 @@ def test_command_line_reports_bad_input_in_one_line_with_status_2(tmp_path):
     assert run.stderr.strip() == "error: --throughput: expected GPUS=IMG_S (e.g. 8=128.2), got '8'"
 
 
-# ------------------------------------------------------------------------------ --predict (scaling.py)
+# ------------------------------------------------------------------------------ --predict (step_model.py)
 
 PREDICT_ARGS = ['--gpu_type', 'A100', '--throughput', '8=128.2', '--predict', '16', '32', '64', '128', '256']
 PUBLISHED_REFERENCES = ['--reference', '16=254.0', '32=485.7', '64=912.2', '128=1618.4', '256=2589.4']

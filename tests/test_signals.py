@@ -20,13 +20,13 @@ import torch
 from conftest import REPO, TINY, good_samples, jpeg, write_dataset
 
 import convert
-import encoding
 import precompute
-from config import resolve_config
-from flags import parse_args
-from interrupts import StopOnSignal
-from stopping import Stopped, quiet_loader_worker
-from writer_lock import LOCK_FILE
+from datapath import precomputing
+from runs.interrupts import StopOnSignal
+from runs.stopping import Stopped, quiet_loader_worker
+from runs.writer_lock import LOCK_FILE
+from settings.config import resolve_config
+from settings.flags import parse_args
 
 NAMES = {signal.SIGINT: 'Ctrl-C (SIGINT)', signal.SIGTERM: 'SIGTERM'}
 
@@ -195,7 +195,7 @@ def test_precompute_stopped_by_a_signal_keeps_finished_parts_only_and_the_rerun_
     finished ones stay, and the same command again precomputes every sample."""
     source = write_dataset(tmp_path / 'mds', good_samples(24), size_limit=1 << 12)
     out = tmp_path / 'latents'
-    encode, batches = encoding.encode, []
+    encode, batches = precomputing.encode, []
 
     def encode_then_sigterm(*args, **kwargs):
         batches.append(1)
@@ -203,7 +203,7 @@ def test_precompute_stopped_by_a_signal_keeps_finished_parts_only_and_the_rerun_
             os.kill(os.getpid(), signal.SIGTERM)
         return encode(*args, **kwargs)
 
-    monkeypatch.setattr(encoding, 'encode', encode_then_sigterm)
+    monkeypatch.setattr(precomputing, 'encode', encode_then_sigterm)
     with pytest.raises(Stopped) as stopped:
         precompute.main(precompute_flags(source, out))
     assert stopped.value.exit_status == 143
@@ -213,7 +213,7 @@ def test_precompute_stopped_by_a_signal_keeps_finished_parts_only_and_the_rerun_
     )
     assert parts(out) == {'part-00000': 8}
     assert not (out / 'index.json').exists() and not (out / LOCK_FILE).exists()
-    monkeypatch.setattr(encoding, 'encode', encode)
+    monkeypatch.setattr(precomputing, 'encode', encode)
     done = precompute.main(precompute_flags(source, out))
     assert done['skipped_parts'] == 1 and parts(out) == {'part-00000': 8, 'part-00001': 8, 'part-00002': 8}
     assert sum(s['samples'] for s in json.loads((out / 'index.json').read_text())['shards']) == 24
@@ -223,8 +223,8 @@ def test_precompute_stopped_by_a_signal_keeps_finished_parts_only_and_the_rerun_
 SLOW_PRECOMPUTE = """
 import runpy, sys, time
 import encoding
-encode = encoding.encode
-encoding.encode = lambda *args, **kwargs: (time.sleep(0.3), encode(*args, **kwargs))[1]
+encode = precomputing.encode
+precomputing.encode = lambda *args, **kwargs: (time.sleep(0.3), encode(*args, **kwargs))[1]
 sys.argv[0] = 'precompute.py'
 runpy.run_path('precompute.py', run_name='__main__')
 """

@@ -13,10 +13,10 @@ from conftest import jpeg
 import convert
 import generate
 import precompute
-from arguments import ConfigError
-from config import resolve_config
-from flags import parse_args
-from run import main
+from runs.run import main
+from settings.arguments import ConfigError
+from settings.config import resolve_config
+from settings.flags import parse_args
 
 # A folder name with each character that means something: a Composer template field and a lone brace, a
 # percent sign, spaces, a URL's fragment and query marks, a parameter mark, non-ASCII letters.

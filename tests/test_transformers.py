@@ -14,17 +14,20 @@ from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
 from torch.utils.data import default_collate
 
-import encoding
 import generate
 import precompute
-from arguments import ConfigError
-from config import resolve_config
 from data import PrecomputedLatentsDataset, StreamingLAIONDataset, SyntheticImageCaptionDataset
-from export import generate as generate_images
-from flags import parse_args
-from images import unit_range
-from model import build_model
-from model_folder import (
+from datapath import precomputing
+from datapath.images import unit_range
+from datapath.tokenizer import clip_tokenizer_folder, column_tokenizers
+from models.diffusion_transformer import count_forward_flops
+from models.stable_diffusion import build_model
+from pipelines.export import generate as generate_images
+from runs.run import main
+from settings.arguments import ConfigError
+from settings.config import resolve_config
+from settings.flags import parse_args
+from settings.model_folder import (
     CLIP_END_ID,
     CLIP_PAD_ID,
     CLIP_START_ID,
@@ -36,10 +39,7 @@ from model_folder import (
     TRANSFORMER_TEXT_ENCODERS,
     caption_inputs,
 )
-from recipes import FLUX, PIXART, SD3, Recipe
-from run import main
-from tokenizer import clip_tokenizer_folder, column_tokenizers
-from transformer_model import count_forward_flops
+from settings.recipes import FLUX, PIXART, SD3, Recipe
 
 T5_XXL_ENCODER = 4_762_310_656
 EXPECTED_PARAMETERS = {  # the public models' counts (Diffusers layout)
@@ -431,7 +431,7 @@ def test_the_precomputed_step_equals_the_online_step_on_captions(name, captions,
     draws['sigmas' if name != 'tiny-pixart-sigma' else 'timesteps'] = (
         torch.tensor([0.25, 0.75]) if name != 'tiny-pixart-sigma' else torch.tensor([250, 750])
     )
-    stored = encoding.encode(online.model_dir, online.vae, online.text_encoders, batch, torch.device('cpu'))
+    stored = precomputing.encode(online.model_dir, online.vae, online.text_encoders, batch, torch.device('cpu'))
     stored = {column: torch.from_numpy(array) for column, array in stored.items()}
     with torch.no_grad():
         expected = online.loss(online({**batch, **draws}), batch)
@@ -529,7 +529,7 @@ def test_precomputed_latents_a_transformer_cannot_patch_are_refused(tmp_path):
     from streaming import MDSWriter
 
     with MDSWriter(
-        out=str(tmp_path / 'odd'), columns=encoding.output_columns(CONFIGS_DIR / 'tiny-flux-schnell')
+        out=str(tmp_path / 'odd'), columns=precomputing.output_columns(CONFIGS_DIR / 'tiny-flux-schnell')
     ) as out:
         for _ in range(4):
             out.write(
@@ -561,7 +561,7 @@ def test_precomputed_latents_a_transformer_cannot_patch_are_refused(tmp_path):
 @pytest.mark.stack
 def test_fp8_converts_the_linear_layers_and_keeps_the_loss_within_float8_rounding(name, levels):
     """torchao's float8 training, emulated on the CPU (its casts to e4m3 and e5m2 around ordinary matmuls)."""
-    from transformer_model import convert_to_float8
+    from models.diffusion_transformer import convert_to_float8
 
     torch.manual_seed(0)
     model = build_model(CONFIGS_DIR / name)
@@ -579,7 +579,7 @@ def test_fp8_converts_the_linear_layers_and_keeps_the_loss_within_float8_roundin
 
 
 def test_fp8_is_refused_where_it_cannot_run(monkeypatch):
-    import hardware
+    from settings import hardware
 
     with pytest.raises(ConfigError, match=r'--fp8 needs float8 matrix units .*; no GPU here'):
         resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--fp8']))
@@ -651,7 +651,7 @@ def test_the_campaigns_transformer_step_compiles_the_forward_and_backward_it_tim
 def test_the_smoke_t5_tokenizer_gives_t5s_ids_padding_and_end_of_text(tmp_path):
     from transformers import AutoTokenizer
 
-    from tokenizer import TokenizerError, check_tokenizer, empty_caption_ids, t5_smoke_tokenizer_folder
+    from datapath.tokenizer import TokenizerError, check_tokenizer, empty_caption_ids, t5_smoke_tokenizer_folder
 
     folder = str(t5_smoke_tokenizer_folder(tmp_path / 't5-smoke'))
     for name in TWINS.values():
@@ -682,7 +682,7 @@ def test_tiny_flux_trains_on_a_converted_folder_with_the_smoke_t5_tokenizer(tmp_
     from conftest import jpeg
 
     import convert
-    from tokenizer import t5_smoke_tokenizer_folder
+    from datapath.tokenizer import t5_smoke_tokenizer_folder
 
     photos = tmp_path / 'photos'
     photos.mkdir()

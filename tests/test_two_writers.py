@@ -16,9 +16,9 @@ from conftest import LAUNCHER, REPO, TINY, good_samples, jpeg, write_dataset
 
 import convert
 import precompute
-from config import resolve_config
-from flags import parse_args
-from writer_lock import LOCK_FILE, FolderBusy, one_writer
+from runs.writer_lock import LOCK_FILE, FolderBusy, one_writer
+from settings.config import resolve_config
+from settings.flags import parse_args
 
 HOST = socket.gethostname()
 RUN = [*TINY, '--image_size', '32', '--batch_size', '4', '--run_name', 'r']

@@ -1,5 +1,5 @@
 """One benchmark run, from parsed flags to reported throughput: `main` resolves the flags into a RunConfig
-(config.py), builds the model (model.py) and the Trainer (training.py), trains, and reports the throughput: printed,
+(config.py), builds the model (stable_diffusion.py) and the Trainer (training.py), trains, and reports the throughput: printed,
 and with --results_json written in the schema of results.py. `main_reporting_errors` turns each error a run can
 meet into one line. benchmark.py is its command line.
 """
@@ -20,30 +20,30 @@ from composer import Trainer
 from composer.loggers import InMemoryLogger
 from composer.utils import dist, get_device, reproducibility
 
-from arguments import ConfigError, leave_verdict, stop
-from checkpoints import (
+from settings.arguments import ConfigError, leave_verdict, stop
+from runs.checkpoints import (
     LATEST_LINK,
     CheckpointWriteError,
     check_resumable,
     resumed_cpu_threads,
     set_aside_incomplete,
 )
-from config import RunConfig, resolve_config
-from config_lines import start_lines
-from dataset_checks import DataError
+from settings.config import RunConfig, resolve_config
+from runs.start_lines import start_lines
+from datapath.dataset_checks import DataError
 from ema import export_ema_unet
-from evaluation import ValidationReport
-from export import SampleGrid, export_pipeline
-from interrupts import StopOnSignal, Stopped
-from kernels import attention_backends, use_kernels
-from model import DiffusionModel, build_model, describe_weights
-from results import Results, cpu_name, mfu, package_versions, peak_flops
-from stack import check_stack
-from streaming_fixes import clean_stale_shared_memory
-from tokenizer import TokenizerError
-from training import build_dataloader, build_trainer, log_summary_to_wandb
-from transformer_model import convert_to_float8
-from writer_lock import one_writer_on_rank_zero
+from runs.evaluation import ValidationReport
+from pipelines.export import SampleGrid, export_pipeline
+from runs.interrupts import StopOnSignal, Stopped
+from models.kernels import attention_backends, use_kernels
+from models.stable_diffusion import DiffusionModel, build_model, describe_weights
+from costs.results import Results, cpu_name, mfu, package_versions, peak_flops
+from runs.versions import check_stack
+from datapath.streaming_fixes import clean_stale_shared_memory
+from datapath.tokenizer import TokenizerError
+from runs.training import build_dataloader, build_trainer, log_summary_to_wandb
+from models.diffusion_transformer import convert_to_float8
+from runs.writer_lock import one_writer_on_rank_zero
 
 
 def main(args: argparse.Namespace | RunConfig, callbacks: tuple = (), announced: bool = False) -> Trainer:

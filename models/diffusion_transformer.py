@@ -25,8 +25,16 @@ from diffusers.training_utils import compute_density_for_timestep_sampling, comp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from images import unit_range
-from model_folder import (
+from datapath.images import unit_range
+from models.parts import (
+    FrozenEncodersModel,
+    build_frozen_encoders,
+    build_part,
+    per_sample_mse,
+    standard_normal_like,
+    validation_timesteps,
+)
+from settings.model_folder import (
     CAPTION_LENGTH,
     DDPM_TARGETS,
     LATENT_DOWNSAMPLE,
@@ -35,16 +43,8 @@ from model_folder import (
     TRANSFORMER_TEXT_ENCODERS,
     text_shapes,
 )
-from model_parts import (
-    FrozenEncodersModel,
-    build_frozen_encoders,
-    build_part,
-    per_sample_mse,
-    standard_normal_like,
-    validation_timesteps,
-)
-from presets import VALIDATION_TIMESTEPS
-from recipes import FLUX, FLUX_GUIDANCE, RECIPES, SD3, Recipe, is_flow_matching
+from settings.presets import VALIDATION_TIMESTEPS
+from settings.recipes import FLUX, FLUX_GUIDANCE, RECIPES, SD3, Recipe, is_flow_matching
 
 
 class DiffusionTransformer(FrozenEncodersModel):

@@ -5,10 +5,10 @@ so that --help and a mistyped flag answer before torch, Composer and Diffusers l
 
 import argparse
 
-import arguments
-from model_folder import BUILTIN_MODELS
-from presets import SAMPLERS
-from recipes import FLUX_GUIDANCE, LOSS_WEIGHTINGS, TIMESTEP_DENSITIES
+from settings import arguments
+from settings.model_folder import BUILTIN_MODELS
+from settings.presets import SAMPLERS
+from settings.recipes import FLUX_GUIDANCE, LOSS_WEIGHTINGS, TIMESTEP_DENSITIES
 
 # Inductor's modes (torch.compile's mode=), passed through Composer's compile_config.
 COMPILE_MODES = ('default', 'max-autotune-no-cudagraphs', 'reduce-overhead')

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from composer.core import Callback, State
 
-from checkpoints import CHECKPOINT_FILE, checkpoint_files, set_aside_incomplete
-from config import RunConfig
-from stopping import SIGNALS, Stopped, check_stopped, forget_stops, stop
+from runs.checkpoints import CHECKPOINT_FILE, checkpoint_files, set_aside_incomplete
+from settings.config import RunConfig
+from runs.stopping import SIGNALS, Stopped, check_stopped, forget_stops, stop
 
 
 class StopOnSignal(Callback):

@@ -19,9 +19,9 @@ from composer.profiler import Profiler, cyclic_schedule
 from composer.utils import dist, reproducibility
 from torch.utils.data import DataLoader
 
-from arguments import ConfigError
-from checkpoints import RunDescription, keep_newest_checkpoints, report_failed_writes
-from config import RunConfig
+from settings.arguments import ConfigError
+from runs.checkpoints import RunDescription, keep_newest_checkpoints, report_failed_writes
+from settings.config import RunConfig
 from convert import ensure_sample_dataset
 from data import (
     BadSampleCounter,
@@ -31,16 +31,16 @@ from data import (
     SyntheticLatentsDataset,
     collate,
 )
-from dataset_checks import DataError
+from datapath.dataset_checks import DataError
 from ema import EMA
-from evaluation import build_evaluators, evaluation_callbacks
-from loaders import StoppableDataLoader
-from model import DiffusionModel
-from model_folder import LATENT_DOWNSAMPLE
-from presets import SYNTHETIC_SAMPLES
-from progress import ProgressLines, draws_a_bar
-from stability import lr_scheduler, stability_algorithms
-from tokenizer import TokenizerError
+from runs.evaluation import build_evaluators, evaluation_callbacks
+from datapath.loaders import StoppableDataLoader
+from models.stable_diffusion import DiffusionModel
+from settings.model_folder import LATENT_DOWNSAMPLE
+from settings.presets import SYNTHETIC_SAMPLES
+from runs.progress import ProgressLines, draws_a_bar
+from runs.stability import lr_scheduler, stability_algorithms
+from datapath.tokenizer import TokenizerError
 
 # torch.compile options for --compile, as Composer's compile_config: Inductor, in the mode --compile names.
 COMPILE_CONFIG: dict = {}

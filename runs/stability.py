@@ -10,8 +10,8 @@ from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 from composer.optim import ConstantScheduler, ConstantWithWarmupScheduler
 
-from model_folder import T5_VOCAB_SIZE
-from tokenizer import CaptionTokenizer, empty_caption_ids
+from settings.model_folder import T5_VOCAB_SIZE
+from datapath.tokenizer import CaptionTokenizer, empty_caption_ids
 
 
 class CaptionDropout(Algorithm):

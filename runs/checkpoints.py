@@ -32,8 +32,8 @@ from composer.callbacks import CheckpointSaver
 from composer.core import Callback
 from composer.utils import dist
 
-from arguments import ConfigError
-from config import RunConfig
+from settings.arguments import ConfigError
+from settings.config import RunConfig
 
 # Composer's default names for the file rank 0 writes (all of a DDP or full-state FSDP checkpoint) and its link.
 CHECKPOINT_FILE = re.compile(r'^ep(\d+)-ba(\d+)-rank0\.pt$')

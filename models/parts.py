@@ -1,6 +1,6 @@
-"""What the two model families share (model.py's UNets, transformer_model.py's diffusion transformers): each part of
-a model folder built as a module, the noise draw, the per-sample loss, the validation-loss metric, and the Composer
-model's frozen encoders and evaluation hooks (`FrozenEncodersModel`).
+"""What the two model families share (stable_diffusion.py's UNets, diffusion_transformer.py's diffusion
+transformers): each part of a model folder built as a module, the noise draw, the per-sample loss, the
+validation-loss metric, and the Composer model's frozen encoders and evaluation hooks (`FrozenEncodersModel`).
 
 A part loads its weights where the folder has them and is otherwise randomly initialized from its config, which is
 right for training from scratch and never needs a download. Its class comes from its config: Diffusers' configs name
@@ -20,8 +20,8 @@ from diffusers import AutoencoderKL, UNet2DConditionModel
 from torchmetrics import Metric
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-from model_folder import has_weights, text_encoder_folders
-from presets import VALIDATION_TIMESTEPS
+from settings.model_folder import has_weights, text_encoder_folders
+from settings.presets import VALIDATION_TIMESTEPS
 
 # The class of each part folder of SD's layout, where its config names none.
 MODEL_PARTS = {

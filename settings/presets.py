@@ -51,7 +51,7 @@ SYNTHETIC_SAMPLES = 100_000  # one synthetic "epoch"; runs are normally bounded 
 
 # The sample dataset a run trains on when given no data: generated JPEGs of shapes with captions (convert.py writes
 # it on first use), and its held-out validation split: more images of the same generator, from another seed.
-SAMPLE_DATASET = Path(__file__).resolve().parent / 'data' / 'sample-mds'
+SAMPLE_DATASET = Path(__file__).resolve().parents[1] / 'data' / 'sample-mds'
 SAMPLE_SIZE = 320  # generated images: a few seconds to make, enough for 20 tiny batches per epoch
 SAMPLE_VALIDATION_DATASET = SAMPLE_DATASET.parent / 'sample-mds-validation'
 SAMPLE_VALIDATION_SIZE, SAMPLE_VALIDATION_SEED = 64, 1

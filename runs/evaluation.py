@@ -35,10 +35,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from convert import ensure_sample_dataset
 from data import ImageCaptionSample, PrecomputedLatentsDataset
-from images import BadSample
-from loaders import StoppableDataLoader
-from model_folder import CaptionInputs
-from presets import SAMPLE_VALIDATION_SEED, SAMPLE_VALIDATION_SIZE, VALIDATION_TIMESTEPS
+from datapath.images import BadSample
+from datapath.loaders import StoppableDataLoader
+from settings.model_folder import CaptionInputs
+from settings.presets import SAMPLE_VALIDATION_SEED, SAMPLE_VALIDATION_SIZE, VALIDATION_TIMESTEPS
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,9 @@ from streaming.base.util import merge_index
 from torch.utils.data import Subset
 from tqdm import tqdm
 
-from arguments import ConfigError
 from convert import ensure_sample_dataset
 from data import StreamingLAIONDataset, collate
-from dataset_checks import (
+from datapath.dataset_checks import (
     PRECOMPUTED_COLUMNS,
     SDXL_PRECOMPUTED_COLUMNS,
     TRANSFORMER_PRECOMPUTED_COLUMNS,
@@ -34,18 +33,19 @@ from dataset_checks import (
     is_remote,
     s3_client,
 )
-from images import unit_range
-from loaders import StoppableDataLoader
-from model import describe_weights, encode_captions
-from model_folder import caption_inputs, text_encoder_folders, transformer_family
-from model_parts import build_frozen_encoders
-from outputs import DISK_FULL, WriteFailed, free_space_fix, system_reason
-from recipes import PIXART
-from stack import check_stack
-from stopping import check_stopped
-from streaming_fixes import clean_stale_shared_memory
-from tokenizer import TokenizerError
-from writer_lock import contents, one_writer_on_rank_zero
+from datapath.images import unit_range
+from datapath.loaders import StoppableDataLoader
+from datapath.streaming_fixes import clean_stale_shared_memory
+from datapath.tokenizer import TokenizerError
+from models.parts import build_frozen_encoders
+from models.stable_diffusion import describe_weights, encode_captions
+from runs.outputs import DISK_FULL, WriteFailed, free_space_fix, system_reason
+from runs.stopping import check_stopped
+from runs.versions import check_stack
+from runs.writer_lock import contents, one_writer_on_rank_zero
+from settings.arguments import ConfigError
+from settings.model_folder import caption_inputs, text_encoder_folders, transformer_family
+from settings.recipes import PIXART
 
 SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun never mixes two settings
 

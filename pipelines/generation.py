@@ -15,16 +15,16 @@ from diffusers.utils import is_accelerate_available
 from PIL import Image
 from tqdm import tqdm
 
-from arguments import ConfigError
-from checkpoints import RunDescription
-from evaluation import ValidationSplit
-from export import RUN_DESCRIPTION_FILE, SCHEDULERS, build_pipeline, generate, labeled_grid
-from model import build_model
-from model_folder import caption_pad_ids, is_transformer_folder
-from outputs import staged_folder
-from recipes import is_flow_matching
-from tokenizer import CaptionTokenizer
-from transformer_model import DiffusionTransformer
+from datapath.tokenizer import CaptionTokenizer
+from models.diffusion_transformer import DiffusionTransformer
+from models.stable_diffusion import build_model
+from pipelines.export import RUN_DESCRIPTION_FILE, SCHEDULERS, build_pipeline, generate, labeled_grid
+from runs.checkpoints import RunDescription
+from runs.evaluation import ValidationSplit
+from runs.outputs import staged_folder
+from settings.arguments import ConfigError
+from settings.model_folder import caption_pad_ids, is_transformer_folder
+from settings.recipes import is_flow_matching
 
 # grid.png: the first images in rows of 8, each under its prompt (a grid of thousands would be too big to look at).
 GRID_IMAGES, GRID_COLUMNS = 64, 8

@@ -1,13 +1,13 @@
 """Stable Diffusion's UNets as a Composer model, built from a model folder: the training loss, the validation loss
 (one per-sample MSE for both), and the training FLOPs. `build_model` builds the model of any model folder: a
-UNet's here, a diffusion transformer's in transformer_model.py.
+UNet's here, a diffusion transformer's in diffusion_transformer.py.
 
 `StableDiffusion` trains the UNet on the noise-prediction loss, with the VAE and CLIP text encoder(s) frozen.
 SD 1.5 and SD 2 condition the UNet on one text encoder's last hidden state; SDXL on two encoders' penultimate
 hidden states side by side, plus the second's pooled embedding and the image's size and crop
 ("micro-conditioning"), as Diffusers' SDXL pipeline does.
 Parts whose weights are in the folder (a built-in config in `configs/`, or a folder a user gives) load them, the
-rest are randomly initialized from their configs (model_parts.py).
+rest are randomly initialized from their configs (parts.py).
 """
 
 from pathlib import Path
@@ -18,17 +18,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
-from images import unit_range
-from model_folder import (
-    CAPTION_LENGTH,
-    LATENT_DOWNSAMPLE,
-    MICRO_CONDITIONS,
-    has_micro_conditioning,
-    is_transformer_folder,
-    pooled_text_width,
-    transformer_family,
-)
-from model_parts import (
+from datapath.images import unit_range
+from models.diffusion_transformer import DiffusionTransformer, build_transformer_model
+from models.diffusion_transformer import encode_text as encode_transformer_text
+from models.parts import (
     MODEL_PARTS,
     FrozenEncodersModel,
     build_frozen_encoders,
@@ -38,9 +31,16 @@ from model_parts import (
     standard_normal_like,
     validation_timesteps,
 )
-from recipes import Recipe
-from transformer_model import DiffusionTransformer, build_transformer_model
-from transformer_model import encode_text as encode_transformer_text
+from settings.model_folder import (
+    CAPTION_LENGTH,
+    LATENT_DOWNSAMPLE,
+    MICRO_CONDITIONS,
+    has_micro_conditioning,
+    is_transformer_folder,
+    pooled_text_width,
+    transformer_family,
+)
+from settings.recipes import Recipe
 
 __all__ = [
     'StableDiffusion',
@@ -294,7 +294,7 @@ def build_encoders(
 
 def encode_captions(model_dir: Path, text_encoders: list[torch.nn.Module], batch: dict) -> dict[str, torch.Tensor]:
     """What a model folder's denoiser is conditioned on, from caption token ids (precompute.py's text columns):
-    encode_text here for the UNets, transformer_model.encode_text for a transformer."""
+    encode_text here for the UNets, diffusion_transformer.encode_text for a transformer."""
     family = transformer_family(model_dir)
     if family is not None:
         return encode_transformer_text(family, text_encoders, batch)
@@ -317,7 +317,7 @@ def build_model(
     `weights_loaded` (the parts whose weights the folder held) set. precomputed: the UNet alone (the batches
     carry the encoders' outputs); encoders_bf16: the frozen VAE and text encoder weights in bf16; init_device:
     where the parts without weights are randomly initialized (see build_part). A folder with a transformer/
-    instead of a unet/ gets transformer_model.py's model, trained by `recipe` (default: its family's);
+    instead of a unet/ gets diffusion_transformer.py's model, trained by `recipe` (default: its family's);
     prediction_type and attention are UNet options."""
     model_dir = Path(model_dir)
     if is_transformer_folder(model_dir):

@@ -8,7 +8,7 @@ import contextlib
 
 import torch
 
-from fused_groupnorm import use_fused_groupnorm_silu
+from models.fused_groupnorm import use_fused_groupnorm_silu
 
 
 def use_kernels(config, model) -> list[str]:

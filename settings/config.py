@@ -3,8 +3,8 @@ into one.
 
 Every flag is checked here, before anything is built, and every value derived from the flags, the device, the model
 folder and the dataset is settled here once (device batch, microbatch, number of batches, the image size of
-precomputed data, what the batches carry, ...), so that the builders (model.py, training.py, evaluation.py) only
-read the configuration. It settles from facts (presets.py, recipes.py, model_folder.py, durations.py) and imports
+precomputed data, what the batches carry, ...), so that the builders (models/, runs/training.py, runs/evaluation.py)
+only read the configuration. It settles from facts (presets.py, recipes.py, model_folder.py, durations.py) and imports
 no torch, Composer, Streaming or Diffusers: each flag's own value is checked first, and only then is the machine
 asked about its GPU (hardware.py, which loads torch) and the dataset read.
 """
@@ -22,13 +22,15 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-import hardware
-from arguments import ConfigError
-from dataset_checks import DataError, DatasetDescription, describe_dataset, first_captions, is_remote
-from durations import Duration, parse_duration, parse_half_life
-from memory_plan import Plan, plan, plans_for
-from memory_plan import Run as PlannedRun
-from model_folder import (
+from datapath.dataset_checks import DataError, DatasetDescription, describe_dataset, first_captions, is_remote
+from datapath.tokenizer import check_tokenizer
+from runs.writer_lock import contents
+from settings import hardware
+from settings.arguments import ConfigError
+from settings.durations import Duration, parse_duration, parse_half_life
+from settings.memory_plan import Plan, plan, plans_for
+from settings.memory_plan import Run as PlannedRun
+from settings.model_folder import (
     LATENT_DOWNSAMPLE,
     T5_CAPTION_LENGTH,
     CaptionInputs,
@@ -42,7 +44,7 @@ from model_folder import (
     t5_tokenizer_needed,
     text_shapes,
 )
-from presets import (
+from settings.presets import (
     PRESETS,
     SAMPLE_DATASET,
     SAMPLE_PROMPTS,
@@ -52,9 +54,7 @@ from presets import (
     SD2_BASE,
     SYNTHETIC_SAMPLES,
 )
-from recipes import FLUX_GUIDANCE, RECIPES, Recipe, is_flow_matching
-from tokenizer import check_tokenizer
-from writer_lock import contents
+from settings.recipes import FLUX_GUIDANCE, RECIPES, Recipe, is_flow_matching
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ class RunConfig:
     grad_clip_norm: float | None
     lr_warmup: str | None
     caption_dropout: float
-    # flow matching (transformer_model.py): None for the UNets and PixArt
+    # flow matching (diffusion_transformer.py): None for the UNets and PixArt
     timestep_density: str | None
     logit_mean: float | None
     logit_std: float | None
@@ -379,7 +379,7 @@ FLOW_FLAGS = ('timestep_density', 'logit_mean', 'logit_std', 'mode_scale', 'loss
 
 
 def settle_recipe(draft: argparse.Namespace) -> None:
-    """A diffusion transformer's training recipe (transformer_model.RECIPES) with the flags given applied, and the
+    """A diffusion transformer's training recipe (diffusion_transformer.RECIPES) with the flags given applied, and the
     defaults it gives --grad_clip_norm and --caption_dropout; the UNet-only flags refused for it, the flow matching
     flags for the models that do not learn a flow, and a folder whose configs ask for what the step would not do
     (model_folder.check_training_fields)."""

@@ -29,8 +29,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 if TYPE_CHECKING:
     import torch
 
-from arguments import ConfigError
-from model_folder import (
+from settings.arguments import ConfigError
+from settings.model_folder import (
     CAPTION_LENGTH,
     CLIP_END_ID,
     CLIP_PAD_ID,
@@ -46,7 +46,7 @@ from model_folder import (
 CLIP_START, CLIP_END = '<|startoftext|>', '<|endoftext|>'
 # CLIP's SimpleTokenizer splits cleaned text into words with this pattern (its special tokens aside).
 CLIP_WORDS = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
-TOKENIZER_CACHE = Path(__file__).resolve().parent / 'data' / 'clip-tokenizer-v2'  # bump when the build changes
+TOKENIZER_CACHE = Path(__file__).resolve().parents[1] / 'data' / 'clip-tokenizer-v2'  # bump when the build changes
 # CLIP's own ids (clip-anytorch's SimpleTokenizer) for captions with merges, punctuation and a combining mark.
 # The built-in tokenizer is checked against them when it loads: a cached file from another build (v1 came from
 # Transformers, whose 5.x releases ignore the vocabulary files and normalize to NFC) must not train on wrong ids.

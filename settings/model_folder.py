@@ -13,10 +13,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from arguments import ConfigError
-from recipes import FLUX, PIXART, SD3
+from settings.arguments import ConfigError
+from settings.recipes import FLUX, PIXART, SD3
 
-CONFIGS_DIR = Path(__file__).resolve().parent / 'configs'
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / 'configs'
 BUILTIN_MODELS = sorted(path.name for path in CONFIGS_DIR.iterdir() if path.is_dir())
 # Files a model folder must hold: the layout of Diffusers' pipelines (stabilityai/stable-diffusion-2-base), and
 # the second text encoder's that SDXL's adds (stabilityai/stable-diffusion-xl-base-1.0).
@@ -50,8 +50,8 @@ LATENT_DOWNSAMPLE = 8  # SD's VAE: image pixels per latent pixel along each side
 # The values SDXL's UNet embeds beside the pooled text ('time_ids'): original height and width, crop top and
 # left, target height and width.
 MICRO_CONDITIONS = 6
-# The noise schedule each training step builds from a folder's scheduler config (transformer_model.py, model.py):
-# Flux's and SD3's flow from FlowMatchEulerDiscreteScheduler's fields (num_train_timesteps, shift,
+# The noise schedule each training step builds from a folder's scheduler config (models/): Flux's
+# and SD3's flow from FlowMatchEulerDiscreteScheduler's fields (num_train_timesteps, shift,
 # use_dynamic_shifting); the DDPM models' (the UNets, PixArt) from DDPMScheduler's (num_train_timesteps, the betas,
 # rescale_betas_zero_snr), with the target its prediction_type names.
 FLOW_SCHEDULER = 'FlowMatchEulerDiscreteScheduler'

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from diffusers.models.resnet import ResnetBlock2D
 from torch import nn
 
-from groupnorm_silu_kernels import empty_output_like, triton_available, triton_backward, triton_forward
+from models.groupnorm_silu_kernels import empty_output_like, triton_available, triton_backward, triton_forward
 
 # ------------------------------------------------------------------------------------- the PyTorch path
 

@@ -1,6 +1,6 @@
 """The diffusion transformers' families and how each trains by default: the timestep density, loss weighting, output
 preconditioning, AdamW and stability options of its published recipe. Facts only (no torch), read by config.py to
-settle a run's flags and by transformer_model.py to train."""
+settle a run's flags and by diffusion_transformer.py to train."""
 
 from dataclasses import dataclass
 

@@ -29,15 +29,21 @@ from PIL import Image, ImageDraw, ImageFont
 from tokenizers import Regex, normalizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from checkpoints import RunDescription
+from datapath.tokenizer import CLIP_END, CLIP_START, CaptionTokenizer, build_clip_tokenizer, clean_caption
 from ema import EMA, full_unet
-from model import DiffusionModel, StableDiffusion
-from model_folder import CAPTION_LENGTH, CLIP_PAD_ID, T5_CAPTION_LENGTH, TRANSFORMER_PIPELINE_NAMES, caption_pad_ids
-from outputs import staged_file, staged_folder
-from presets import SAMPLE_SEEDS, SAMPLERS
-from recipes import FLUX, FLUX_GUIDANCE, PIXART, SD3, is_flow_matching
-from tokenizer import CLIP_END, CLIP_START, CaptionTokenizer, build_clip_tokenizer, clean_caption
-from transformer_model import DiffusionTransformer
+from models.diffusion_transformer import DiffusionTransformer
+from models.stable_diffusion import DiffusionModel, StableDiffusion
+from runs.checkpoints import RunDescription
+from runs.outputs import staged_file, staged_folder
+from settings.model_folder import (
+    CAPTION_LENGTH,
+    CLIP_PAD_ID,
+    T5_CAPTION_LENGTH,
+    TRANSFORMER_PIPELINE_NAMES,
+    caption_pad_ids,
+)
+from settings.presets import SAMPLE_SEEDS, SAMPLERS
+from settings.recipes import FLUX, FLUX_GUIDANCE, PIXART, SD3, is_flow_matching
 
 # Samplers by flag name, built from the training noise schedule (betas, prediction type).
 SCHEDULERS = {name: getattr(diffusers, scheduler) for name, scheduler in SAMPLERS.items()}
