@@ -580,7 +580,7 @@ def mark_planned(rows: dict, campaign: Campaign) -> None:
     if not campaign.on_gpu:
         return
     probe = (
-        'import config, flags; print(config.resolve_config(flags.parse_args(["--use_synth_data", '
+        'from settings import config, flags; print(config.resolve_config(flags.parse_args(["--use_synth_data", '
         '"--precomputed_latents"])).device_train_microbatch_size)'
     )
     planned = subprocess.run([*PYTHON, '-c', probe], cwd=REPO, capture_output=True, text=True).stdout.strip()

@@ -123,20 +123,20 @@ def main() -> None:
         medians = {key: statistics.median(values) for key, values in timings.items()}
         rows.append((short, sum(map(len, images)) / len(images) / 1024, medians))
 
-    cpu = (
-        next(
-            (
-                line.split(':', 1)[1].strip()
-                for line in Path('/proc/cpuinfo').read_text().splitlines()
-                if line.startswith('model name')
-            ),
-            platform.processor(),
-        )
-        if Path('/proc/cpuinfo').exists()
-        else platform.processor()
-    )
+    print_table(rows, args)
+
+
+def cpu_name() -> str:
+    if Path('/proc/cpuinfo').exists():
+        for line in Path('/proc/cpuinfo').read_text().splitlines():
+            if line.startswith('model name'):
+                return line.split(':', 1)[1].strip()
+    return platform.processor()
+
+
+def print_table(rows: list, args: argparse.Namespace) -> None:
     print(
-        f'{datetime.date.today()}, {cpu}, {os.cpu_count()} cores; {args.images} images per size, '
+        f'{datetime.date.today()}, {cpu_name()}, {os.cpu_count()} cores; {args.images} images per size, '
         f'median of {args.rounds} rounds, {args.size}px output, one core each'
     )
     print(

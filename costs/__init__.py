@@ -1,2 +1,3 @@
-"""What training costs: the results file a run writes, and the step model report.py predicts other GPU counts with.
-Standard library and numpy only: a report reads results files without torch."""
+"""What training costs: the results file a run writes, and report.py's parts: its inputs, the fit, the step model
+it predicts other GPU counts with, its tables, text and figure. Standard library and numpy only (matplotlib inside
+the figure's functions): a report reads results files without torch."""

@@ -33,13 +33,12 @@ t_image comes from the measured run by solving the same equation at its GPU coun
 fixed work there are not counted as compute. Every assumption is a field of Assumptions, with its source; the
 range of a prediction combines how far each uncertain one moves it over its band (prediction_range).
 
-prediction_models calibrates the model on the runs report.py reads (one per phase of the budget; a phase with
-none scales another's compute by the FLOPs per image), and describe_prediction writes each step's breakdown.
+Numbers only: costs/calibration.py calibrates the model on the runs report.py reads (one per phase of the budget),
+and costs/prediction_text.py writes each step's breakdown.
 """
 
 import math
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 
 class ScalingError(ValueError):
@@ -336,7 +335,9 @@ class ScalingModel:
     workload: Workload
     assumptions: Assumptions
     image_seconds: float  # compute time of one image on one GPU, forward and backward
-    origin: str = 'solved from the measured run'
+    # (image size, FLOP ratio) where the model is another size's run's scaled by the FLOPs per image; None: solved
+    # from the measured run
+    scaled_from: tuple[int, float] | None = None
     measured_batch: int | None = None  # the global batch of the run it was calibrated on; None: another phase's
 
     def step(self, gpus: int) -> Step:
@@ -351,9 +352,10 @@ class ScalingModel:
     def img_per_sec(self, gpus: int) -> float:
         return self.step(gpus).img_per_sec
 
-    def scaled(self, factor: float, workload: Workload, origin: str) -> 'ScalingModel':
-        """The same cluster at another image size: compute per image times `factor` (the FLOP ratio)."""
-        return ScalingModel(workload, self.assumptions, self.image_seconds * factor, origin)
+    def scaled(self, factor: float, workload: Workload, size: int) -> 'ScalingModel':
+        """The same cluster at another image size: compute per image times `factor` (the FLOP ratio of that size to
+        `size`, the measured one)."""
+        return ScalingModel(workload, self.assumptions, self.image_seconds * factor, (size, factor))
 
 
 @dataclass(frozen=True)
@@ -431,209 +433,6 @@ def dominant_input(corners: dict[str, list[ScalingModel]], gpus: int) -> str:
     return max(spread, key=spread.get)
 
 
-# ------------------------------------------------------------------------------ predicting from measured runs
-
-# Training FLOPs per image (3 x UNet forward + VAE encoder forward + text encoder forward), counted
-# analytically for SD2-base (UNet forward 0.80 TFLOP at 512px, VAE encoder 1.12, text encoder 0.045):
-# used when a results file has none, here for the UNet's share and in report.py for MFU.
-FLOPS_PER_IMAGE = {512: 3.58e12, 256: 0.54e12 + 0.27e12 + 0.045e12}
-# The UNet's share of them (forward and backward), and the parameters it trains: what a prediction assumes of a
-# throughput given by hand.
-TRAINED_FLOPS_PER_IMAGE = {512: 2.41e12, 256: 0.54e12}
-SD2_UNET_PARAMETERS = 865_910_724
-
-
-class PredictionError(ScalingError):
-    """A measured run the prediction cannot start from. Unlike the step model's errors its message is complete:
-    it names the results file or report.py's flag, so the report shows it as it is."""
-
-
-class MeasuredRun(Protocol):
-    """One measured throughput as report.py reads it (its Point): from a results file, or given by hand."""
-
-    gpus: int
-    img_per_sec: float
-    image_size: int
-    source: str  # the results file, or the flag and value given by hand
-    model: str | None
-    precomputed: bool | None  # trained from precomputed latents (the UNet alone); None: not known
-    run: dict | None  # the results file's configuration (batch, microbatch, fsdp, ...); None: by hand
-    trained_parameters: int | None
-    flops_per_image: float | None
-    trained_flops_per_image: float | None
-
-
-@dataclass(frozen=True)
-class PredictionSettings:
-    """The batch of the predicted runs, and what a throughput given by hand is taken to be (a results file
-    carries its own microbatch and parameter count)."""
-
-    global_batch: int
-    microbatch: int  # of a throughput given by hand
-    trained_parameters: int | None = None  # of a throughput given by hand; None: SD2's UNet
-    gradient_value_bytes: int = 4  # of a throughput given by hand: fp32 gradients reduced, as Composer's AMP does
-    images_per_gpu: int | None = None  # weak scaling: the predicted runs' images per GPU per step, not global_batch
-    # The global batch of a throughput given by hand where it differs from the predicted runs' (MLPerf's 8-GPU
-    # runs train 256 images a step, its 64-GPU runs 1,024); None: global_batch, or images_per_gpu per GPU.
-    measured_batch: int | None = None
-    # Per-GPU throughput at several microbatches, ((microbatch, img/s per GPU), ...), of the measured runs' GPU,
-    # model and image size: how one image's compute time changes with the microbatch. Empty: it does not.
-    microbatch_curve: tuple[tuple[int, float], ...] = ()
-
-
-def prediction_models(
-    points: list[MeasuredRun],
-    phases: list[int | None],
-    counts: list[int],
-    assumptions: Assumptions,
-    settings: PredictionSettings,
-    label: str,
-) -> tuple[dict, dict, list[str]]:
-    """{phase: ScalingModel} calibrated on the one measured run of each phase, and {phase: [band corners]}.
-    A phase with no run of its own (the 256px phase of the published schedule, when only 512px was measured)
-    scales the other phase's compute time by the FLOP ratio: the same MFU at both sizes."""
-    models, bands, notes = {}, {}, []
-    for phase in phases:
-        runs = [p for p in points if phase is None or p.image_size == phase]
-        if len(runs) > 1:
-            raise PredictionError(
-                f'--predict starts from one measured run per phase; got {len(runs)} at '
-                f'{phase or runs[0].image_size}px ({", ".join(p.source for p in runs)}): pass one, or leave '
-                'out --predict to fit them'
-            )
-        if runs:
-            workload, batch, microbatch = prediction_workload(runs[0], settings)
-            start = Measurement(runs[0].gpus, runs[0].img_per_sec, batch, microbatch)
-            models[phase] = calibrate(workload, assumptions, start)
-            bands[phase] = band(workload, assumptions, start)
-    for phase in phases:
-        if phase in models:
-            continue
-        source = next(iter(models.values()), None)
-        size = next(p.image_size for p in points)
-        if source is None or size not in FLOPS_PER_IMAGE or phase not in FLOPS_PER_IMAGE:
-            raise PredictionError(f'--samples: no throughput measured at {phase}px for {label}')
-        precomputed = bool(points[0].precomputed)
-        ratio = scaled_flops(phase, precomputed) / scaled_flops(size, precomputed)
-        workload = replace(source.workload, **shares(phase, precomputed))
-        origin = f"the {size}px run's, scaled by the FLOPs per image ({ratio:.3f}x)"
-        models[phase] = source.scaled(ratio, workload, origin)
-        bands[phase] = {
-            name: [corner.scaled(ratio, workload, origin) for corner in corners]
-            for name, corners in bands[next(iter(bands))].items()
-        }
-        notes.append(
-            f"{label}: no run at {phase}px: its compute is the {size}px run's scaled by the FLOPs per image "
-            f'({ratio:.3f}x), which assumes the same MFU at both sizes (smaller images usually reach less)'
-        )
-    for model in models.values():
-        for gpus in counts:
-            model.step(gpus)  # each count must divide the batch: say so before printing anything
-    notes += small_microbatch_notes(models, bands, counts, label)
-    return models, bands, notes
-
-
-def small_microbatch_notes(models: dict, bands: dict, counts: list[int], label: str) -> list[str]:
-    """Where a predicted step leaves each GPU fewer images than the measured microbatch and no curve measures it:
-    one image's compute is taken as measured centrally, though a GPU given smaller microbatches usually computes
-    each image more slowly; the note says how far that alone lowers the range."""
-    notes = []
-    for phase, model in models.items():
-        workload = model.workload
-        if workload.microbatch_curve:  # measured: the steps' compute follows the curve
-            continue
-        small = [gpus for gpus in counts if workload.below_microbatch(gpus)]
-        if small:
-            largest = small[-1]
-            low = min(corner.img_per_sec(largest) for corner in bands[phase][SMALLER_MICROBATCHES])
-            notes.append(
-                f'{label}: at {", ".join(f"{gpus:,}" for gpus in small)} GPUs each GPU gets fewer than the measured '
-                f"microbatch of {workload.microbatch} images per step, and one image's compute is taken as measured "
-                'at that microbatch: smaller microbatches usually compute each image more slowly (fewer images '
-                'to fill the GPU), so read these rows as upper bounds. Not knowing how much slower widens the '
-                f'range: at {largest:,} GPUs its low end alone is {low:,.1f} img/s '
-                f'({low / model.img_per_sec(largest) - 1:+.0%}), a smaller microbatch taking as long as a measured '
-                'one; --microbatch_curve with runs at smaller microbatches measures it'
-            )
-            break
-    return notes
-
-
-def scaled_flops(image_size: int, precomputed: bool) -> float:
-    return (TRAINED_FLOPS_PER_IMAGE if precomputed else FLOPS_PER_IMAGE)[image_size]
-
-
-def shares(image_size: int, precomputed: bool) -> dict:
-    """The UNet's share of an image's compute (its backward: two thirds of it), from the analytic SD2 FLOPs."""
-    trained = 1.0 if precomputed else TRAINED_FLOPS_PER_IMAGE[image_size] / FLOPS_PER_IMAGE[image_size]
-    return {'trained_share': trained, 'backward_share': 2 / 3 * trained}
-
-
-def prediction_workload(point: MeasuredRun, settings: PredictionSettings) -> tuple[Workload, int, int]:
-    """(Workload, measured batch, measured microbatch) of one measured run: a results file's own configuration,
-    or for a value given by hand the published run's (batch settings.global_batch, microbatch settings.microbatch,
-    SD2 UNet, DDP, AdamW and EMA)."""
-    run = point.run
-    if run is None:
-        trained = settings.trained_parameters or SD2_UNET_PARAMETERS
-        batch, microbatch = settings.global_batch, settings.microbatch
-        if settings.measured_batch is not None:
-            batch = settings.measured_batch
-        elif settings.images_per_gpu is not None:  # weak scaling: the measured run had as many images per GPU
-            batch = settings.images_per_gpu * point.gpus
-        fsdp, precision, fused, ema = 'none', 'amp_fp16', False, True
-        gradient_value_bytes = settings.gradient_value_bytes
-    else:
-        trained = point.trained_parameters or (SD2_UNET_PARAMETERS if point.model == 'sd2-base' else None)
-        if trained is None:
-            raise PredictionError(f"{point.source}: no 'trained_parameters' (written by newer benchmark.py runs)")
-        batch, microbatch = run.get('batch_size'), run.get('device_train_microbatch_size')
-        if not isinstance(batch, int) or not isinstance(microbatch, int):
-            raise PredictionError(
-                f"{point.source}: --predict needs the run's batch and a fixed microbatch (got batch {batch!r}, "
-                f'microbatch {microbatch!r}); measure with --device_train_microbatch_size N'
-            )
-        fsdp, precision = run.get('fsdp', 'none'), run.get('precision', 'amp_bf16')
-        fused, ema = bool(run.get('fused_adamw')), bool(run.get('use_ema'))
-        gradient_value_bytes = 4  # benchmark.py's runs reduce fp32 gradients, under DDP and FSDP alike
-    if point.flops_per_image and point.trained_flops_per_image:
-        trained_share = point.trained_flops_per_image / point.flops_per_image
-        split = {'trained_share': trained_share, 'backward_share': 2 / 3 * trained_share}
-    elif point.image_size in FLOPS_PER_IMAGE:
-        split = shares(point.image_size, bool(point.precomputed))
-    else:
-        raise PredictionError(f"{point.source}: --predict needs the UNet's FLOPs at {point.image_size}px")
-    workload = Workload(
-        global_batch=settings.global_batch,
-        images_per_gpu=settings.images_per_gpu,
-        microbatch_curve=relative_image_times(settings.microbatch_curve, microbatch, point.source),
-        microbatch=microbatch,
-        trained_parameters=trained,
-        fsdp=fsdp,
-        param_bytes=4 if precision == 'fp32' else 2,
-        gradient_value_bytes=gradient_value_bytes,
-        fixed_bytes_per_parameter=ADAMW_BYTES['fused' if fused else 'foreach'] + (EMA_BYTES if ema else 0),
-        **split,
-    )
-    return workload, batch, microbatch
-
-
-def relative_image_times(curve: tuple[tuple[int, float], ...], microbatch: int, source: str) -> tuple:
-    """Per-GPU throughputs at several microbatches -> ((microbatch, one image's time relative to the measured
-    run's microbatch), ...). The measured microbatch must lie within the curve."""
-    if not curve:
-        return ()
-    times = tuple((m, 1 / rate) for m, rate in curve)  # seconds per image on one GPU
-    microbatches = sorted(m for m, _ in curve)
-    if not microbatches[0] <= microbatch <= microbatches[-1]:
-        raise PredictionError(
-            f'--microbatch_curve: covers microbatches {microbatches[0]}-{microbatches[-1]}, not the '
-            f'microbatch {microbatch} of {source}: add a run at it'
-        )
-    reference = log2_interpolate(times, microbatch)
-    return tuple((m, seconds / reference) for m, seconds in sorted(times))
-
-
 def scaling_efficiency(img_per_sec: float, gpus: int, base_img_per_sec: float, base_gpus: int) -> float:
     """Throughput per GPU relative to the base run's: 1 where more GPUs lose nothing. report.py's table and the step
     model's breakdown both compute it here, from the same base, so the two cannot disagree."""
@@ -659,115 +458,3 @@ def prediction_range(models: dict, bands: dict, budget: dict, gpus: int) -> tupl
         down[group] = down.get(group, 0.0) + max(0.0, math.log(central / min(ends)))
         up[group] = up.get(group, 0.0) + max(0.0, math.log(max(ends) / central))
     return central * math.exp(-math.hypot(*down.values())), central * math.exp(math.hypot(*up.values()))
-
-
-def describe_prediction(
-    label: str,
-    models: dict,
-    bands: dict,
-    budget: dict,
-    counts: list[int],
-    references: list[tuple[int, float]],
-    base: tuple[int, dict],
-) -> str:
-    """The model's inputs, each predicted step's breakdown at `counts`, its range, and its error against
-    `references` ([(GPUs, img/s)]). Scaling efficiency is against `base`, (GPUs, {phase: img/s}): the base row of
-    report.py's table, so that both give one figure for a row."""
-    base_gpus, base_img_per_sec = base
-    lines = []
-    for phase, model in models.items():
-        w, a = model.workload, model.assumptions
-        c = a.cluster
-        fixed = fixed_seconds(w, a, 1)
-        lines += [
-            f'### {label}' + (f' {phase}px' if phase else '') + ': step model',
-            '',
-            f'- one image forward and backward on one GPU: {1000 * model.image_seconds:.2f} ms ({model.origin}); '
-            + (
-                f'global batch {w.global_batch}'
-                if w.images_per_gpu is None
-                else f'{w.images_per_gpu} images per GPU per step (the global batch grows with the GPUs)'
-            )
-            + f', microbatch {w.microbatch}',
-            f'- cluster: {c.description}: {c.gpus_per_node} GPUs per node, NVLink {c.nvlink_gb_s:g} GB/s and network '
-            f'{c.network_gb_s:g} GB/s per GPU, at {a.link_efficiency:.0%} of the link rate'
-            + (f'; NVLS inside a node ({c.nvls_gb_s:g} GB/s bus bandwidth)' if c.nvls_gb_s else '')
-            + (
-                "; rail-aligned rings (the network carries one GPU's share per node)"
-                if (c.rail_aligned if a.rail_aligned is None else a.rail_aligned)
-                else "; every GPU's share over its own network link"
-            ),
-            '- communication: '
-            + (
-                f'{w.gradient_bytes / 1e9:.2f} GB of {GRADIENT_DTYPES[w.gradient_value_bytes]} gradients '
-                f'({w.trained_parameters:,} parameters) '
-                'all-reduced per step, '
-                + ("overlapped with the last microbatch's backward" if a.overlap else 'not overlapped')
-                if w.fsdp == 'none'
-                else f'FSDP {w.fsdp}: per microbatch, {2 if w.fsdp == "full_shard" else 1} gather(s) of '
-                f'{w.param_bytes * w.trained_parameters / 1e9:.2f} GB of parameters and a reduce-scatter of '
-                f'{w.gradient_bytes / 1e9:.2f} GB of {GRADIENT_DTYPES[w.gradient_value_bytes]} gradients '
-                f'({w.trained_parameters:,} parameters)'
-            ),
-            f'- fixed work per step (optimizer step and EMA): {1000 * fixed:.1f} ms'
-            + (
-                ''
-                if a.fixed_seconds is not None
-                else f' ({w.fixed_bytes_per_parameter} bytes per parameter at {c.memory_gb_s:,.0f} GB/s)'
-            )
-            + (', divided among the GPUs under FSDP' if w.fsdp != 'none' else ''),
-            f'- losses growing with the node count: {a.node_loss:.1%} of the step per doubling of the nodes '
-            + (
-                "(fitted to NeMo's published DGX A100 and H100 weak scaling; --scale_loss sets it)"
-                if a.scale_loss is None
-                else '(--scale_loss)'
-            ),
-            '',
-            '| GPUs | nodes | img/GPU/step | microbatches | compute s | communication s | exposed s | fixed s '
-            f'| node losses s | step s | img/s | scaling eff. (vs {base_gpus:,}) | range img/s |',
-            '|' + '---|' * 13,
-        ]
-        for gpus in counts:
-            st = model.step(gpus)
-            low, high = prediction_range({phase: model}, {phase: bands[phase]}, {phase: 1}, gpus)
-            efficiency = scaling_efficiency(st.img_per_sec, gpus, base_img_per_sec[phase], base_gpus)
-            lines.append(
-                f'| {gpus:,} | {st.nodes} | {st.images_per_gpu:g} | {st.microbatches} | {st.compute:.3f} '
-                f'| {st.communication:.3f} | {st.exposed:.3f} | {st.fixed:.3f} | {st.node_losses:.3f} '
-                f'| {st.seconds:.3f} | {st.img_per_sec:,.1f} | {efficiency:.1%} | {low:,.1f}-{high:,.1f} |'
-            )
-        lines.append('')
-    first_phase = next(iter(models))
-    workload = models[first_phase].workload
-    inputs = uncertain_inputs(models[first_phase].assumptions, workload)
-    if not any(workload.below_microbatch(gpus) for gpus in counts):
-        inputs.pop(SMALLER_MICROBATCHES, None)  # no predicted step goes below the measured microbatch
-    described = {
-        'link efficiency': '{:.0%}-{:.0%}'.format(*LINK_EFFICIENCY_BAND),
-        'fixed work': 'x{:g}-x{:g}'.format(*FIXED_WORK_BAND),
-        'losses growing with the node count': '0-{:.1%} of the step per doubling of the nodes'.format(
-            SCALE_LOSS_BAND[1]
-        ),
-        'network layout': "every GPU's share over its own link or rail-aligned rings (the cluster's is not known)",
-        SMALLER_MICROBATCHES: "as fast as measured to a whole measured microbatch's time (no --microbatch_curve)",
-    }
-    largest = counts[-1]
-    lines.append(
-        'Range: how far each input not known for this cluster moves the prediction over its band, the moves '
-        'combined in quadrature (the network layout and the losses growing with the node count added first, as '
-        'one cluster sits at the same end of both): '
-        + '; '.join(f'{name} {described[name]}' for name in inputs)
-        + f'. At {largest:,} GPUs {dominant_input(bands[first_phase], largest)} moves it most.\n'
-    )
-    if references:
-        lines.append('Against the reference throughputs:\n')
-    for gpus, reference in references:
-        predicted = overall_img_per_sec(models, budget, gpus)
-        low, high = prediction_range(models, bands, budget, gpus)
-        inside = low <= reference <= high
-        lines.append(
-            f'- {gpus:,} GPUs: predicted {predicted:,.1f} img/s, reference {reference:,.1f}: '
-            f'error {predicted / reference - 1:+.1%}; range {low:,.1f}-{high:,.1f} '
-            + ('(inside)' if inside else '(OUTSIDE)')
-        )
-    return '\n'.join(lines) + '\n'

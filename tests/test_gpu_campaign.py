@@ -60,7 +60,7 @@ def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
         'GPU_SLICE_MINUTES': '1.2',
     }
     unreachable = subprocess.run(
-        ['python3', '-c', 'import results'], cwd=tmp_path, env=env, capture_output=True, timeout=600
+        ['python3', '-c', 'import costs.results'], cwd=tmp_path, env=env, capture_output=True, timeout=600
     )
     assert unreachable.returncode != 0, 'the repo is importable without the slice putting it on the path'
 

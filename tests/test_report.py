@@ -9,7 +9,9 @@ import pytest
 from conftest import REPO
 
 import report
-from costs import step_model
+from costs import calibration, figure, measurements
+from costs.fit import fit_scaling
+from costs.results import gpu_key
 
 # The published table (blog post and benchmark README): A100-40GB, 8 to 128 measured, 256 extrapolated.
 # (GPUs, img/s, days, A100-hours, cost)
@@ -44,7 +46,7 @@ def run_report(tmp_path, argv):
 
 def rows_by_kind(tables, kind):
     ((_, rows, _, _),) = tables
-    return {r['gpus']: r for r in rows if r['kind'] == kind}
+    return {r.gpus: r for r in rows if r.kind == kind}
 
 
 def published_rows(tmp_path, extra=()):
@@ -63,26 +65,26 @@ def test_published_days(tmp_path):
         # (e.g. 254.0 img/s gives 130.65 days, published 130.63 = 254.04 img/s), so allow the
         # throughput's rounding plus half a unit of the printed days.
         half_unit = 0.05 if days == 20.5 else 0.005
-        tolerance = rows[gpus]['days'] * 0.05 / img_per_sec + half_unit
-        assert abs(rows[gpus]['days'] - days) <= tolerance, (gpus, rows[gpus]['days'], days)
+        tolerance = rows[gpus].days * 0.05 / img_per_sec + half_unit
+        assert abs(rows[gpus].days - days) <= tolerance, (gpus, rows[gpus].days, days)
     # 256: 2589.4 img/s gives 12.82 days; the published 12.83 disagrees with its own A100-hours
     # column (78,735 h / 256 GPUs / 24 = 12.81 days), so it cannot be reproduced exactly.
-    assert round(rows[256]['days'], 2) == 12.82
-    assert abs(rows[256]['days'] - 78_735 / 256 / 24) < 0.01
+    assert round(rows[256].days, 2) == 12.82
+    assert abs(rows[256].days - 78_735 / 256 / 24) < 0.01
 
 
 def test_published_gpu_hours(tmp_path):
     rows = published_rows(tmp_path)
     for gpus, _, _, hours, _ in PUBLISHED:
         # With the exact 2,867,200,000 samples every row is 0.006-0.008% (3-5 h) above the published.
-        assert 0 < rows[gpus]['gpu_hours'] / hours - 1 < 1e-4, (gpus, rows[gpus]['gpu_hours'], hours)
+        assert 0 < rows[gpus].gpu_hours / hours - 1 < 1e-4, (gpus, rows[gpus].gpu_hours, hours)
 
     # The published column used 2.867e9 samples ("2.867 billion"): then the rows from 16 GPUs up
     # match to the hour, and 8 GPUs is within the rounding of its 128.2 img/s.
     rows = published_rows(tmp_path, ['--samples', '2867000000'])
     for gpus, _, _, hours, _ in PUBLISHED[1:]:
-        assert round(rows[gpus]['gpu_hours']) == hours, (gpus, rows[gpus]['gpu_hours'], hours)
-    assert abs(rows[8]['gpu_hours'] - 49_696) < 1
+        assert round(rows[gpus].gpu_hours) == hours, (gpus, rows[gpus].gpu_hours, hours)
+    assert abs(rows[8].gpu_hours - 49_696) < 1
 
 
 def test_published_cost(tmp_path):
@@ -92,25 +94,25 @@ def test_published_cost(tmp_path):
     # $125,982 -> $125,000) and the nearest $10k for 256 ($157,480 -> "less than $160k").
     rounding = {8: 1_000, 16: 1_000, 32: 1_000, 64: 5_000, 128: 5_000, 256: 10_000}
     for gpus, _, _, _, cost in PUBLISHED:
-        assert round(rows[gpus]['cost'] / rounding[gpus]) * rounding[gpus] == cost, (gpus, rows[gpus]['cost'])
-        assert rows[gpus]['cost'] == pytest.approx(2.0 * rows[gpus]['gpu_hours'])
+        assert round(rows[gpus].cost / rounding[gpus]) * rounding[gpus] == cost, (gpus, rows[gpus].cost)
+        assert rows[gpus].cost == pytest.approx(2.0 * rows[gpus].gpu_hours)
 
 
 def test_published_prediction_and_limit(tmp_path, capsys):
     tables = run_report(tmp_path, PUBLISHED_ARGS)
     out = capsys.readouterr().out
-    predicted = rows_by_kind(tables, 'predicted')[256]['img_per_sec']
+    predicted = rows_by_kind(tables, 'predicted')[256].img_per_sec
     # The fit lands within a few percent of the published 2,589.4 (which assumed 80% efficiency for
     # the last doubling) and the report prints the two side by side.
     assert abs(predicted / 2589.4 - 1) < 0.03
     assert f'predicted {predicted:,.1f} img/s vs reference 2,589.4 img/s' in out
     assert '| 256 | reference | 2,589.4 | 12.82 | 78,740 | $157,480 |' in out
     # MFU of the published 8-GPU run: 128.2 img/s x 3.58 TFLOP / (8 x 312 TFLOP/s) = 18.4%.
-    assert rows_by_kind(tables, 'measured')[8]['mfu'] == pytest.approx(128.2 * 3.58e12 / (8 * 312e12))
+    assert rows_by_kind(tables, 'measured')[8].mfu == pytest.approx(128.2 * 3.58e12 / (8 * 312e12))
     # The limit: all 2,867,200,000 samples at 3.58 TFLOP each on A100s at 100% of peak.
     limit = rows_by_kind(tables, 'limit')[256]
-    assert limit['gpu_hours'] == pytest.approx(2_867_200_000 * 3.58e12 / 312e12 / 3600)
-    assert limit['mfu'] == pytest.approx(1.0)
+    assert limit.gpu_hours == pytest.approx(2_867_200_000 * 3.58e12 / 312e12 / 3600)
+    assert limit.mfu == pytest.approx(1.0)
     assert '| 256 | limit |' in out
     with open(tmp_path / 'report.csv') as f:
         assert len(f.read().splitlines()) == 1 + 5 + 3  # header, measured, reference + predicted + limit
@@ -125,8 +127,8 @@ def test_hand_given_unet_only_throughput_counts_the_unets_flops(tmp_path, capsys
     argv = ['--gpu_type', 'H100', '--throughput', '8=1104']
     online = rows_by_kind(run_report(tmp_path, argv), 'measured')[8]
     unet_only = rows_by_kind(run_report(tmp_path, [*argv, '--unet_only']), 'measured')[8]
-    assert online['mfu'] == pytest.approx(1104 * 3.58e12 / (8 * 989e12))  # 50.0%
-    assert unet_only['mfu'] == pytest.approx(1104 * 2.41e12 / (8 * 989e12))  # 33.6%
+    assert online.mfu == pytest.approx(1104 * 3.58e12 / (8 * 989e12))  # 50.0%
+    assert unet_only.mfu == pytest.approx(1104 * 2.41e12 / (8 * 989e12))  # 33.6%
     assert 'measured from precomputed latents (the denoiser alone)' in capsys.readouterr().out
     with pytest.raises(SystemExit):
         report.parse_args(['--unet_only'])  # results files say what they trained
@@ -139,7 +141,7 @@ def synthetic(a, b, counts=(8, 16, 32, 64, 128)):
 def test_fit_recovers_known_efficiency():
     # a = b / 384 makes the 128 -> 256 doubling exactly 80% efficient: (a + b/128) / (2a + b/128) = 0.8.
     b = 1 / 16.0  # 16 img/s per GPU without overhead
-    fit = report.fit_scaling(synthetic(b / 384, b))
+    fit = fit_scaling(synthetic(b / 384, b))
     assert fit.a == pytest.approx(b / 384, rel=1e-9)
     assert fit.b == pytest.approx(b, rel=1e-9)
     assert fit.doubling_efficiency(128) == pytest.approx(0.8)
@@ -149,7 +151,7 @@ def test_fit_recovers_known_efficiency():
 
 
 def test_fit_perfect_scaling_and_noise():
-    fit = report.fit_scaling({n: 16.0 * n for n in (8, 16, 32)})
+    fit = fit_scaling({n: 16.0 * n for n in (8, 16, 32)})
     assert fit.a == pytest.approx(0, abs=1e-12)
     assert fit.doubling_efficiency(1024) == pytest.approx(1.0)
     assert fit.img_per_sec(256) == pytest.approx(16.0 * 256)
@@ -157,13 +159,13 @@ def test_fit_perfect_scaling_and_noise():
     b = 1 / 16.0
     clean = synthetic(b / 384, b)
     noisy = {n: v * (1.01 if i % 2 else 0.99) for i, (n, v) in enumerate(clean.items())}
-    assert report.fit_scaling(noisy).img_per_sec(256) == pytest.approx(1 / (b / 384 + b / 256), rel=0.03)
+    assert fit_scaling(noisy).img_per_sec(256) == pytest.approx(1 / (b / 384 + b / 256), rel=0.03)
 
 
 def test_fit_keeps_parameters_physical():
-    superlinear = report.fit_scaling({8: 100.0, 16: 250.0})  # better than linear: a clamped to 0
+    superlinear = fit_scaling({8: 100.0, 16: 250.0})  # better than linear: a clamped to 0
     assert superlinear.a == 0 and superlinear.b > 0
-    flat = report.fit_scaling({8: 100.0, 16: 100.0, 32: 100.0})
+    flat = fit_scaling({8: 100.0, 16: 100.0, 32: 100.0})
     assert flat.img_per_sec(64) == pytest.approx(100.0)
     assert flat.doubling_efficiency(32) == pytest.approx(0.5)
 
@@ -185,10 +187,10 @@ def test_per_phase_budget(tmp_path):
         ],
     )
     rows = rows_by_kind(tables, 'measured')
-    assert rows[8]['days'] == pytest.approx((1_126_400_000 / 400 + 1_740_800_000 / 128.2) / 86_400)
+    assert rows[8].days == pytest.approx((1_126_400_000 / 400 + 1_740_800_000 / 128.2) / 86_400)
     assert 32 in rows_by_kind(tables, 'predicted')  # one doubling past the largest measured count
-    flops = 1_126_400_000 * step_model.FLOPS_PER_IMAGE[256] + 1_740_800_000 * 3.58e12
-    assert rows[8]['mfu'] == pytest.approx(flops / (rows[8]['gpu_hours'] * 3600 * 312e12))
+    flops = 1_126_400_000 * calibration.FLOPS_PER_IMAGE[256] + 1_740_800_000 * 3.58e12
+    assert rows[8].mfu == pytest.approx(flops / (rows[8].gpu_hours * 3600 * 312e12))
 
 
 # ------------------------------------------------------------------------------ results files
@@ -219,17 +221,17 @@ def results_file(path, **fields):
 
 
 def test_load_results(tmp_path):
-    point = report.load_results(results_file(tmp_path / 'h100.json'))
+    point = measurements.load_results(results_file(tmp_path / 'h100.json'))
     assert (point.gpu, point.gpus, point.img_per_sec, point.image_size) == ('H100', 8, 120.0, 512)
     assert point.peak == pytest.approx(989e12)  # recovered from the file's MFU
-    assert report.gpu_key('NVIDIA A100-SXM4-40GB') == 'A100'
-    assert report.gpu_key('NVIDIA H100 PCIe') == 'H100 PCIE'
-    assert report.gpu_key('AMD EPYC') == 'AMD EPYC'
+    assert gpu_key('NVIDIA A100-SXM4-40GB') == 'A100'
+    assert gpu_key('NVIDIA H100 PCIe') == 'H100 PCIE'
+    assert gpu_key('AMD EPYC') == 'AMD EPYC'
 
 
 def test_the_plot_names_devices_that_are_not_gpus(tmp_path, monkeypatch):
-    assert report.device_axis_label({'H100', 'A100'}) == 'Number of GPUs'
-    assert report.device_axis_label({'AMD EPYC'}) == 'Number of devices (AMD EPYC)'
+    assert figure.device_axis_label({'H100', 'A100'}) == 'Number of GPUs'
+    assert figure.device_axis_label({'AMD EPYC'}) == 'Number of devices (AMD EPYC)'
     labels = []
     monkeypatch.setattr(
         report, 'plot', lambda path, tables, budget, names, xlabel, price, device: labels.append((xlabel, device))
@@ -252,7 +254,7 @@ def test_a_cpu_report_speaks_of_devices_and_device_hours(tmp_path, capsys):
     assert '$0.50 per device-hour' in out
     assert '| devices | kind | img/s | days | device-hours |' in out
     assert 'fitted to 2 measured counts (1, 2 devices)' in out and '2 runs at 2 devices averaged' in out
-    (_, cost_axes) = drawn(report.figure([t[:3] for t in tables], {None: 10**8}, ['SD2'], price=0.5, device='device'))
+    (_, cost_axes) = drawn(figure.figure([t[:3] for t in tables], {None: 10**8}, ['SD2'], price=0.5, device='device'))
     assert cost_axes.get_ylabel() == 'Cost (USD at $0.50 per device-hour)'
     # Results files of GPUs keep their words.
     run_report(tmp_path, [results_file(tmp_path / 'h100.json')])
@@ -292,10 +294,10 @@ def test_report_from_tiny_benchmark_run(tmp_path, capsys):
     data = json.loads(results.read_text())
     tables = run_report(tmp_path, [str(results), '--peak_tflops', '1'])
     row = rows_by_kind(tables, 'measured')[data['num_devices']]
-    assert row['img_per_sec'] == pytest.approx(data['img_per_sec'])
-    assert row['days'] == pytest.approx(2_867_200_000 / data['img_per_sec'] / 86_400)
+    assert row.img_per_sec == pytest.approx(data['img_per_sec'])
+    assert row.days == pytest.approx(2_867_200_000 / data['img_per_sec'] / 86_400)
     # MFU from the file's own FLOPs per image (the tiny model's, not SD2's) and the given peak.
-    assert row['mfu'] == pytest.approx(data['img_per_sec'] * data['flops_per_image'] / (data['num_devices'] * 1e12))
+    assert row.mfu == pytest.approx(data['img_per_sec'] * data['flops_per_image'] / (data['num_devices'] * 1e12))
     assert 'limit' in capsys.readouterr().out
     assert (tmp_path / 'report.png').stat().st_size > 0
     # The file holds what the step model needs: the UNet's parameters, its FLOPs share, batch and microbatch.
@@ -308,7 +310,7 @@ def test_report_from_tiny_benchmark_run(tmp_path, capsys):
         data.update(device_type='gpu', device_name='NVIDIA A100-SXM4-40GB')
         results.write_text(json.dumps(data))
     predicted = rows_by_kind(run_report(tmp_path, [str(results), *argv]), 'predicted')
-    assert sorted(predicted) == [2, 8] and predicted[8]['img_per_sec'] > data['img_per_sec']
+    assert sorted(predicted) == [2, 8] and predicted[8].img_per_sec > data['img_per_sec']
 
 
 # ------------------------------------------------------------------------------ the figure
@@ -340,7 +342,7 @@ def test_malformed_results_file(tmp_path, content, message):
     path = tmp_path / 'bad.json'
     path.write_text(content)
     with pytest.raises(report.ReportError, match=message) as error:
-        report.load_results(str(path))
+        measurements.load_results(str(path))
     assert str(path) in str(error.value)
 
 
@@ -361,13 +363,13 @@ def test_malformed_results_file(tmp_path, content, message):
 def test_bad_results_field(tmp_path, fields, message):
     path = results_file(tmp_path / 'bad.json', **fields)
     with pytest.raises(report.ReportError, match=message) as error:
-        report.load_results(path)
+        measurements.load_results(path)
     assert str(error.value).startswith(path)
 
 
 def test_missing_results_file(tmp_path):
     with pytest.raises(report.ReportError, match='cannot read results file'):
-        report.load_results(str(tmp_path / 'nope.json'))
+        measurements.load_results(str(tmp_path / 'nope.json'))
 
 
 @pytest.mark.parametrize(
@@ -451,7 +453,7 @@ def test_command_line_reports_bad_input_in_one_line_with_status_2(tmp_path):
     assert run.stderr.strip() == "error: --throughput: expected GPUS=IMG_S (e.g. 8=128.2), got '8'"
 
 
-# ------------------------------------------------------------------------------ --predict (step_model.py)
+# ------------------------------------------------------------------------------ --predict (costs/step_model.py)
 
 PREDICT_ARGS = ['--gpu_type', 'A100', '--throughput', '8=128.2', '--predict', '16', '32', '64', '128', '256']
 PUBLISHED_REFERENCES = ['--reference', '16=254.0', '32=485.7', '64=912.2', '128=1618.4', '256=2589.4']
@@ -462,9 +464,9 @@ def test_predict_the_published_table_from_one_row(tmp_path, capsys):
     out = capsys.readouterr().out
     predicted = rows_by_kind(tables, 'predicted')
     assert sorted(predicted) == [16, 32, 64, 128, 256]
-    assert rows_by_kind(tables, 'measured')[8]['img_per_sec'] == 128.2
+    assert rows_by_kind(tables, 'measured')[8].img_per_sec == 128.2
     for gpus, img_per_sec, *_ in PUBLISHED[1:]:
-        assert predicted[gpus]['img_per_sec'] == pytest.approx(img_per_sec, rel=0.10)
+        assert predicted[gpus].img_per_sec == pytest.approx(img_per_sec, rel=0.10)
         assert f'- {gpus} GPUs: predicted' in out
     assert out.count('(inside)') == 5 and 'OUTSIDE' not in out
     # The breakdown shows what limits scaling: a step of compute, exposed communication and fixed work.
@@ -484,7 +486,7 @@ def test_predict_from_a_results_file_uses_its_configuration(tmp_path, capsys):
         out = capsys.readouterr().out
         assert '8x H100 SXM per node' in out  # the preset of the file's GPU
         assert '4.00 GB of fp32 gradients (1,000,000,000 parameters)' in out or name == 'fsdp'
-    assert rows['ddp']['img_per_sec'] != pytest.approx(rows['fsdp']['img_per_sec'])
+    assert rows['ddp'].img_per_sec != pytest.approx(rows['fsdp'].img_per_sec)
     # The global batch of the prediction is the run's own 256 unless given.
     assert '| 64 | 8 | 4 | 1 |' in run_report_out(tmp_path, capsys, [ddp, '--predict', '64'])
     assert '| 64 | 8 | 32 | 4 |' in run_report_out(tmp_path, capsys, [ddp, '--predict', '64', '--global_batch', '2048'])
@@ -503,10 +505,10 @@ def test_predict_from_a_throughput_measured_at_another_batch(tmp_path, capsys):
     out = run_report_out(tmp_path, capsys, argv + ['--measured_batch', '256'])
     assert '| 64 | 8 | 16 | 1 |' in out
     predicted = rows_by_kind(run_report(tmp_path, argv + ['--measured_batch', '256']), 'predicted')[64]
-    assert predicted['img_per_sec'] == pytest.approx(expected, rel=1e-4)
+    assert predicted.img_per_sec == pytest.approx(expected, rel=1e-4)
     # Without it the 1,099 img/s are taken at batch 1024 (128 images per GPU), whose fixed work weighs less.
     assumed = rows_by_kind(run_report(tmp_path, argv), 'predicted')[64]
-    assert assumed['img_per_sec'] < 0.96 * expected
+    assert assumed.img_per_sec < 0.96 * expected
 
 
 def test_a_throughput_taken_at_the_predicted_batch_says_so(tmp_path, capsys):
@@ -535,9 +537,9 @@ def test_a_given_node_loss_replaces_the_central_one_and_leaves_the_range(tmp_pat
     assert '2.5% of the step per doubling of the nodes (fitted to' in central
     assert 'losses growing with the node count 0-4.5%' in central
     # 32 images per GPU hide the all-reduce: 64 nodes scale as 1 / (1 + 6 doublings x the loss).
-    none = rows_by_kind(run_report(tmp_path, argv + ['--scale_loss', '0']), 'predicted')[512]['img_per_sec']
+    none = rows_by_kind(run_report(tmp_path, argv + ['--scale_loss', '0']), 'predicted')[512].img_per_sec
     assert none == pytest.approx(64 * 511.9, rel=1e-3)
-    given = rows_by_kind(run_report(tmp_path, argv + ['--scale_loss', '0.04']), 'predicted')[512]['img_per_sec']
+    given = rows_by_kind(run_report(tmp_path, argv + ['--scale_loss', '0.04']), 'predicted')[512].img_per_sec
     assert given == pytest.approx(none / (1 + 6 * 0.04), rel=1e-6)
     out = run_report_out(tmp_path, capsys, argv + ['--scale_loss', '0.04'])
     assert '4.0% of the step per doubling of the nodes (--scale_loss)' in out
@@ -569,7 +571,7 @@ def test_predict_with_a_microbatch_curve(tmp_path, capsys):
     assert 'read these rows as upper bounds' in capsys.readouterr().out
     curved = rows_by_kind(run_report(tmp_path, [*argv, '--microbatch_curve', *curve]), 'predicted')[64]
     assert 'upper bounds' not in capsys.readouterr().out
-    assert curved['img_per_sec'] < 0.6 * plain['img_per_sec']  # the compute of the step doubled
+    assert curved.img_per_sec < 0.6 * plain.img_per_sec  # the compute of the step doubled
     other = results_file(tmp_path / 'a100.json', device_name='NVIDIA A100-SXM4-40GB', num_devices=1, **common)
     with pytest.raises(report.ReportError, match=f"--microbatch_curve {other}: gpu 'A100', where the measured run"):
         run_report(tmp_path, [*argv, '--microbatch_curve', other, curve[0]])
@@ -584,8 +586,8 @@ def test_predict_the_256px_phase_from_a_512px_run(tmp_path, capsys):
     tables = run_report(tmp_path, PREDICT_ARGS + ['--samples', '256=1126400000', '512=1740800000'])
     out = capsys.readouterr().out
     row = rows_by_kind(tables, 'predicted')[64]
-    assert row['phase_img_per_sec'][512] == pytest.approx(846.4, abs=0.5)
-    assert row['phase_img_per_sec'][256] > row['phase_img_per_sec'][512]
+    assert row.phase_img_per_sec[512] == pytest.approx(846.4, abs=0.5)
+    assert row.phase_img_per_sec[256] > row.phase_img_per_sec[512]
     assert 'no run at 256px' in out and 'same MFU at both sizes' in out
 
 
@@ -628,7 +630,7 @@ def test_models_side_by_side(tmp_path, capsys):
     xl = results_file(tmp_path / 'xl.json', model_name='sdxl-base', img_per_sec=30.0, image_size=1024)
     tables = run_report(tmp_path, [sd2, xl, '--per_model', '--samples', '1000000'])
     assert [label for label, *_ in tables] == ['H100 sd2-base', 'H100 sdxl-base']
-    days = {label: rows[0]['days'] for label, rows, *_ in tables}
+    days = {label: rows[0].days for label, rows, *_ in tables}
     assert days['H100 sdxl-base'] == pytest.approx(4 * days['H100 sd2-base'])  # a quarter of the throughput
     out = capsys.readouterr().out
     assert out.startswith('# sd2-base, sdxl-base: training time and cost')
@@ -656,16 +658,16 @@ def test_a_diffusion_transformer_is_costed_with_its_own_flops_parameters_and_sha
     tables = run_report(tmp_path, [flux, '--predict', '64', '256', '--global_batch', '1024', '--samples', '1e9'])
     out = capsys.readouterr().out
     measured = rows_by_kind(tables, 'measured')[16]
-    assert measured['mfu'] == pytest.approx(320.0 * flux_flops / (16 * 989e12))
-    assert measured['days'] == pytest.approx(1e9 / 320.0 / 86_400)
+    assert measured.mfu == pytest.approx(320.0 * flux_flops / (16 * 989e12))
+    assert measured.days == pytest.approx(1e9 / 320.0 / 86_400)
     # bf16 parameters gathered twice, fp32 gradients reduce-scattered: 23.8 and 47.6 GB per microbatch.
     assert (
         'FSDP full_shard: per microbatch, 2 gather(s) of 23.78 GB of parameters and a reduce-scatter of 47.56 GB '
         f'of fp32 gradients ({flux_parameters:,} parameters)'
     ) in out
     predicted = rows_by_kind(tables, 'predicted')
-    assert predicted[64]['img_per_sec'] <= 4 * 320.0 * 1.0001
-    assert predicted[256]['img_per_sec'] < 0.9 * 4 * predicted[64]['img_per_sec']  # the gathers show at 4 per GPU
+    assert predicted[64].img_per_sec <= 4 * 320.0 * 1.0001
+    assert predicted[256].img_per_sec < 0.9 * 4 * predicted[64].img_per_sec  # the gathers show at 4 per GPU
     assert "budget is SD2 base's published" not in out  # --samples given
     # Beside SD2 with --per_model: one table each, and the default budget is said to be SD2's.
     sd2 = results_file(tmp_path / 'sd2.json', model_name='sd2-base')
@@ -824,7 +826,7 @@ def test_the_figure_labels_log_axes_in_plain_numbers(tmp_path):
     # 1 to 4,096 GPUs: from over 1,000 days down to 0.1 and below.
     argv = ['--gpu_type', 'H100', '--throughput', '1=1', '64=60', '4096=3000', '--samples', '1e8']
     tables = run_report(tmp_path, argv)
-    days_axes, cost_axes = drawn(report.figure([t[:3] for t in tables], {None: 10**8}, ['SD2'], price=2.0))
+    days_axes, cost_axes = drawn(figure.figure([t[:3] for t in tables], {None: 10**8}, ['SD2'], price=2.0))
     days = tick_labels(days_axes.yaxis)
     assert {label for _, label in days} >= {'0.01', '0.1', '1', '10', '100'}
     for value, label in days:  # each label reads as its tick's value
@@ -853,12 +855,12 @@ def test_each_axis_labels_a_tick_at_or_above_its_highest_point(tmp_path, argv, l
         argv = [results_file(tmp_path / 'cpu.json', device_type='cpu', device_name='AMD EPYC', mfu=None, num_devices=1)]
     tables = run_report(tmp_path, argv)
     ((label, rows, curve, _),) = tables
-    budget = report.parse_budget(['2867200000'], None)
-    days_axes, cost_axes = drawn(report.figure([(label, rows, curve)], budget, ['SD2'], price=2.0))
+    budget = measurements.parse_budget(['2867200000'], None)
+    days_axes, cost_axes = drawn(figure.figure([(label, rows, curve)], budget, ['SD2'], price=2.0))
     highest = {
-        'days': max(r['days'] for r in rows),
-        'cost': max(r['days'] * 24 * r['gpus'] * 2.0 for r in rows),
-        'GPUs': max(r['gpus'] for r in rows),
+        'days': max(r.days for r in rows),
+        'cost': max(r.days * 24 * r.gpus * 2.0 for r in rows),
+        'GPUs': max(r.gpus for r in rows),
     }
     for name, axis in (('days', days_axes.yaxis), ('cost', cost_axes.yaxis), ('GPUs', cost_axes.xaxis)):
         ticks = sorted(value for value, _ in tick_labels(axis))
@@ -872,10 +874,10 @@ def test_each_axis_labels_a_tick_at_or_above_its_highest_point(tmp_path, argv, l
 
 
 def test_log_ticks_are_round_values_around_the_data():
-    assert report.log_ticks(18_277, 82_258) == [15_000, 20_000, 50_000, 100_000]
-    assert report.log_ticks(0.0005, 1157) == [0.0005, 0.01, 0.1, 1, 10, 100, 1500]  # near an end: left out
-    assert report.log_ticks(2, 2) == [1, 2, 3, 4]  # one value: widened to four labels
-    assert report.count_ticks({8}) == [8, 16, 32] and report.count_ticks({1, 64, 4096}) == [1, 64, 4096]
+    assert figure.log_ticks(18_277, 82_258) == [15_000, 20_000, 50_000, 100_000]
+    assert figure.log_ticks(0.0005, 1157) == [0.0005, 0.01, 0.1, 1, 10, 100, 1500]  # near an end: left out
+    assert figure.log_ticks(2, 2) == [1, 2, 3, 4]  # one value: widened to four labels
+    assert figure.count_ticks({8}) == [8, 16, 32] and figure.count_ticks({1, 64, 4096}) == [1, 64, 4096]
 
 
 def test_the_figure_draws_the_predictions_range_as_a_band(tmp_path):
@@ -885,16 +887,16 @@ def test_the_figure_draws_the_predictions_range_as_a_band(tmp_path):
     tables = run_report(tmp_path, [h100, '--predict', '32', '256', '--global_batch', '2048'])
     ((label, rows, curve, _),) = tables
     days_axes, cost_axes = drawn(
-        report.figure([(label, rows, curve)], report.parse_budget(['2867200000'], None), ['SD2'])
+        figure.figure([(label, rows, curve)], measurements.parse_budget(['2867200000'], None), ['SD2'])
     )
     row = rows_by_kind(tables, 'predicted')[256]
-    low, high = row['img_per_sec_range']
-    assert low < row['img_per_sec'] < high
+    low, high = row.img_per_sec_range
+    assert low < row.img_per_sec < high
     for axes, scale in ((days_axes, 1.0), (cost_axes, 24 * 256 * 2.0)):
         (band,) = [c for c in axes.collections if isinstance(c, PolyCollection)]
         vertices = band.get_paths()[0].vertices
         at_256 = sorted(y for x, y in vertices if x == 256)
         # The band at 256 GPUs spans the days (and their cost) from the range's highest throughput to its lowest.
-        assert at_256[0] == pytest.approx(row['days'] * row['img_per_sec'] / high * scale)
-        assert at_256[-1] == pytest.approx(row['days'] * row['img_per_sec'] / low * scale)
+        assert at_256[0] == pytest.approx(row.days * row.img_per_sec / high * scale)
+        assert at_256[-1] == pytest.approx(row.days * row.img_per_sec / low * scale)
     assert any(text.get_text() == 'H100 step model range' for text in days_axes.get_legend().get_texts())

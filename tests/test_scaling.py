@@ -1,13 +1,13 @@
-"""Tests for step_model.py, the step model of report.py --predict: its pieces against hand-computed cases, its
-prediction of the published A100 table from the published 8-GPU row alone, and the prediction from measured runs
-without report.py."""
+"""Tests for costs/step_model.py, the step model of report.py --predict: its pieces against hand-computed cases,
+its prediction of the published A100 table from the published 8-GPU row alone, and the prediction from measured
+runs (costs/calibration.py, its text costs/prediction_text.py) without report.py."""
 
 import math
 from dataclasses import dataclass, replace
 
 import pytest
 
-from costs import step_model
+from costs import calibration, prediction_text, step_model
 
 SD2_UNET = 865_910_724
 SMALLER = step_model.SMALLER_MICROBATCHES
@@ -52,7 +52,7 @@ def test_gradients_reduced_in_bf16_move_half_the_bytes():
     assert bf16.exposed == pytest.approx(0.35 - 0.1)
     # A throughput given by hand takes the bytes it is told; a results file's run reduced fp32 gradients.
     settings = replace(SETTINGS, gradient_value_bytes=2)
-    models, _, _ = step_model.prediction_models([Run(8, 128.2)], [512], [64], A100, settings, 'A100')
+    models, _ = calibration.prediction_models([Run(8, 128.2)], [512], [64], A100, settings, 'A100')
     assert models[512].workload.gradient_bytes == 2 * SD2_UNET
 
 
@@ -149,7 +149,7 @@ def test_published_table_from_its_8_gpu_row_alone():
 
 @dataclass(frozen=True)
 class Run:
-    """A throughput given by hand, as report.py hands it over (a step_model.MeasuredRun)."""
+    """A throughput given by hand, as report.py hands it over (a calibration.MeasuredRun)."""
 
     gpus: int
     img_per_sec: float
@@ -164,11 +164,12 @@ class Run:
 
 
 # report.py's defaults: the published run's batch and microbatch, SD2's UNet.
-SETTINGS = step_model.PredictionSettings(global_batch=2048, microbatch=4)
+SETTINGS = calibration.PredictionSettings(global_batch=2048, microbatch=4)
 
 
 def test_prediction_from_a_run_given_by_hand():
-    models, bands, notes = step_model.prediction_models([Run(8, 128.2)], [256, 512], [64], A100, SETTINGS, 'A100')
+    models, bands = calibration.prediction_models([Run(8, 128.2)], [256, 512], [64], A100, SETTINGS, 'A100')
+    notes = prediction_text.prediction_notes(models, bands, [64], 'A100')
     assert models[512].img_per_sec(64) == pytest.approx(846.4, abs=0.5)  # the table of docs/report.md
     assert models[256].img_per_sec(64) > models[512].img_per_sec(64) and len(bands[256]) == 5
     assert len(notes) == 1 and 'no run at 256px' in notes[0]
@@ -305,7 +306,8 @@ def test_without_a_curve_a_smaller_microbatch_is_as_fast_as_measured_or_as_slow_
     # At or above the measured microbatch nothing changes.
     assert step_model.step(WORK, replace(ROUND, unfilled_share=1.0), 16, 0.1).compute == pytest.approx(4 * 0.1)
     # report.py's note says how far it lowers the range: 1,024 GPUs at global batch 2048 get 2 images each.
-    models, bands, notes = step_model.prediction_models([Run(8, 128.2)], [512], [512, 1024], A100, SETTINGS, 'A100')
+    models, bands = calibration.prediction_models([Run(8, 128.2)], [512], [512, 1024], A100, SETTINGS, 'A100')
+    notes = prediction_text.prediction_notes(models, bands, [512, 1024], 'A100')
     low = min(corner.img_per_sec(1024) for corner in bands[512][SMALLER])
     assert low < models[512].img_per_sec(1024)
     assert f'its low end alone is {low:,.1f} img/s' in notes[0]
@@ -320,11 +322,11 @@ def test_a_microbatch_curve_slows_the_steps_below_the_measured_microbatch():
     assert at_64.compute == pytest.approx(1 * 0.1 * 1.5)
     assert step_model.step(curved, ROUND, 16, 0.1).compute == pytest.approx(4 * 0.1)  # microbatch 2: as measured
     # Per-GPU throughputs -> one image's time relative to the measured microbatch (4): 50, 100, 120 img/s.
-    relative = step_model.relative_image_times(((2, 50.0), (4, 100.0), (8, 120.0)), 4, 'run')
+    relative = calibration.relative_image_times(((2, 50.0), (4, 100.0), (8, 120.0)), 4, 'run')
     assert [m for m, _ in relative] == [2, 4, 8]
     assert [time for _, time in relative] == pytest.approx([2.0, 1.0, 100 / 120])
-    with pytest.raises(step_model.PredictionError, match='covers microbatches 2-8, not the microbatch 16 of run'):
-        step_model.relative_image_times(((2, 50.0), (8, 120.0)), 16, 'run')
+    with pytest.raises(calibration.PredictionError, match='covers microbatches 2-8, not the microbatch 16 of run'):
+        calibration.relative_image_times(((2, 50.0), (8, 120.0)), 16, 'run')
 
 
 def test_weak_scaling_grows_the_global_batch_with_the_gpus():
@@ -335,25 +337,26 @@ def test_weak_scaling_grows_the_global_batch_with_the_gpus():
     assert step.communication == pytest.approx(2 * 15 / 16 * 4e9 / 10e9)  # the same 4 GB all-reduced
     # A throughput given by hand is taken at the same images per GPU: 8 GPUs x 32 = 256 in the measured step.
     settings = replace(SETTINGS, images_per_gpu=32, microbatch=32)
-    models, _, _ = step_model.prediction_models([Run(8, 511.9)], [512], [8, 64], A100, settings, 'A100')
+    models, _ = calibration.prediction_models([Run(8, 511.9)], [512], [8, 64], A100, settings, 'A100')
     assert models[512].img_per_sec(8) == pytest.approx(511.9)
     assert models[512].step(64).global_batch == 64 * 32
 
 
 def test_a_step_below_the_measured_microbatch_is_flagged_as_an_upper_bound():
     # Global batch 2048: 512 GPUs get the measured microbatch of 4, 1,024 GPUs only 2 images each.
-    _, _, notes = step_model.prediction_models([Run(8, 128.2)], [512], [512], A100, SETTINGS, 'A100')
-    assert notes == []
-    _, _, notes = step_model.prediction_models([Run(8, 128.2)], [512], [512, 1024], A100, SETTINGS, 'A100')
+    models, bands = calibration.prediction_models([Run(8, 128.2)], [512], [512], A100, SETTINGS, 'A100')
+    assert prediction_text.prediction_notes(models, bands, [512], 'A100') == []
+    models, bands = calibration.prediction_models([Run(8, 128.2)], [512], [512, 1024], A100, SETTINGS, 'A100')
+    notes = prediction_text.prediction_notes(models, bands, [512, 1024], 'A100')
     assert len(notes) == 1 and notes[0].startswith('A100: at 1,024 GPUs each GPU gets fewer than the measured')
 
 
 def test_prediction_errors_are_complete_and_the_step_models_are_not():
-    with pytest.raises(step_model.PredictionError, match='^--predict starts from one measured run per phase; got 2'):
-        step_model.prediction_models([Run(8, 128.2), Run(16, 254.0)], [None], [32], A100, SETTINGS, 'A100')
+    with pytest.raises(calibration.PredictionError, match='^--predict starts from one measured run per phase; got 2'):
+        calibration.prediction_models([Run(8, 128.2), Run(16, 254.0)], [None], [32], A100, SETTINGS, 'A100')
     with pytest.raises(step_model.ScalingError, match='^3 GPUs do not divide the global batch of 2048') as error:
-        step_model.prediction_models([Run(8, 128.2)], [None], [3], A100, SETTINGS, 'A100')
-    assert not isinstance(error.value, step_model.PredictionError)  # report.py prefixes these with '--predict: '
+        calibration.prediction_models([Run(8, 128.2)], [None], [3], A100, SETTINGS, 'A100')
+    assert not isinstance(error.value, calibration.PredictionError)  # report.py prefixes these with '--predict: '
 
 
 def test_the_breakdown_measures_scaling_efficiency_against_the_base_it_is_given():
@@ -361,8 +364,8 @@ def test_the_breakdown_measures_scaling_efficiency_against_the_base_it_is_given(
     the measured run at its own batch (here 256), not the model's step at the predicted batch (2048), whose
     optimizer and EMA work weigh less per image."""
     settings = replace(SETTINGS, measured_batch=256)
-    models, bands, _ = step_model.prediction_models([Run(8, 128.2)], [512], [64], A100, settings, 'A100')
-    text = step_model.describe_prediction('A100', models, bands, {512: 1}, [8, 64], [], (8, {512: 128.2}))
+    models, bands = calibration.prediction_models([Run(8, 128.2)], [512], [64], A100, settings, 'A100')
+    text = prediction_text.describe_prediction('A100', models, bands, {512: 1}, [8, 64], [], (8, {512: 128.2}))
     row = next(line for line in text.splitlines() if line.startswith('| 64 |')).split(' | ')
     measured_base = step_model.scaling_efficiency(models[512].img_per_sec(64), 64, 128.2, 8)
     own_step_base = step_model.scaling_efficiency(models[512].img_per_sec(64), 64, models[512].img_per_sec(8), 8)

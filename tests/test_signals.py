@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, good_samples, jpeg, write_dataset
+from conftest import LAUNCHER, REPO, TINY, free_port, good_samples, jpeg, write_dataset
 
 import convert
 import precompute
@@ -98,6 +98,41 @@ def test_a_signal_to_every_process_of_a_run_checkpoints_the_batch_reached(tmp_pa
     )
     wait_until(lambda: not live_members(run.pid), 30, 'every process of the run ended, loader workers included')
     assert not (folder / LOCK_FILE).exists()
+
+
+@pytest.mark.slow
+def test_a_signal_to_every_process_under_composers_launcher_names_the_checkpoint_the_rerun_resumes(tmp_path):
+    """scancel or Ctrl-C to a job of two ranks under Composer's launcher: the launcher, both ranks and their loader
+    workers are signalled at once (and each rank again by the launcher). A rank of several does not checkpoint the
+    batch reached (each would have to reach the same batch first): each ends in the one line naming the newest whole
+    checkpoint, the job's status is the signal's, and the same command with --autoresume goes on from there. The
+    launcher's own lines (its exit statuses and a `SystemExit: 143` traceback of its signal handler) are Composer's
+    (docs/faults.md)."""
+    data = write_dataset(tmp_path / 'mds', good_samples(48), size_limit=1 << 12)
+    folder = tmp_path / 'ckpt'
+    flags = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '8', '--max_duration', '24ba']
+    flags += ['--local', data, '--num_workers', '2', '--save_folder', str(folder), '--run_name', 'r']
+    command = [LAUNCHER, '-n', '2', '--master_port', str(free_port()), str(REPO / 'benchmark.py'), *flags]
+    run = start(command, tmp_path)
+    for line in run.stdout:  # an epoch is 6 batches: checkpoints at 6 and 12
+        if line.startswith('batch 14 of 24'):
+            break
+    os.killpg(run.pid, signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 143, err[-3000:]
+    newest = max(folder.glob('ep*-ba*-rank0.pt'), key=lambda path: int(path.stem.split('-ba')[1].split('-')[0]))
+    line = r'error: SIGTERM: stopped at batch \d+ of 24; ' + re.escape(
+        f'the newest checkpoint is {newest.name} in {folder}; rerun the same command with --autoresume to continue'
+    )
+    assert re.search(line, err), err[-3000:]  # rank 0's; the launcher shows another rank's output when it fails first
+    assert not re.search(r'exited with code (?!143\b)', err), err[-3000:]  # every rank ended by the signal
+    assert 'killed by signal' not in err and 'DataLoader worker' not in err
+    wait_until(lambda: not live_members(run.pid), 30, 'every process of the job ended, loader workers included')
+    resumed = start([*command[:4], str(free_port()), *command[5:], '--autoresume'], tmp_path)
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-3000:]
+    resumed_at = int(newest.stem.split('-ba')[1].split('-')[0])
+    assert f"resumed run 'r' from {newest.name} (batch {resumed_at} of 24)" in out, out[-3000:]
 
 
 def test_a_second_signal_while_the_checkpoint_is_written_sets_the_file_aside(tmp_path):
@@ -222,7 +257,7 @@ def test_precompute_stopped_by_a_signal_keeps_finished_parts_only_and_the_rerun_
 # A precompute.py whose encoding takes 0.3 s a batch, so that a signal finds it in the middle of a part.
 SLOW_PRECOMPUTE = """
 import runpy, sys, time
-import encoding
+from datapath import precomputing
 encode = precomputing.encode
 precomputing.encode = lambda *args, **kwargs: (time.sleep(0.3), encode(*args, **kwargs))[1]
 sys.argv[0] = 'precompute.py'
@@ -298,7 +333,7 @@ def test_convert_stopped_by_a_signal_leaves_the_output_as_it_was(tmp_path, monke
 # A convert.py that takes 50 ms a sample, so that a signal finds it part way.
 SLOW_CONVERT = """
 import runpy, sys, time
-import images
+from datapath import images
 decode_image = images.decode_image
 images.decode_image = lambda *args, **kwargs: (time.sleep(0.05), decode_image(*args, **kwargs))[1]
 sys.argv[0] = 'convert.py'

@@ -28,7 +28,7 @@ RUN_FIX = 'wait for it to end or stop it (then --autoresume continues its run), 
 HOLDER = """
 import sys, time
 sys.path.insert(0, sys.argv[2])
-from writer_lock import one_writer
+from runs.writer_lock import one_writer
 with one_writer(sys.argv[1], sys.argv[1], 'fix'):
     print('held', flush=True)
     time.sleep(600)
