@@ -35,6 +35,8 @@ def check(path: Path) -> list[str]:
     from mcli import RunConfig
     from mcli.models.run_config import FinalRunConfig
 
+    if path.is_dir():
+        return [f'{path}: a folder, not a run YAML: give the YAML file in it (mcloud.yaml)']
     if not path.is_file():
         return [f'{path}: no such file']
     with warnings.catch_warnings(record=True) as caught:

@@ -334,6 +334,14 @@ def test_mcloud_check_reports_a_broken_copy(tmp_path, original, broken, reported
     assert mcloud.main(['check', str(copy)]) == 1
 
 
+def test_mcloud_check_names_a_folder_a_missing_file_and_a_binary(tmp_path):
+    (tmp_path / 'binary.yaml').write_bytes(b'\x89PNG\r\n\x1a\n\x00')
+    assert mcloud.check(tmp_path) == [f'{tmp_path}: a folder, not a run YAML: give the YAML file in it (mcloud.yaml)']
+    assert mcloud.check(tmp_path / 'nowhere.yaml') == [f'{tmp_path / "nowhere.yaml"}: no such file']
+    assert mcloud.check(tmp_path / 'binary.yaml')[0].startswith(f'{tmp_path / "binary.yaml"}: cannot be parsed')
+    assert mcloud.main(['check', str(tmp_path)]) == 1
+
+
 def test_mcloud_sweep_makes_one_run_per_gpu_count():
     configs = mcloud.sweep_configs(REPO / 'mcloud.yaml', [8, 16, 128], 'h100_80gb')
     assert [config.compute['gpus'] for config in configs] == [8, 16, 128]
