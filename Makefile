@@ -37,7 +37,7 @@ bench: install
 # rather than T5's (docs/models.md). Written once; the line printed is its folder.
 .PHONY: t5-smoke-tokenizer
 t5-smoke-tokenizer: install
-	@$(VENV)/bin/python -c 'from datapath.tokenizer import t5_smoke_tokenizer_folder; print(t5_smoke_tokenizer_folder())'
+	@$(VENV)/bin/python -c 'from settings.tokenizer import t5_smoke_tokenizer_folder; print(t5_smoke_tokenizer_folder())'
 
 # ruff: lint rules and formatting, configured in pyproject.toml. `make format` applies the formatting.
 lint: install

@@ -13,8 +13,8 @@ the benchmark (models/ builds the model, runs/training.py the Trainer) and repor
 
 import os
 
+from guards.arguments import ConfigError, stop
 from runs.start_lines import start_lines
-from settings.arguments import ConfigError, stop
 from settings.config import resolve_config
 from settings.flags import parse_args
 

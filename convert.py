@@ -13,15 +13,12 @@ unless --overwrite is given. --validation_fraction holds a split out, chosen by 
 own MDS dataset in OUT/validation, which benchmark.py --local OUT --eval_interval finds.
 A dataset appears only once it is whole and holds a sample: with none written (an empty folder, every file
 skipped) or an error on the way, the output is left as it was and the exit status is 2.
-Also builds the small generated dataset that benchmark.py trains on by default (`ensure_sample_dataset`).
 """
 
 import contextlib
 import hashlib
-import io
 import json
 import os
-import random
 import re
 import shutil
 import sys
@@ -31,24 +28,22 @@ import urllib.parse
 from collections import Counter
 from pathlib import Path
 
-from PIL import Image, ImageDraw, ImageOps
 from tqdm import tqdm
 
-from datapath.dataset_checks import is_remote, s3_client
 from datapath.images import BadSample, decode_image
-from runs.outputs import WriteFailed, free_space_fix, one_line, system_reason, write_failure
-from runs.stopping import SIGNALS, Stopped, stop_on_signals
-from runs.writer_lock import LOCK_FILE, FolderBusy, one_writer
-from settings import arguments
-from settings.presets import SAMPLE_DATASET, SAMPLE_SIZE
+from guards import arguments
+from guards.outputs import WriteFailed, free_space_fix, one_line, system_reason, write_failure
+from guards.stopping import SIGNALS, Stopped, stop_on_signals
+from guards.writer_lock import LOCK_FILE, FolderBusy, one_writer
+from settings.dataset_checks import IMAGE_CAPTION_COLUMNS, is_remote, s3_client
 
-COLUMNS = {'jpg': 'bytes', 'caption': 'str'}  # the LAION convention of the published benchmark
+COLUMNS = IMAGE_CAPTION_COLUMNS  # the LAION convention of the published benchmark
 IMAGE_EXTENSIONS = ('jpg', 'jpeg', 'png', 'webp', 'bmp', 'gif', 'tif', 'tiff')
 SKIPPED_NAMED = 10  # skipped samples named one by one; the rest are only counted
 # A local output's shards and index until the conversion ends, inside the output folder (its file system, its disk).
 STAGING = '.convert-partial'
-# --validation_fraction's held-out split: an MDS dataset of its own in this folder of the output (config.py looks
-# for it there when a run's --local is a converted folder).
+# --validation_fraction's held-out split: an MDS dataset of its own in this folder of the output (settings/datasets.py
+# looks for it there when a run's --local is a converted folder).
 VALIDATION_SPLIT = 'validation'
 NO_CAPTION_FILE = 'no caption file'
 
@@ -271,7 +266,7 @@ def write_samples(writer, validation_writer, samples, total: int | None, progres
         samples, total=total, unit='img', disable=not progress, desc='converting'
     ):
         if reason is None:
-            reason = problem(image, caption)
+            reason = why_unusable(image, caption)
         if reason is not None:
             reason, detail = reason if isinstance(reason, tuple) else (reason, None)
             skipped[reason] += 1
@@ -318,7 +313,8 @@ def drop_remote_index(out: str) -> None:
             client.delete_object(Bucket=url.netloc, Key=f'{prefix}/{index}' if prefix else index)
 
 
-def problem(image: bytes, caption) -> str | None:
+def why_unusable(image: bytes, caption) -> str | None:
+    """Why the training loader would reject a sample (its caption not text, its image not decodable), or None."""
     if isinstance(caption, bytes):
         try:
             caption = caption.decode('utf-8')
@@ -374,91 +370,6 @@ def split_position(name: str) -> float:
     not a random draw, so that a conversion repeated holds out the same samples and a larger fraction only adds to
     them."""
     return int.from_bytes(hashlib.sha256(name.encode('utf-8')).digest()[:8], 'big') / 2**64
-
-
-# ------------------------------------------------------------------------------- generated samples
-
-COLORS = {
-    'red': (215, 48, 39),
-    'orange': (244, 140, 40),
-    'yellow': (250, 215, 60),
-    'green': (60, 160, 70),
-    'blue': (50, 100, 200),
-    'purple': (130, 70, 170),
-    'white': (245, 245, 245),
-    'black': (20, 20, 20),
-    'gray': (128, 128, 128),
-}
-SHAPES = ('circle', 'square', 'triangle')
-SIZES = ((512, 512), (640, 512), (512, 640), (768, 512), (576, 768))  # width x height, shorter side >= 512
-
-
-def generated_sample(rng: random.Random) -> tuple[bytes, str]:
-    """A JPEG of one to three colored shapes on a gradient, and a caption that describes it."""
-    width, height = rng.choice(SIZES)
-    background, shade = rng.sample(sorted(COLORS), 2)
-    image = ImageOps.colorize(Image.linear_gradient('L').resize((width, height)), COLORS[background], COLORS[shade])
-    draw = ImageDraw.Draw(image)
-    parts = []
-    for _ in range(rng.randint(1, 3)):
-        color = rng.choice([c for c in COLORS if c not in (background, shade)])
-        shape = rng.choice(SHAPES)
-        r = rng.randint(40, min(width, height) // 4)
-        x, y = rng.randint(r, width - r), rng.randint(r, height - r)
-        if shape == 'circle':
-            draw.ellipse((x - r, y - r, x + r, y + r), fill=COLORS[color])
-        elif shape == 'square':
-            draw.rectangle((x - r, y - r, x + r, y + r), fill=COLORS[color])
-        else:
-            draw.polygon([(x, y - r), (x - r, y + r), (x + r, y + r)], fill=COLORS[color])
-        parts.append(f'a {color} {shape}')
-    buffer = io.BytesIO()
-    image.save(buffer, 'JPEG', quality=90)
-    return buffer.getvalue(), f'{" and ".join(parts)} on a {background} background'
-
-
-def ensure_sample_dataset(
-    path: Path = SAMPLE_DATASET, num_samples: int = SAMPLE_SIZE, seed: int = 0, broken: bool = True
-) -> Path:
-    """Build the generated dataset once (local rank 0; other ranks wait) and return its folder.
-
-    Two samples are written as they come in real crawls, an empty download and an HTML error page, so a
-    first run also exercises the bad-sample path; the loader replaces them and says so (unless broken=False).
-    """
-    path = Path(path)
-    if (path / 'index.json').is_file():
-        return path
-    if int(os.environ.get('LOCAL_RANK', '0')) != 0:
-        deadline = time.monotonic() + 600
-        while not (path / 'index.json').is_file():
-            if time.monotonic() > deadline:
-                raise ConvertError(f'{path}: local rank 0 did not finish building the sample dataset')
-            time.sleep(0.5)
-        return path
-    work = path.parent / f'.{path.name}-{os.getpid()}'
-    rng = random.Random(seed)
-    from streaming import MDSWriter
-
-    try:
-        with MDSWriter(out=str(work), columns=COLUMNS, exist_ok=True) as writer:
-            for index in range(num_samples):
-                image, caption = generated_sample(rng)
-                if broken and index == num_samples // 3:
-                    image = b''
-                elif broken and index == 2 * num_samples // 3:
-                    image = b'<!DOCTYPE html><html><body><h1>404 Not Found</h1></body></html>'
-                writer.write({'jpg': image, 'caption': caption})
-    except OSError as error:  # a full disk: the hidden folder goes, and the line names the dataset
-        shutil.rmtree(work, ignore_errors=True)
-        fix = free_space_fix(error, 'run again, which builds it')
-        raise WriteFailed(f'{path} (the sample dataset)', system_reason(error), 'nothing written', fix) from error
-    if path.exists():
-        shutil.rmtree(path)  # a folder without index.json: left by an interrupted build
-    try:
-        work.rename(path)
-    except OSError:  # another process (another node on a shared file system) finished first
-        shutil.rmtree(work, ignore_errors=True)
-    return path
 
 
 # --------------------------------------------------------------------------------------------- main

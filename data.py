@@ -21,11 +21,11 @@ from composer.core import Callback
 from composer.utils import dist
 from torch.utils.data import Dataset, default_collate
 
-from datapath.dataset_checks import READ_TIMEOUT, RETRIES, SDXL_PRECOMPUTED_COLUMNS, DataError
 from datapath.images import MAX_IMAGE_PIXELS, BadSample, decode_image, size_conditions
 from datapath.streaming_fixes import CheckedStreamingDataset
-from datapath.tokenizer import column_tokenizers
-from settings.model_folder import CAPTION_LENGTH, CaptionInputs
+from settings.dataset_checks import READ_TIMEOUT, RETRIES, SDXL_PRECOMPUTED_COLUMNS, DataError
+from settings.model_folder import CAPTION_LENGTH, T5_VOCAB_SIZE, CaptionInputs
+from settings.tokenizer import CaptionTokenizer, column_tokenizers, empty_caption_ids
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +58,20 @@ class SyntheticDataset(Dataset):
 
 class SyntheticImageCaptionDataset(SyntheticDataset):
     """Random images in [-1, 1] and random caption token ids (each column's length, below its vocabulary size), as in
-    the published benchmark."""
+    the published benchmark. `tokenizer` (--tokenizer) gives only the empty caption (caption dropout)."""
 
     def __init__(
-        self, image_size: int, num_samples: int = 100_000, seed: int = 17, inputs: CaptionInputs = CaptionInputs()
+        self,
+        image_size: int,
+        num_samples: int = 100_000,
+        seed: int = 17,
+        inputs: CaptionInputs = CaptionInputs(),
+        tokenizer: str | None = None,
     ):
         super().__init__(num_samples, seed)
         self.image_size = image_size
         self.inputs = inputs
+        self.tokenizer = tokenizer
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         generator = self.generator(index)
@@ -76,6 +82,21 @@ class SyntheticImageCaptionDataset(SyntheticDataset):
         if self.inputs.size_conditions:
             sample['time_ids'] = synthetic_size_conditions(self.image_size, generator)
         return sample
+
+    def empty_caption_ids(self) -> dict[str, torch.Tensor]:
+        """The ids of '' in each caption column, which caption dropout trains on. Random captions need no tokenizer,
+        so none is held: CLIP's columns tokenize it here (--tokenizer's, or the built-in one where a T5 encoder is
+        beside them), and T5's follow its convention, as a synthetic run needs no T5 tokenizer."""
+        inputs = self.inputs
+        clip_tokenizer = None if inputs.uses_t5 else self.tokenizer
+        return {
+            column: empty_caption_ids(pad, length)
+            if vocab_size == T5_VOCAB_SIZE
+            else CaptionTokenizer(clip_tokenizer, pad)('')
+            for column, pad, length, vocab_size in zip(
+                inputs.id_columns, inputs.pad_ids, inputs.lengths, inputs.vocab_sizes, strict=True
+            )
+        }
 
 
 class SyntheticLatentsDataset(SyntheticDataset):
@@ -227,6 +248,11 @@ class StreamingLAIONDataset(CheckedStreamingDataset):
         sample['sample_id'] = sample_id
         sample['bad_samples'] = int(bool(failures))
         return sample
+
+    def empty_caption_ids(self) -> dict[str, torch.Tensor]:
+        """The ids of '' in each caption column, by the tokenizers this dataset reads its captions with: what caption
+        dropout trains on."""
+        return self.to_sample.caption_ids('')
 
     def transform(self, raw: dict) -> dict:
         sample = self.to_sample(raw)

@@ -36,9 +36,8 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from runs.outputs import staged_folder
+from guards.outputs import staged_folder
 from settings import durations
-from settings.durations import Duration
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +68,17 @@ def _parse_time(name: str, value: str | Time, units: tuple[TimeUnit, ...]) -> Ti
     return time
 
 
-def parse_half_life(half_life: str | Time | Duration) -> Time:
-    """A half life as the EMA takes it: a positive whole number of batches or epochs (checked by durations.py, as
-    config.py checks --ema_half_life)."""
-    text = half_life.to_timestring() if isinstance(half_life, (Time, Duration)) else str(half_life)
-    return Time.from_timestring(durations.parse_half_life(text).to_timestring())
+def parse_half_life(half_life: str | Time) -> Time:
+    """A half life as the EMA takes it: a positive whole number of batches or epochs. A Time (a run's
+    --ema_half_life, which config.py parsed once) is taken as it is, its unit and value checked; a time string is
+    parsed by durations.py's rules, the ones config.py checks the flag by."""
+    if not isinstance(half_life, Time):
+        parsed = durations.parse_half_life(str(half_life))
+        return Time(parsed.value, parsed.unit)
+    time = _parse_time('half_life', half_life, (TimeUnit.BATCH, TimeUnit.EPOCH))
+    if time.value <= 0:
+        raise ValueError(f'EMA half_life={half_life.to_timestring()!r}: must be positive')
+    return time
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -24,10 +24,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-from datapath.tokenizer import check_tokenizer_file
-from runs.outputs import one_line
-from settings import arguments
-from settings.arguments import ConfigError
+from guards import arguments
+from guards.arguments import ConfigError
+from guards.outputs import one_line
 from settings.model_folder import (
     LATENT_DOWNSAMPLE,
     TRANSFORMER_PIPELINE_NAMES,
@@ -40,6 +39,7 @@ from settings.model_folder import (
     weights_problem,
 )
 from settings.presets import SAMPLERS
+from settings.tokenizer import check_tokenizer_file
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')  # never the network: every part is local
 
@@ -332,7 +332,7 @@ def main(args: argparse.Namespace):
     prompts = check_args(args)
     # Imported once the flags check out, not at the top: torch and Diffusers take seconds to load, and --help or a
     # bad flag answers without them.
-    from pipelines import generation
+    from runs import generation
 
     return generation.draw(args, prompts)
 

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from settings import arguments
+from guards import arguments
 
 if TYPE_CHECKING:  # mcli takes half a second to import: loaded where it is used, so --help answers at once
     from mcli import RunConfig

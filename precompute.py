@@ -18,14 +18,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from datapath.dataset_checks import is_remote
-from datapath.tokenizer import check_tokenizer
-from runs.outputs import one_line
-from runs.stopping import SIGNALS, Stopped, stop_on_signals
-from settings import arguments, hardware
-from settings.arguments import ConfigError
+from guards import arguments
+from guards.arguments import ConfigError
+from guards.outputs import one_line
+from guards.stopping import SIGNALS, Stopped, stop_on_signals
+from settings import hardware
+from settings.dataset_checks import is_remote
 from settings.model_folder import caption_inputs, is_transformer_folder, resolve_model_dir, t5_tokenizer_needed
 from settings.presets import PRESETS, SAMPLE_DATASET, SD2_BASE
+from settings.tokenizer import check_tokenizer
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -155,7 +156,7 @@ def main(argv=None) -> dict:
         args = resolve_args(args)
         # Imported once the flags check out, not at the top: torch, Streaming and the encoders take seconds to load,
         # and --help or a bad flag answers without them.
-        from datapath import precomputing
+        from runs import precomputing
 
         return precomputing.precompute(args)
 

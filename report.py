@@ -29,8 +29,8 @@ from costs.measurements import PUBLISHED_SAMPLES, ReportError, collect_points, d
 from costs.prediction import PUBLISHED_BATCH, PUBLISHED_MICROBATCH
 from costs.sections import build_section, model_names, report_blocks
 from costs.tables import phase_order, write_csv
-from runs.outputs import one_line, staged_file
-from settings import arguments
+from guards import arguments
+from guards.outputs import one_line, staged_file
 
 
 def parse_args(argv=None):

@@ -16,7 +16,7 @@ fp32, so a GPU holds somewhat more, plus its allocator's slack: measure the peak
 import argparse
 import os
 
-from settings.arguments import ConfigError
+from guards.arguments import ConfigError
 from settings.model_folder import LATENT_DOWNSAMPLE, resolve_model_dir
 from settings.presets import PRESETS
 

@@ -24,7 +24,7 @@ import argparse
 import os
 import statistics
 
-from settings.arguments import ConfigError
+from guards.arguments import ConfigError
 from settings.flags import parse_args
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')

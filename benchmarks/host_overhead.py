@@ -22,7 +22,7 @@ import argparse
 import os
 
 from costs.results import PEAK_FLOPS
-from settings.arguments import ConfigError
+from guards.arguments import ConfigError
 from settings.model_folder import resolve_model_dir
 from settings.presets import PRESETS
 

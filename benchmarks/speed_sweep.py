@@ -37,7 +37,7 @@ from typing import NamedTuple
 from benchmarks import profile_summary
 from costs.results import load_results
 from costs.results import mfu as results_mfu
-from settings.arguments import ConfigError
+from guards.arguments import ConfigError
 from settings.model_folder import is_transformer_folder, resolve_model_dir
 from settings.presets import PRESETS, SD2_BASE
 

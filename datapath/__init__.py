@@ -1,2 +1,2 @@
-"""From files to batches: a dataset's location and index checked, images decoded, captions tokenized, Streaming's
-faults mended, the loader a signal may stop, and precompute.py's work. The datasets themselves are `data.py`."""
+"""Bytes to training samples: images decoded, Streaming's faults mended, the loader a signal may stop, and the sample
+dataset a run writes on first use. The datasets themselves are `data.py`. Imports `settings/` and `guards/`."""

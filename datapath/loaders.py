@@ -5,7 +5,7 @@ until they have started, as a loader stopped halfway through starting them print
 
 from torch.utils.data import DataLoader
 
-from runs.stopping import quiet_loader_worker, stops_held
+from guards.stopping import quiet_loader_worker, stops_held
 
 
 class StoppableDataLoader(DataLoader):

@@ -45,8 +45,8 @@ from streaming.base.shared.prefix import _get_path, get_shm_prefix
 from streaming.base.storage import download as streaming_download
 from streaming.base.storage.download import S3Downloader
 
-from datapath.dataset_checks import READ_TIMEOUT, RETRIES, DataError, check_columns, check_dataset
-from runs.outputs import DISK_FULL
+from guards.outputs import DISK_FULL
+from settings.dataset_checks import READ_TIMEOUT, RETRIES, DataError, check_columns, check_dataset
 
 
 class S3DownloaderOneTransferAttempt(S3Downloader):

@@ -25,11 +25,11 @@ from diffusers.training_utils import compute_density_for_timestep_sampling, comp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from datapath.images import unit_range
 from models.parts import (
     FrozenEncodersModel,
     build_frozen_encoders,
     build_part,
+    latent_distribution,
     per_sample_mse,
     standard_normal_like,
     validation_timesteps,
@@ -182,20 +182,12 @@ class DiffusionTransformer(FrozenEncodersModel):
     def encode(self, batch: dict) -> tuple[torch.Tensor, dict]:
         """Normalized latents sampled from the VAE's latent distribution, and the text conditioning: computed by the
         frozen encoders, or read from a precomputed batch. In fp32, whatever the encoders hold."""
+        mean, std = latent_distribution(batch, self.vae)
         if 'latent_mean' in batch:
-            mean = batch['latent_mean'].float()
-            std = torch.exp(0.5 * batch['latent_logvar'].float())  # as Diffusers' DiagonalGaussianDistribution
             text = {name: batch[name].float() for name in ('text_embedding', 'pooled_text_embedding') if name in batch}
             if 'text_mask' in batch:
                 text['text_mask'] = batch['text_mask']
         else:
-            if self.vae is None:
-                raise ValueError(
-                    'this model has no VAE or text encoder (precomputed latents): the batch needs '
-                    "'latent_mean', 'latent_logvar' and 'text_embedding'"
-                )
-            latent_dist = self.vae.encode(unit_range(batch['image']).to(self.vae.dtype)).latent_dist
-            mean, std = latent_dist.mean.float(), latent_dist.std.float()
             text = encode_text(self.family, self.text_encoders, batch)
         latent_noise = batch.get('latent_noise')
         if latent_noise is None:

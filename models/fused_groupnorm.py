@@ -20,7 +20,7 @@ Where it runs: the Triton kernels on CUDA tensors; on CPU tensors too when TRITO
 module was imported (Triton reads it when @triton.jit decorates the kernels, at import): Triton's interpreter, slow,
 for tests. Everywhere else (CPU without the interpreter, or no triton installed) the op runs the same math in plain
 PyTorch (fp32, then the input's dtype), so a swapped UNet still runs on a CPU; the --fused_groupnorm flag itself is
-refused where triton_available is false (config.py), since that would measure nothing.
+refused where triton_available is false (device_checks.py), since that would measure nothing.
 
 Under autocast (amp_bf16) the op runs in its input's dtype, as a custom op does: a bf16 activation gives a bf16
 output, where eager autocast runs GroupNorm (and then SiLU) in fp32; the convolution that follows casts to bf16

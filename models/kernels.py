@@ -2,7 +2,7 @@
 first among SDPA's backends (--attention cudnn), cuDNN's autotuning of the convolutions (--cudnn_benchmark), and
 a UNet's GroupNorm + SiLU as one Triton kernel (--fused_groupnorm, fused_groupnorm.py). NVIDIA's MLPerf
 Training submissions for Stable Diffusion run on kernels of these kinds; none is in a recipe until the GPU
-campaign measures it against the fast recipe. config.py checks where each can run."""
+campaign measures it against the fast recipe. device_checks.py checks where each can run."""
 
 import contextlib
 

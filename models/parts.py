@@ -1,6 +1,7 @@
 """What the two model families share (stable_diffusion.py's UNets, diffusion_transformer.py's diffusion
-transformers): each part of a model folder built as a module, the noise draw, the per-sample loss, the
-validation-loss metric, and the Composer model's frozen encoders and evaluation hooks (`FrozenEncodersModel`).
+transformers): each part of a model folder built as a module, the VAE's latent distribution of a batch, the noise
+draw, the per-sample loss, the validation-loss metric, and the Composer model's frozen encoders and evaluation hooks
+(`FrozenEncodersModel`).
 
 A part loads its weights where the folder has them and is otherwise randomly initialized from its config, which is
 right for training from scratch and never needs a download. Its class comes from its config: Diffusers' configs name
@@ -20,6 +21,7 @@ from diffusers import AutoencoderKL, UNet2DConditionModel
 from torchmetrics import Metric
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
+from datapath.images import unit_range
 from settings.model_folder import has_weights, text_encoder_folders
 from settings.presets import VALIDATION_TIMESTEPS
 
@@ -106,6 +108,23 @@ def standard_normal_like(tensor: torch.Tensor) -> torch.Tensor:
     (where convolutions return channels-last latents on a GPU) the same seed gave other noise than the plain
     run, and the two steps could not be compared."""
     return torch.randn(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+
+
+def latent_distribution(batch: dict, vae: AutoencoderKL | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and standard deviation of the VAE's latent distribution of a batch's images, in fp32, before either
+    family's scaling: read from a precomputed batch ('latent_mean', 'latent_logvar', as precompute.py stores it) or
+    computed by the frozen VAE."""
+    if 'latent_mean' in batch:
+        mean = batch['latent_mean'].float()
+        std = torch.exp(0.5 * batch['latent_logvar'].float())  # as Diffusers' DiagonalGaussianDistribution
+        return mean, std
+    if vae is None:
+        raise ValueError(
+            'this model has no VAE or text encoder (precomputed latents): the batch needs '
+            "'latent_mean', 'latent_logvar' and 'text_embedding'"
+        )
+    latent_dist = vae.encode(unit_range(batch['image']).to(vae.dtype)).latent_dist
+    return latent_dist.mean.float(), latent_dist.std.float()
 
 
 def per_sample_mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

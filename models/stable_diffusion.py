@@ -18,7 +18,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
-from datapath.images import unit_range
 from models.diffusion_transformer import DiffusionTransformer, build_transformer_model
 from models.diffusion_transformer import encode_text as encode_transformer_text
 from models.parts import (
@@ -27,6 +26,7 @@ from models.parts import (
     build_frozen_encoders,
     build_part,
     describe_weights,
+    latent_distribution,
     per_sample_mse,
     standard_normal_like,
     validation_timesteps,
@@ -150,18 +150,10 @@ class StableDiffusion(FrozenEncodersModel):
         """Scaled latents sampled from the VAE's latent distribution, and the UNet's conditioning (keyword
         arguments of its forward): computed by the frozen encoders, or read from a precomputed batch. In fp32,
         whatever the encoders hold."""
+        mean, std = latent_distribution(batch, self.vae)
         if 'latent_mean' in batch:
-            mean = batch['latent_mean'].float()
-            std = torch.exp(0.5 * batch['latent_logvar'].float())  # as Diffusers' DiagonalGaussianDistribution
             text = {name: batch[name].float() for name in ('text_embedding', 'pooled_text_embedding') if name in batch}
         else:
-            if self.vae is None:
-                raise ValueError(
-                    'this model has no VAE or text encoder (precomputed latents): the batch needs '
-                    "'latent_mean', 'latent_logvar' and 'text_embedding'"
-                )
-            latent_dist = self.vae.encode(unit_range(batch['image']).to(self.vae.dtype)).latent_dist
-            mean, std = latent_dist.mean.float(), latent_dist.std.float()
             text = {
                 name: value.float()
                 for name, value in encode_text(self.text_encoder, self.text_encoder_2, batch).items()

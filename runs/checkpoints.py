@@ -32,7 +32,7 @@ from composer.callbacks import CheckpointSaver
 from composer.core import Callback
 from composer.utils import dist
 
-from settings.arguments import ConfigError
+from guards.arguments import ConfigError
 from settings.config import RunConfig
 
 # Composer's default names for the file rank 0 writes (all of a DDP or full-state FSDP checkpoint) and its link.

@@ -33,12 +33,11 @@ from streaming.base.format import reader_from_json
 from streaming.base.storage.download import CloudDownloader
 from torch.utils.data import DataLoader, Dataset
 
-from convert import ensure_sample_dataset
 from data import ImageCaptionSample, PrecomputedLatentsDataset
 from datapath.images import BadSample
 from datapath.loaders import StoppableDataLoader
 from settings.model_folder import CaptionInputs
-from settings.presets import SAMPLE_VALIDATION_SEED, SAMPLE_VALIDATION_SIZE, VALIDATION_TIMESTEPS
+from settings.presets import VALIDATION_TIMESTEPS
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +154,9 @@ def whole_microbatches(loader: DataLoader) -> DataSpec:
 
 
 def build_evaluators(config, latent_shape: tuple[int, int, int]) -> list[Evaluator]:
-    """The evaluators a RunConfig asks for, with their averaged-weights twins under --use_ema; the sample dataset's
-    held-out split is written on first use."""
-    if config.sample_validation:
-        ensure_sample_dataset(Path(config.eval_local), SAMPLE_VALIDATION_SIZE, SAMPLE_VALIDATION_SEED, broken=False)
+    """The evaluators a RunConfig asks for, with their averaged-weights twins under --use_ema. The sample dataset's
+    held-out split, where the run validates on it, is there already: the run writes it first
+    (run.write_sample_datasets)."""
     evaluators = []
     microbatch = config.device_train_microbatch_size
     batch_size = config.device_batch_size if microbatch == 'auto' else microbatch

@@ -21,7 +21,7 @@ from composer.core import Callback, State
 
 from runs.checkpoints import CHECKPOINT_FILE, checkpoint_files, set_aside_incomplete
 from settings.config import RunConfig
-from runs.stopping import SIGNALS, Stopped, check_stopped, forget_stops, stop
+from guards.stopping import SIGNALS, Stopped, check_stopped, forget_stops, stop
 
 
 class StopOnSignal(Callback):

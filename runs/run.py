@@ -1,6 +1,7 @@
 """One benchmark run, from parsed flags to reported throughput: `main` resolves the flags into a RunConfig
-(config.py), builds the model (stable_diffusion.py) and the Trainer (training.py), trains, and reports the throughput: printed,
-and with --results_json written in the schema of results.py. `main_reporting_errors` turns each error a run can
+(config.py), builds the model (stable_diffusion.py), writes the sample datasets where the run reads them
+(sample_dataset.py), builds the Trainer (training.py), trains, and reports the throughput: printed, and with
+--results_json written in the schema of results.py. `main_reporting_errors` turns each error a run can
 meet into one line. benchmark.py is its command line.
 """
 
@@ -20,7 +21,16 @@ from composer import Trainer
 from composer.loggers import InMemoryLogger
 from composer.utils import dist, get_device, reproducibility
 
-from settings.arguments import ConfigError, leave_verdict, stop
+from costs.results import Results, cpu_name, mfu, package_versions, peak_flops
+from settings.dataset_checks import DataError
+from datapath.sample_dataset import ensure_sample_dataset
+from datapath.streaming_fixes import clean_stale_shared_memory
+from settings.tokenizer import TokenizerError
+from ema import export_ema_unet
+from models.diffusion_transformer import convert_to_float8
+from models.kernels import attention_backends, use_kernels
+from models.stable_diffusion import DiffusionModel, build_model, describe_weights
+from runs.export import SampleGrid, export_pipeline
 from runs.checkpoints import (
     LATEST_LINK,
     CheckpointWriteError,
@@ -28,22 +38,15 @@ from runs.checkpoints import (
     resumed_cpu_threads,
     set_aside_incomplete,
 )
-from settings.config import RunConfig, resolve_config
-from runs.start_lines import start_lines
-from datapath.dataset_checks import DataError
-from ema import export_ema_unet
 from runs.evaluation import ValidationReport
-from pipelines.export import SampleGrid, export_pipeline
 from runs.interrupts import StopOnSignal, Stopped
-from models.kernels import attention_backends, use_kernels
-from models.stable_diffusion import DiffusionModel, build_model, describe_weights
-from costs.results import Results, cpu_name, mfu, package_versions, peak_flops
-from runs.versions import check_stack
-from datapath.streaming_fixes import clean_stale_shared_memory
-from datapath.tokenizer import TokenizerError
+from runs.start_lines import start_lines
 from runs.training import build_dataloader, build_trainer, log_summary_to_wandb
-from models.diffusion_transformer import convert_to_float8
-from runs.writer_lock import one_writer_on_rank_zero
+from runs.versions import check_stack
+from guards.writer_lock import one_writer_on_rank_zero
+from guards.arguments import ConfigError, leave_verdict, stop
+from settings.config import RunConfig, resolve_config
+from settings.presets import SAMPLE_VALIDATION_SEED, SAMPLE_VALIDATION_SIZE
 
 
 def main(args: argparse.Namespace | RunConfig, callbacks: tuple = (), announced: bool = False) -> Trainer:
@@ -71,7 +74,41 @@ def save_folder_lock(config: RunConfig):
 
 
 def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, announced: bool = False) -> Trainer:
-    """`announced`: the start's lines (start_lines) were printed already, as benchmark.py does before torch loads."""
+    """The run's steps: start (announced unless `announced`: start_lines printed already, as benchmark.py does
+    before torch loads), the model, resumption, the sample datasets, the Trainer, training, the results, the
+    exports."""
+    start(config, announced)
+    model = build_run_model(config)
+    config = prepare_resumption(config, model)
+    write_sample_datasets(config)
+    sample_grids = (SampleGrid(config),) if config.sample_interval else ()
+    trainer = build_trainer(config, model, build_dataloader(config, model), (*sample_grids, *callbacks))
+    stop_on_signal.save_checkpoint = trainer.save_checkpoint_to_save_folder if config.save_folder else None
+    resumed_at = int(trainer.state.timestamp.batch)
+    if trained_to_the_end(trainer):  # resumed from the last checkpoint of a finished run: Composer would raise
+        exports = ' and exported below' if config.export_pipeline or config.export_ema_unet else ''
+        announce(
+            f'run {config.run_name!r} is complete: its checkpoints in {config.save_folder} hold all '
+            f'{resumed_at} batches of --max_duration {config.max_duration}; nothing to train and no results '
+            f'written{exports} (a longer --max_duration trains on from there)'
+        )
+        export(trainer, config)
+        return trainer
+    if resumed_at:
+        announce_resumed(config, resumed_at)
+    with attention_backends(config.attention):
+        if trainer.state.evaluators:
+            trainer.eval()  # the start of the learning curve, and the untrained model's samples
+        trainer.fit()
+    check_finished(trainer, config)
+    warn_of_cuda_graphs_skipped(config)
+    report(trainer, config, resumed_at)
+    export(trainer, config)
+    return trainer
+
+
+def start(config: RunConfig, announced: bool) -> None:
+    """The start's lines, the CPU threads, the batch's make-up, the process group and the seed."""
     warnings_as_lines()
     if not announced:
         for line in start_lines(config):
@@ -90,6 +127,10 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
     # one while rank 0 still serves the last joins the old one and waits forever (seen: two CPU ranks).
     dist.initialize_dist(get_device(None))
     reproducibility.seed_all(config.seed)  # same random init on every run and rank
+
+
+def build_run_model(config: RunConfig) -> DiffusionModel:
+    """The model with the speed paths the config asks for (activation checkpointing, fp8, kernels), announced."""
     # On a GPU the random init runs there: Composer set this rank's device in initialize_dist.
     init_device = torch.device('cuda', torch.cuda.current_device()) if torch.cuda.is_available() else None
     model = build_model(
@@ -109,43 +150,46 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
     for line in use_kernels(config, model):
         announce(line)
     announce(describe_model(config, model))
+    return model
+
+
+def prepare_resumption(config: RunConfig, model: DiffusionModel) -> RunConfig:
+    """Before the data and the Trainer: a killed run's Streaming shared memory cleaned, and with --autoresume on a
+    local folder, its incomplete checkpoints set aside and the newest checked against this run; the config as the
+    resumed run continues (its checkpoint's CPU threads where none were given)."""
     if not config.use_synth_data:
         clean_stale_shared_memory()  # a killed run's Streaming shared memory would block this one
-    if config.autoresume and '://' not in config.save_folder and Path(config.save_folder).is_dir():
-        if dist.get_global_rank() == 0:
-            for change in set_aside_incomplete(Path(config.save_folder)):
-                announce(f'warning: {change}')
-        dist.barrier()  # every rank resumes from the folder as rank 0 left it
-        saved = check_resumable(Path(config.save_folder), config, model, dist.get_global_rank())
-        config, line = resumed_cpu_threads(config, saved)
-        if line:
-            announce(line)
-            torch.set_num_threads(config.cpu_threads)
-    sample_grids = (SampleGrid(config),) if config.sample_interval else ()
-    trainer = build_trainer(config, model, build_dataloader(config, model), (*sample_grids, *callbacks))
-    stop_on_signal.save_checkpoint = trainer.save_checkpoint_to_save_folder if config.save_folder else None
-    resumed_at = int(trainer.state.timestamp.batch)
-    if trained_to_the_end(trainer):  # resumed from the last checkpoint of a finished run: Composer would raise
-        exports = ' and exported below' if config.export_pipeline or config.export_ema_unet else ''
-        announce(
-            f'run {config.run_name!r} is complete: its checkpoints in {config.save_folder} hold all '
-            f'{resumed_at} batches of --max_duration {config.max_duration}; nothing to train and no results '
-            f'written{exports} (a longer --max_duration trains on from there)'
-        )
-        export(trainer, config)
-        return trainer
-    if resumed_at:
-        remote = '://' in config.save_folder  # Composer fetched the checkpoint its latest link names
-        source = (
-            f'the latest in {config.save_folder}' if remote else Path(config.save_folder, LATEST_LINK).resolve().name
-        )
-        announce(f'resumed run {config.run_name!r} from {source} (batch {resumed_at} of {config.num_batches})')
-    with attention_backends(config.attention):
-        if trainer.state.evaluators:
-            trainer.eval()  # the start of the learning curve, and the untrained model's samples
-        trainer.fit()
-    check_finished(trainer, config)
-    warn_of_cuda_graphs_skipped(config)
+    if not (config.autoresume and '://' not in config.save_folder and Path(config.save_folder).is_dir()):
+        return config
+    if dist.get_global_rank() == 0:
+        for change in set_aside_incomplete(Path(config.save_folder)):
+            announce(f'warning: {change}')
+    dist.barrier()  # every rank resumes from the folder as rank 0 left it
+    saved = check_resumable(Path(config.save_folder), config, model, dist.get_global_rank())
+    config, line = resumed_cpu_threads(config, saved)
+    if line:
+        announce(line)
+        torch.set_num_threads(config.cpu_threads)
+    return config
+
+
+def write_sample_datasets(config: RunConfig) -> None:
+    """The generated sample dataset and its held-out split, where the run reads them (no dataset given), written
+    once, on first use (sample_dataset.py), before the loaders and evaluators that read them are built."""
+    if config.sample_data:
+        ensure_sample_dataset(Path(config.local))
+    if config.sample_validation:
+        ensure_sample_dataset(Path(config.eval_local), SAMPLE_VALIDATION_SIZE, SAMPLE_VALIDATION_SEED, broken=False)
+
+
+def announce_resumed(config: RunConfig, resumed_at: int) -> None:
+    remote = '://' in config.save_folder  # Composer fetched the checkpoint its latest link names
+    source = f'the latest in {config.save_folder}' if remote else Path(config.save_folder, LATEST_LINK).resolve().name
+    announce(f'resumed run {config.run_name!r} from {source} (batch {resumed_at} of {config.num_batches})')
+
+
+def report(trainer: Trainer, config: RunConfig, resumed_at: int) -> None:
+    """The results (rank 0): printed, logged to W&B, written to --results_json; and the profiler's traces."""
     if dist.get_global_rank() == 0:
         results = summarize(trainer, config)
         log_summary_to_wandb(trainer, results)
@@ -156,8 +200,6 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
     if config.profile:
         traces = sorted(str(path) for path in Path(config.profile).glob('*.json'))
         announce(f'profiler traces: {", ".join(traces)} (python benchmarks/profile_summary.py {traces[0]})')
-    export(trainer, config)
-    return trainer
 
 
 def export(trainer: Trainer, config: RunConfig) -> None:
@@ -404,7 +446,8 @@ def main_reporting_errors(
     except (DataError, TokenizerError) as error:  # found while training, e.g. a dataset of mostly bad samples
         # Raised in a dataloader worker, the message carries the worker's traceback: its last line is the reason.
         last_line = str(error).strip().splitlines()[-1]
-        stop(1, re.sub(r'^(dataset_checks\.DataError|tokenizer\.TokenizerError): ', '', last_line))
+        names = '|'.join(re.escape(f'{kind.__module__}.{kind.__name__}') for kind in (DataError, TokenizerError))
+        stop(1, re.sub(rf'^({names}): ', '', last_line))
 
 
 def out_of_memory(config: RunConfig, error: torch.OutOfMemoryError) -> str:

@@ -1,17 +1,13 @@
-"""Options that keep long runs stable, all off by default so the published run is unchanged: gradient clipping by
-norm (Composer's GradientClipping), a linear learning-rate warmup into the published constant rate (Composer's
-ConstantWithWarmupScheduler), and caption dropout, which trains on the empty caption with a given probability so
-that the model also learns the unconditional prediction classifier-free guidance needs.
+"""Options that keep long runs stable, all off by default for the UNets so the published run is unchanged: gradient
+clipping by norm (Composer's GradientClipping), and caption dropout, which trains on the empty caption with a given
+probability so that the model also learns the unconditional prediction classifier-free guidance needs. (--lr_warmup,
+a learning-rate schedule, is built beside the optimizer: training.build_lr_schedule.)
 """
 
 import torch
 from composer.algorithms import GradientClipping
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
-from composer.optim import ConstantScheduler, ConstantWithWarmupScheduler
-
-from settings.model_folder import T5_VOCAB_SIZE
-from datapath.tokenizer import CaptionTokenizer, empty_caption_ids
 
 
 class CaptionDropout(Algorithm):
@@ -35,28 +31,12 @@ class CaptionDropout(Algorithm):
             ids[dropped.to(ids.device)] = empty.to(ids.device)
 
 
-def stability_algorithms(config) -> list[Algorithm]:
+def stability_algorithms(config, dataset) -> list[Algorithm]:
+    """Gradient clipping and caption dropout as the config asks; the empty caption is the training dataset's own
+    (data.py's `empty_caption_ids`: its tokenizers' ids of '')."""
     algorithms = []
     if config.grad_clip_norm:
         algorithms.append(GradientClipping(clipping_type='norm', clipping_threshold=config.grad_clip_norm))
     if config.caption_dropout:
-        inputs = config.caption_inputs
-        # With a T5 encoder beside them, --tokenizer names T5's tokenizer and the CLIP columns use the built-in one.
-        clip_tokenizer = None if inputs.uses_t5 else config.tokenizer
-        empty = {
-            column: empty_caption_ids(pad, length)
-            if vocab_size == T5_VOCAB_SIZE
-            else CaptionTokenizer(clip_tokenizer, pad)('')
-            for column, pad, length, vocab_size in zip(
-                inputs.id_columns, inputs.pad_ids, inputs.lengths, inputs.vocab_sizes, strict=True
-            )
-        }
-        algorithms.append(CaptionDropout(config.caption_dropout, empty))
+        algorithms.append(CaptionDropout(config.caption_dropout, dataset.empty_caption_ids()))
     return algorithms
-
-
-def lr_scheduler(config):
-    """The published constant learning rate, reached by a linear warmup from 0 over --lr_warmup when given."""
-    if config.lr_warmup is None:
-        return ConstantScheduler()
-    return ConstantWithWarmupScheduler(t_warmup=config.lr_warmup)

@@ -1,28 +1,24 @@
 """The Composer Trainer of a run, assembled from its RunConfig: the data loader (synthetic tensors or MDS shards
-through Streaming), the published optimizer, the algorithms and callbacks the flags ask for, FSDP units, the
-profiler, and the random state of a checkpoint resumed mid-epoch. run.py runs it;
+through Streaming), the published optimizer and its learning-rate schedule, the algorithms and callbacks the flags
+ask for, FSDP units, the profiler, and the random state of a checkpoint resumed mid-epoch. run.py runs it;
 benchmarks/framework_overhead.py times it against a bare loop.
 """
 
 import urllib.parse
 import warnings
 from collections import deque
-from pathlib import Path
 
 import torch
 from composer import Trainer
 from composer.algorithms import ChannelsLast, LowPrecisionGroupNorm, LowPrecisionLayerNorm
 from composer.callbacks import SpeedMonitor
-from composer.core import Callback
+from composer.core import Callback, Time
 from composer.loggers import InMemoryLogger, WandBLogger
+from composer.optim import ComposerScheduler, ConstantScheduler, ConstantWithWarmupScheduler
 from composer.profiler import Profiler, cyclic_schedule
 from composer.utils import dist, reproducibility
 from torch.utils.data import DataLoader
 
-from settings.arguments import ConfigError
-from runs.checkpoints import RunDescription, keep_newest_checkpoints, report_failed_writes
-from settings.config import RunConfig
-from convert import ensure_sample_dataset
 from data import (
     BadSampleCounter,
     PrecomputedLatentsDataset,
@@ -31,19 +27,23 @@ from data import (
     SyntheticLatentsDataset,
     collate,
 )
-from datapath.dataset_checks import DataError
-from ema import EMA
-from runs.evaluation import build_evaluators, evaluation_callbacks
+from settings.dataset_checks import DataError
 from datapath.loaders import StoppableDataLoader
+from settings.tokenizer import TokenizerError
+from ema import EMA
 from models.stable_diffusion import DiffusionModel
+from runs.checkpoints import RunDescription, keep_newest_checkpoints, report_failed_writes
+from runs.evaluation import build_evaluators, evaluation_callbacks
+from runs.progress import ProgressLines, draws_a_bar
+from runs.stability import stability_algorithms
+from guards.arguments import ConfigError
+from settings.config import RunConfig
 from settings.model_folder import LATENT_DOWNSAMPLE
 from settings.presets import SYNTHETIC_SAMPLES
-from runs.progress import ProgressLines, draws_a_bar
-from runs.stability import lr_scheduler, stability_algorithms
-from datapath.tokenizer import TokenizerError
 
-# torch.compile options for --compile, as Composer's compile_config: Inductor, in the mode --compile names.
-COMPILE_CONFIG: dict = {}
+# torch.compile options that --compile adds to its own (Inductor, in the mode it names, at static shapes): none for a
+# run; tests set a backend here (aot_eager, one that fails) to trace on a CPU without Inductor.
+EXTRA_COMPILE_OPTIONS: dict = {}
 
 
 def compile_config(mode: str | None) -> dict | None:
@@ -52,7 +52,7 @@ def compile_config(mode: str | None) -> dict | None:
     after a recompile would be one that reduce-overhead's CUDA graphs skip."""
     if mode is None:
         return None
-    return {**COMPILE_CONFIG, 'dynamic': False, **({} if mode == 'default' else {'mode': mode})}
+    return {**EXTRA_COMPILE_OPTIONS, 'dynamic': False, **({} if mode == 'default' else {'mode': mode})}
 
 
 def build_dataloader(config: RunConfig, model: DiffusionModel) -> DataLoader:
@@ -70,6 +70,7 @@ def build_dataloader(config: RunConfig, model: DiffusionModel) -> DataLoader:
             num_samples=SYNTHETIC_SAMPLES,
             seed=config.seed,
             inputs=config.caption_inputs,
+            tokenizer=config.tokenizer,
         )
     # Composer's sampler gives each rank its own slice of every global batch.
     sampler = dist.get_sampler(dataset, shuffle=False, drop_last=True)
@@ -86,9 +87,9 @@ def build_dataloader(config: RunConfig, model: DiffusionModel) -> DataLoader:
 
 def build_streaming_dataloader(config: RunConfig) -> DataLoader:
     """MDS shards through Streaming, which splits samples over ranks and workers itself (no sampler here) and,
-    given the device batch size, lets Composer's checkpoints resume mid-epoch on exactly the remaining samples."""
-    if config.sample_data:
-        ensure_sample_dataset(Path(config.local))  # written on first use
+    given the device batch size, lets Composer's checkpoints resume mid-epoch on exactly the remaining samples. The
+    sample dataset, where the run trains on it, is there already: the run writes it first
+    (run.write_sample_datasets)."""
     try:
         if config.precomputed_latents:
             dataset = PrecomputedLatentsDataset(
@@ -133,6 +134,14 @@ def build_optimizer(config: RunConfig, model: DiffusionModel) -> torch.optim.Opt
     return torch.optim.AdamW(model.denoiser.parameters(), **settings, fused=config.fused_adamw or None)
 
 
+def build_lr_schedule(config: RunConfig) -> ComposerScheduler:
+    """The optimizer's published constant learning rate, reached by a linear warmup from 0 over --lr_warmup when
+    given (Composer's ConstantWithWarmupScheduler)."""
+    if config.lr_warmup is None:
+        return ConstantScheduler()
+    return ConstantWithWarmupScheduler(t_warmup=config.lr_warmup)
+
+
 def mark_fsdp_units(model: DiffusionModel) -> None:
     """Composer wraps each child module of the model (the denoiser, vae, text encoders) in FSDP, and inside it every
     module marked _fsdp_wrap (a ComposerModel's own fsdp_wrap_fn is never consulted for its children)."""
@@ -152,12 +161,13 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
         mark_fsdp_units(model)
     algorithms = []
     if config.use_ema:  # evaluation.py evaluates both weights: the trained ones under 'val' and 'samples'
-        algorithms.append(EMA(config.ema_half_life, offload=config.ema_offload, trained_labels=('val', 'samples')))
+        half_life = Time(config.ema_half_life.value, config.ema_half_life.unit)  # parsed by config.py, once
+        algorithms.append(EMA(half_life, offload=config.ema_offload, trained_labels=('val', 'samples')))
     if config.channels_last:
         algorithms.append(ChannelsLast())
     if config.low_precision_norm:
         algorithms += [LowPrecisionGroupNorm(), LowPrecisionLayerNorm()]
-    algorithms += stability_algorithms(config)
+    algorithms += stability_algorithms(config, dataloader.dataset)
     if config.save_folder:
         report_failed_writes()
     bar = draws_a_bar()
@@ -168,7 +178,7 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
         model=model,
         train_dataloader=dataloader,
         optimizers=optimizer,
-        schedulers=lr_scheduler(config),
+        schedulers=build_lr_schedule(config),
         max_duration=config.max_duration,
         device_train_microbatch_size=config.device_train_microbatch_size,
         precision=config.precision,
@@ -362,7 +372,7 @@ def log_summary_to_wandb(trainer: Trainer, results) -> None:
 def composer_folder(folder: str | None) -> str | None:
     """A folder as given, for Composer, which formats it as a template ({run_name}, {rank}): its braces doubled so
     that they stay as they are, and a local name that would read as a URL scheme ('run:2') made relative
-    ('./run:2'). A --save_folder, whose paths Composer formats again as it saves, is given none (config.py's
+    ('./run:2'). A --save_folder, whose paths Composer formats again as it saves, is given none (output_paths.py's
     refuse_what_composer_changes refuses braces there, and '#', '?', which no spelling keeps)."""
     if folder is None:
         return None

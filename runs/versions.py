@@ -11,7 +11,7 @@ from importlib import metadata
 from composer.utils import dist
 from packaging.specifiers import SpecifierSet
 
-from settings.arguments import ConfigError
+from guards.arguments import ConfigError
 
 PACKAGES = ('torch', 'numpy', 'transformers')
 

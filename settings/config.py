@@ -6,55 +6,38 @@ folder and the dataset is settled here once (device batch, microbatch, number of
 precomputed data, what the batches carry, ...), so that the builders (models/, runs/training.py, runs/evaluation.py)
 only read the configuration. It settles from facts (presets.py, recipes.py, model_folder.py, durations.py) and imports
 no torch, Composer, Streaming or Diffusers: each flag's own value is checked first, and only then is the machine
-asked about its GPU (hardware.py, which loads torch) and the dataset read.
+asked about its GPU (hardware.py, which loads torch) and the dataset read. The steps about the machine, the outputs
+and the data live in device_checks.py, output_paths.py and datasets.py; `resolve_config` lists every step in order.
 """
 
 import argparse
 import dataclasses
-import importlib.metadata
 import importlib.util
-import json
-import os
-import shutil
-import tempfile
-import time
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from datapath.dataset_checks import DataError, DatasetDescription, describe_dataset, first_captions, is_remote
-from datapath.tokenizer import check_tokenizer
-from runs.writer_lock import contents
+from guards.arguments import ConfigError
 from settings import hardware
-from settings.arguments import ConfigError
-from settings.durations import Duration, parse_duration, parse_half_life
+from settings.datasets import check_data_flags, held_out_prompts, settle_data, settle_validation_split
+from settings.device_checks import check_device
+from settings.durations import Duration, parse_half_life, parse_interval, parse_time
 from settings.memory_plan import Plan, plan, plans_for
 from settings.memory_plan import Run as PlannedRun
 from settings.model_folder import (
     LATENT_DOWNSAMPLE,
-    T5_CAPTION_LENGTH,
     CaptionInputs,
     caption_inputs,
     check_training_fields,
     denoiser_config,
     embeds_guidance,
     is_transformer_folder,
-    pooled_text_width,
     resolve_model_dir,
     t5_tokenizer_needed,
-    text_shapes,
 )
-from settings.presets import (
-    PRESETS,
-    SAMPLE_DATASET,
-    SAMPLE_PROMPTS,
-    SAMPLE_SIZE,
-    SAMPLE_VALIDATION_DATASET,
-    SAMPLE_VALIDATION_SIZE,
-    SD2_BASE,
-    SYNTHETIC_SAMPLES,
-)
+from settings.output_paths import check_outputs, settle_sample_and_export_folders
+from settings.presets import PRESETS, SAMPLE_PROMPTS, SD2_BASE, SYNTHETIC_SAMPLES
 from settings.recipes import FLUX_GUIDANCE, RECIPES, Recipe, is_flow_matching
+from settings.tokenizer import check_tokenizer
 
 
 @dataclass(frozen=True)
@@ -151,10 +134,10 @@ class RunConfig:
         """The flags' values as JSON takes them (printed at start, in the results file); derived objects left out."""
         fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         del fields['notes'], fields['caption_inputs']
-        return {key: plain(value) for key, value in fields.items()}
+        return {key: json_value(value) for key, value in fields.items()}
 
 
-def plain(value):
+def json_value(value):
     """A RunConfig value as JSON takes it: time strings and folders as text, tuples as lists."""
     if isinstance(value, Duration):
         return value.to_timestring()
@@ -163,7 +146,7 @@ def plain(value):
     if isinstance(value, tuple):
         return list(value)
     if dataclasses.is_dataclass(value):
-        return {key: plain(item) for key, item in dataclasses.asdict(value).items()}
+        return {key: json_value(item) for key, item in dataclasses.asdict(value).items()}
     return value
 
 
@@ -172,7 +155,9 @@ def plain(value):
 
 def resolve_config(args: argparse.Namespace) -> RunConfig:
     """The frozen configuration of parsed flags; raises ConfigError naming the first bad flag. A check_ step only
-    checks; a settle_ step also derives values. The flags' own values are checked before the GPU is asked about."""
+    checks; a settle_ step also derives values. The flags' own values are checked before the GPU is asked about.
+    The steps of other modules: device_checks.py (what this machine runs), output_paths.py (where the run writes),
+    datasets.py (the data it reads)."""
     draft = argparse.Namespace(**vars(args), notes=[])  # the caller's args stay as they were
     check_values(draft)
     gpu = hardware.gpu()
@@ -180,17 +165,22 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     settle_recipe(draft)
     settle_batch(draft, gpu)
     check_device(draft, gpu)
-    settle_ema(draft)
+    check_ema(draft)
     check_outputs(draft)
     settle_duration(draft)
+    check_data_flags(draft)
+    check_tokenizer_given(draft)
     settle_data(draft)
-    settle_quality(draft)
+    settle_validation_split(draft)
+    settle_samples(draft)
+    settle_sample_and_export_folders(draft)
     draft.notes = tuple(draft.notes)
     return RunConfig(**vars(draft))
 
 
 def check_values(draft: argparse.Namespace) -> None:
-    """Each given flag's value on its own, before any default or the machine is consulted."""
+    """Each given flag's value on its own, before any default or the machine is consulted. The EMA's half life is
+    kept as parsed here, the one parse of it (ema.EMA takes it as a Composer Time)."""
     if draft.model_name is not None:
         resolve_model_dir(draft.model_name)
     if draft.image_size is not None:
@@ -214,7 +204,7 @@ def check_values(draft: argparse.Namespace) -> None:
     for flag in ('eval_interval', 'sample_interval'):
         parse_interval(f'--{flag}', getattr(draft, flag))
     try:  # by the EMA's own rules (units, whole numbers)
-        parse_half_life(draft.ema_half_life)
+        draft.ema_half_life = parse_half_life(draft.ema_half_life)
     except ValueError as error:
         raise ConfigError(f'--ema_half_life: {error}')
     if draft.sample_steps <= 0:
@@ -250,7 +240,6 @@ def parse_microbatch(text) -> int:
     return microbatch
 
 
-FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first GPUs with float8 tensor cores
 # The speed paths a recipe turns on by default (each flag, given, wins): on a GPU the fast recipe takes the paths of
 # MLPerf's SD2 submissions that measured faster here, the published one none of them. Channels-last is not among
 # them: SD2 base from precomputed latents on an H200 trained at 115.5 img/s with it and 130.4 without (eager,
@@ -316,7 +305,7 @@ def describe_defaults(draft: argparse.Namespace, from_preset: dict, from_recipe:
 
     def listed(values: dict) -> str:
         return ', '.join(
-            f'{flag} {"whole device batch" if value is None else plain(value)}' for flag, value in values.items()
+            f'{flag} {"whole device batch" if value is None else json_value(value)}' for flag, value in values.items()
         )
 
     settings = {flag: value for flag, value in from_recipe.items() if not isinstance(value, bool)}
@@ -335,29 +324,6 @@ def describe_defaults(draft: argparse.Namespace, from_preset: dict, from_recipe:
         f'{draft.run_recipe!r} recipe on {"a GPU" if has_gpu else "a CPU"} (--recipe {other} for the other; a flag '
         'given wins)'
     )
-
-
-def check_kernels(draft: argparse.Namespace, has_gpu: bool) -> None:
-    """The kernels past the fast recipe (docs/speed.md): each where it can run, or one line."""
-    if draft.attention == 'cudnn':
-        if not has_gpu:
-            raise ConfigError('--attention cudnn: cuDNN attention runs on CUDA GPUs only; use --attention sdpa here')
-        version = importlib.metadata.version('torch').split('+')[0]
-        if tuple(int(part) for part in version.split('.')[:2]) < (2, 6):
-            raise ConfigError(
-                f"--attention cudnn: SDPA's backend priority needs torch 2.6 or newer (this is {version}); "
-                'use --attention sdpa'
-            )
-    if draft.cudnn_benchmark and not has_gpu:
-        raise ConfigError('--cudnn_benchmark: cuDNN autotunes GPU convolutions; there is no GPU here')
-    if draft.fused_groupnorm:
-        if importlib.util.find_spec('triton') is None:
-            raise ConfigError('--fused_groupnorm: a Triton kernel, and triton is not installed (pip install triton)')
-        if not has_gpu and os.environ.get('TRITON_INTERPRET') != '1':
-            raise ConfigError(
-                '--fused_groupnorm: a Triton kernel for CUDA GPUs; on a CPU it runs only under TRITON_INTERPRET=1 '
-                "(Triton's interpreter: slow, for tests)"
-            )
 
 
 def published_on_a_cpu(draft: argparse.Namespace, from_preset: dict, from_recipe: dict) -> str:
@@ -505,213 +471,21 @@ def plan_microbatch(draft: argparse.Namespace, gpu: hardware.Gpu) -> Plan:
     return plan(run, gpu.memory_bytes)
 
 
-def check_device(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
-    """Flags that need a GPU, or a package, or another flag, on this machine."""
-    has_gpu = gpu is not None
-    if not has_gpu and draft.precision != 'fp32':
-        raise ConfigError(
-            f'--precision {draft.precision} needs a GPU; on CPU Composer trains in fp32 only: '
-            'pass --precision fp32 or leave it unset'
-        )
-    if has_gpu and draft.precision == 'amp_bf16' and not gpu.bf16:
-        raise ConfigError(f'--precision amp_bf16: {gpu.name} has no bf16 support; pass --precision amp_fp16')
-    if draft.attention == 'xformers':
-        try:
-            import xformers  # noqa: F401
-        except ImportError:
-            raise ConfigError(
-                '--attention xformers: xformers is not installed; install it with '
-                "pip install 'xformers==0.0.30' (Linux x86_64 with CUDA) or use --attention sdpa"
-            )
-        if not has_gpu:
-            raise ConfigError(
-                '--attention xformers: xFormers attention runs on CUDA GPUs only; use --attention sdpa on this machine'
-            )
-    check_kernels(draft, has_gpu)
-    if draft.compile and not has_gpu:
-        # Measured: the forward pass compiles, then Inductor's C++ codegen (outer-loop fusion with a local buffer,
-        # which GPUs' Triton codegen does not use) fails on the backward graph. Dynamo's tracing is tested on CPU.
-        raise ConfigError(
-            "--compile: torch 2.7.0's Inductor fails compiling this model's backward pass for CPU "
-            '(KeyError in its C++ code generation, after minutes of compiling); use --compile on a GPU'
-        )
-    if draft.compile == 'reduce-overhead':
-        check_one_microbatch_a_step(draft)
-    if draft.fp8:
-        check_fp8(draft, gpu)
-    if draft.pin_memory and not has_gpu:
-        raise ConfigError('--pin_memory pins batches for copies to a GPU, and there is none: leave it out')
-    if draft.low_precision_norm and draft.precision == 'fp32':
-        raise ConfigError(
-            '--low_precision_norm runs the norms in the autocast precision: it needs --precision '
-            'amp_bf16 or amp_fp16 (a GPU)'
-        )
-    if draft.fsdp != 'none' and not has_gpu:
-        raise ConfigError(
-            f'--fsdp {draft.fsdp}: Composer shards with FSDP on CUDA GPUs only; on CPU leave '
-            '--fsdp none (each rank holds a full replica, synchronized by DDP over gloo)'
-        )
-    if draft.fsdp_state_dict_type != 'full' and draft.fsdp == 'none':
-        raise ConfigError(
-            f'--fsdp_state_dict_type {draft.fsdp_state_dict_type}: applies to --fsdp checkpoints only; '
-            'without --fsdp rank 0 writes one file'
-        )
-
-
-def check_one_microbatch_a_step(draft: argparse.Namespace) -> None:
-    """reduce-overhead's CUDA graphs (Inductor's cudagraph trees) replay each microbatch's forward and backward into
-    the same static memory, so with gradient accumulation a microbatch's outputs, its gradients among them, can be
-    overwritten by the next one's replay before the step uses them. Untested on a GPU: refused until it is."""
-    microbatch, device_batch = draft.device_train_microbatch_size, draft.device_batch_size
-    replays = 'CUDA graphs replay every microbatch into the same memory'
-    one_a_step = f'pass --device_train_microbatch_size {device_batch} (one microbatch a step)'
-    if microbatch == 'auto':
-        raise ConfigError(
-            f'--compile reduce-overhead: {replays}, and --device_train_microbatch_size auto lets Composer split the '
-            f'device batch of {device_batch} into several: {one_a_step}, or another --compile mode'
-        )
-    if microbatch < device_batch:
-        raise ConfigError(
-            f'--compile reduce-overhead: {replays}, and this step accumulates {device_batch // microbatch} '
-            f'microbatches of {microbatch} (device batch {device_batch}): {one_a_step} or --batch_size '
-            f'{microbatch * draft.world_size} ({microbatch} per device), or another --compile mode'
-        )
-
-
-def check_fp8(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
-    """torchao's float8 training needs the float8 matrix units of compute capability 8.9 and later, bf16 autocast
-    around it, and linear layers to convert: a diffusion transformer's."""
-    if not is_transformer_folder(draft.model_dir):
-        raise ConfigError(
-            f"--fp8: float8 training converts a diffusion transformer's linear layers; {draft.model_name} is a UNet, "
-            'mostly convolutions'
-        )
-    if gpu is None or gpu.capability < FP8_CAPABILITY:
-        where = (
-            'no GPU here'
-            if gpu is None
-            else f'{gpu.name} has compute capability {gpu.capability[0]}.{gpu.capability[1]}'
-        )
-        raise ConfigError(
-            f'--fp8 needs float8 matrix units (an H100, H200 or newer: compute capability 8.9 or more); {where}'
-        )
-    if draft.precision != 'amp_bf16':
-        raise ConfigError(
-            f'--fp8 trains with bf16 autocast around the float8 matmuls: leave --precision {draft.precision} out'
-        )
-    if importlib.util.find_spec('torchao') is None:
-        raise ConfigError(
-            "--fp8: torchao is not installed: pip install 'torchao==0.11.0' (for torch 2.7; see docs/install.md)"
-        )
-
-
-def settle_ema(draft: argparse.Namespace) -> None:
+def check_ema(draft: argparse.Namespace) -> None:
+    """The EMA's options need it on (its half life was parsed in check_values)."""
     if (draft.ema_offload or draft.export_ema_unet) and not draft.use_ema:
         raise ConfigError('--ema_offload and --export_ema_unet need --use_ema')
-    try:  # by the EMA's own rules (units, whole numbers), once: the algorithm takes the parsed time
-        draft.ema_half_life = parse_half_life(draft.ema_half_life)
-    except ValueError as error:
-        raise ConfigError(f'--ema_half_life: {error}')
 
 
-def check_outputs(draft: argparse.Namespace) -> None:
-    """Output folders are checked now, not after hours of training, and never overwritten."""
-    if draft.profile:
-        refuse_used_output_folder('--profile', draft.profile, 'traces are never overwritten')
-        check_writable_folder('--profile', draft.profile)
-    if draft.export_ema_unet:
-        refuse_used_output_folder('--export_ema_unet', draft.export_ema_unet, 'an export never overwrites weights')
-        check_writable_folder('--export_ema_unet', draft.export_ema_unet)
-    if draft.wandb_project and importlib.util.find_spec('wandb') is None:
-        raise ConfigError('--wandb_project needs the wandb package: pip install wandb (it leaves torch as it is)')
-    if draft.autoresume and not (draft.save_folder and draft.run_name):
-        raise ConfigError('--autoresume needs --save_folder and --run_name (Composer finds the checkpoint by both)')
-    if draft.save_folder:
-        refuse_what_composer_changes('--save_folder', draft.save_folder)
-    local_save_folder = draft.save_folder and '://' not in draft.save_folder
-    if local_save_folder and Path(draft.save_folder).exists() and not Path(draft.save_folder).is_dir():
-        raise ConfigError(f'--save_folder {draft.save_folder}: is a file, not a folder of checkpoints')
-    if local_save_folder and not draft.autoresume:
-        # Composer refuses too, with a traceback that does not say how to continue the earlier run.
-        refuse_used_output_folder(
-            '--save_folder',
-            draft.save_folder,
-            "checkpoints are never overwritten; or pass --autoresume with the earlier run's --run_name to continue it",
-        )
-    if local_save_folder:  # else trained until the first checkpoint, then stopped by an OSError traceback
-        check_writable_folder('--save_folder', draft.save_folder)
-    if draft.save_num_checkpoints_to_keep != -1 and not local_save_folder:
-        # Composer deletes only its local copies: a remote folder's checkpoints would all stay.
-        raise ConfigError(
-            f'--save_num_checkpoints_to_keep {draft.save_num_checkpoints_to_keep}: deletes checkpoints of a local '
-            f'--save_folder only ({draft.save_folder or "none given"}); pass one, or leave the flag out'
-        )
-    if draft.results_json:
-        check_writable_file('--results_json', draft.results_json)
-
-
-def refuse_what_composer_changes(flag: str, folder: str) -> None:
-    """Composer reads a checkpoint folder as a URL: a '#' or '?' (and ';' in the last name) would end its path there.
-    It also fills the folder in as a template ({run_name}, {rank}), and again each path in it as it saves, so no
-    escaping keeps a brace; and this run reads the folder as given (--autoresume, the checks at start). Either way
-    the checkpoints would go to another folder than the one named."""
-    if '{' in folder or '}' in folder:
-        raise ConfigError(
-            f'{flag} {folder}: Composer fills in braces as a template ({{run_name}}, {{rank}}), where this run '
-            "reads the folder as given: the checkpoints would go to another folder; give one without '{' or '}'"
-        )
-    url = urllib.parse.urlparse(folder if '://' in folder else f'./{folder}')
-    cut = {'#': url.fragment, '?': url.query, ';': url.params}
-    for char, rest in cut.items():
-        if rest:
-            raise ConfigError(
-                f"{flag} {folder}: Composer reads it as a URL, whose path ends before the '{char}': the checkpoints "
-                "would go to another folder; give one without '#', '?' or ';'"
-            )
-
-
-def check_writable_file(flag: str, file: str) -> None:
-    """A file that can be written once the run ends: not a folder, under a folder that exists or can be made."""
-    path = Path(file)
-    if path.is_dir():
-        raise ConfigError(f'{flag} {file}: is a folder; give a file name')
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f'{flag} {file}: {parent} is a file, so no folder can be made there')
-    check_writable_folder(flag, str(path.parent), given=file)  # permission bits, read-only filesystems, quotas
-
-
-def check_writable_folder(flag: str, folder: str, given: str | None = None) -> None:
-    """The run can write in `folder`, or make it: a scratch folder with a small file in it is made and removed there,
-    or in its nearest existing parent. Tried rather than read from the permission bits, which say nothing to root,
-    and a read-only filesystem or a full disk or quota shows only on writing (a full disk still makes folders, not
-    files). Nothing is left behind. `given`: the flag's value, if not the folder itself (a file in it)."""
-    parent = Path(folder)
-    while not parent.exists():
-        parent = parent.parent
-    scratch = None
-    try:
-        scratch = tempfile.mkdtemp(dir=parent, prefix='.write-check-')
-        Path(scratch, 'probe').write_bytes(bytes(4096))
-    except OSError as error:
-        raise ConfigError(f'{flag} {given or folder}: cannot write in {parent} ({error.strerror or error})') from None
-    finally:
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-
-def refuse_used_output_folder(flag: str, folder: str, why: str) -> None:
-    path = Path(folder)
-    if path.is_file() or (path.is_dir() and contents(path)):  # a lock file a killed writer left is no output
-        problem = 'is a file' if path.is_file() else 'is not empty'
-        raise ConfigError(f'{flag} {folder}: {problem}; give a new folder ({why})')
+def check_tokenizer_given(draft: argparse.Namespace) -> None:
+    """--tokenizer loads, and gives the ids of the model's text encoders (tokenizer.check_tokenizer)."""
+    if draft.tokenizer is not None:
+        check_tokenizer(draft.tokenizer, draft.caption_inputs)
 
 
 def settle_duration(draft: argparse.Namespace) -> None:
-    """The run's length in batches (epochs of real data are settled in settle_data, which reads the dataset), and
-    the checkpoint interval."""
+    """The run's length in batches (epochs of real data are settled in datasets.settle_data, which reads the
+    dataset), and the checkpoint interval."""
     duration = parse_time('--max_duration', draft.max_duration)
     if duration.unit == 'ba':
         draft.num_batches = duration.value
@@ -738,126 +512,9 @@ def settle_duration(draft: argparse.Namespace) -> None:
         )
 
 
-def parse_time(flag: str, text: str) -> Duration:
-    """A positive Composer time string in batches, samples or epochs."""
-    try:
-        time = parse_duration(text)
-    except (ValueError, TypeError) as error:  # TypeError: a fraction of a unit that counts whole ones ('1.5ep')
-        raise ConfigError(f"{flag} {text!r}: {error} (examples: '10ba', '1ep', '20000sp')")
-    if time.unit not in ('ba', 'sp', 'ep'):
-        raise ConfigError(f"{flag} {text}: use batches, samples or epochs ('10ba', '20000sp', '1ep')")
-    if time.value <= 0:
-        raise ConfigError(f"{flag} {text}: must be positive (examples: '10ba', '1ep', '20000sp')")
-    return time
-
-
-def settle_data(draft: argparse.Namespace) -> None:
-    """Which dataset, and what it implies: the sample dataset's epoch (the dataset written on first use), the
-    batches of an epoch of real data, and the image size precomputed latents were made at."""
-    if draft.use_synth_data and (draft.remote or draft.local):
-        raise ConfigError(
-            '--use_synth_data trains on random tensors: leave out --remote/--local, or drop --use_synth_data'
-        )
-    if draft.precomputed_latents and not (draft.use_synth_data or draft.remote or draft.local):
-        raise ConfigError(
-            '--precomputed_latents needs a dataset written by precompute.py (--local DIR or --remote URL; '
-            'e.g. python precompute.py --out data/sample-latents, then --local data/sample-latents), '
-            'or --use_synth_data for random latents'
-        )
-    if draft.precomputed_latents and draft.encoders_bf16:
-        raise ConfigError('--encoders_bf16: with --precomputed_latents there is no VAE or text encoder to keep in bf16')
-    if draft.precomputed_latents and draft.tokenizer:
-        raise ConfigError(
-            '--tokenizer: precomputed captions are already embeddings (choose the tokenizer in precompute.py)'
-        )
-    if draft.tokenizer is not None:
-        check_tokenizer(draft.tokenizer, draft.caption_inputs)
-    draft.sample_data = not (draft.use_synth_data or draft.remote or draft.local)
-    draft.epoch_size = draft.dataset_identity = None
-    if draft.use_synth_data:
-        return
-    duration = parse_duration(draft.max_duration)
-    if draft.sample_data:
-        # Ours, and written by the data loader's builder on first use (training.build_dataloader): its size is known.
-        draft.local = str(SAMPLE_DATASET)
-        draft.notes.append(
-            f'no --remote/--local given: training on the sample dataset {draft.local} ({SAMPLE_SIZE} '
-            'generated JPEGs with captions, built on first use); --use_synth_data trains on random '
-            'tensors as published'
-        )
-        # A few hundred images: one epoch spans the whole run (at least one global batch), repeating samples.
-        wanted = draft.batch_size if duration.unit == 'ep' else draft.batch_size * draft.num_batches
-        draft.epoch_size = -(-max(wanted, SAMPLE_SIZE) // draft.batch_size) * draft.batch_size
-        num_samples, location = draft.epoch_size, draft.local
-    else:
-        try:
-            dataset = describe_dataset(draft.remote, draft.local, precomputed=draft.precomputed_latents)
-        except DataError as error:
-            raise ConfigError(str(error))
-        num_samples, location, draft.dataset_identity = dataset.num_samples, dataset.location, dataset.identity
-    # Streaming gives each rank ceil(epoch / ranks) samples; the loader drops a last partial batch.
-    samples_per_device = -(-num_samples // draft.world_size)
-    batches_per_epoch = samples_per_device // draft.device_batch_size
-    if batches_per_epoch == 0:
-        raise ConfigError(
-            f'{location}: {samples_per_device} samples per device, fewer than one device '
-            f'batch ({draft.device_batch_size}): use a larger dataset or a smaller --batch_size'
-        )
-    if duration.unit == 'ep':
-        draft.num_batches = duration.value * batches_per_epoch
-    if draft.precomputed_latents:
-        settle_precomputed_shapes(draft, dataset)
-
-
-def settle_precomputed_shapes(draft: argparse.Namespace, dataset: DatasetDescription) -> None:
-    """The stored shapes must fit this model's denoiser; the image size is the one the data was precomputed at."""
-    denoiser = denoiser_config(draft.model_dir)
-    if is_transformer_folder(draft.model_dir):
-        family = denoiser['_class_name']
-        shapes = text_shapes(family, denoiser, T5_CAPTION_LENGTH[family])
-        expected_channels = json.loads((draft.model_dir / 'vae' / 'config.json').read_text())['latent_channels']
-        expected_length, expected_width = shapes['text_embedding']
-        pooled = shapes.get('pooled_text_embedding', [None])[0]
-        kind = 'transformer'
-    else:
-        expected_channels, expected_width = denoiser['in_channels'], denoiser['cross_attention_dim']
-        expected_length, pooled, kind = dataset.embedding_length, pooled_text_width(denoiser), 'UNet'
-    channels, height, width = dataset.latent_shape
-    stored = (channels, dataset.embedding_length, dataset.embedding_width)
-    if stored != (expected_channels, expected_length, expected_width):
-        raise ConfigError(
-            f'{dataset.location}: precomputed latents with {channels} channels and text embeddings of '
-            f"{dataset.embedding_length} x {dataset.embedding_width}, but {draft.model_name}'s {kind} takes "
-            f'{expected_channels} and {expected_length} x {expected_width}: precompute it with the same --model_name'
-        )
-    if pooled != dataset.pooled_width:
-        raise ConfigError(
-            f'{dataset.location}: '
-            + (
-                f"no pooled text embedding of width {pooled}, which {draft.model_name}'s {kind} takes"
-                if dataset.pooled_width is None
-                else f"a pooled text embedding, which {draft.model_name}'s {kind} does not take"
-            )
-            + ': precompute it with the same --model_name'
-        )
-    if height != width:
-        raise ConfigError(f'{dataset.location}: latents of {height}x{width}; square ones expected')
-    if kind == 'transformer' and height % 2:
-        raise ConfigError(
-            f'{dataset.location}: latents of {height}x{width} ({height * LATENT_DOWNSAMPLE}px), but '
-            f'{draft.model_name} reads 2x2 patches of them: precompute at a multiple of 16 pixels'
-        )
-    if height * LATENT_DOWNSAMPLE != draft.image_size:
-        draft.notes.append(
-            f'--image_size {draft.image_size}: the data was precomputed at '
-            f'{height * LATENT_DOWNSAMPLE}px, which is what this run trains at'
-        )
-        draft.image_size = height * LATENT_DOWNSAMPLE
-
-
-def settle_quality(draft: argparse.Namespace) -> None:
-    """Validation, samples, export and the stability options (docs/quality.md)."""
-    settle_validation_split(draft)
+def settle_samples(draft: argparse.Namespace) -> None:
+    """Sample grids and the pipeline export: when grids are drawn, what they need of the model and the data, and
+    their prompts (docs/quality.md)."""
     draft.sample_interval = parse_interval('--sample_interval', draft.sample_interval)
     needs_encoders = [flag for flag in ('sample_interval', 'export_pipeline') if getattr(draft, flag)]
     sdxl = (draft.model_dir / 'text_encoder_2').is_dir() and not is_transformer_folder(draft.model_dir)
@@ -882,103 +539,3 @@ def settle_quality(draft: argparse.Namespace) -> None:
         draft.sample_prompts = tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
         if not draft.sample_prompts:
             raise ConfigError(f'--sample_prompts {path}: holds no prompt (one prompt a line)')
-    if draft.sample_dir is None and draft.sample_interval:
-        draft.sample_dir = str(Path('results', 'samples', draft.run_name or time.strftime('%Y%m%d-%H%M%S')))
-    if draft.sample_dir and Path(draft.sample_dir).is_file():
-        raise ConfigError(f'--sample_dir {draft.sample_dir}: is a file; give a folder')
-    if draft.sample_dir:
-        check_writable_folder('--sample_dir', draft.sample_dir)
-    if draft.export_pipeline:
-        refuse_used_output_folder('--export_pipeline', draft.export_pipeline, 'an export never overwrites weights')
-        check_writable_folder('--export_pipeline', draft.export_pipeline)
-
-
-def held_out_prompts(draft: argparse.Namespace) -> tuple[str, ...]:
-    """A run with sample grids and a held-out split of its own (a local folder of captions) draws the split's
-    first captions: prompts of the data it trains on, none of them trained on. The sample dataset's shapes
-    otherwise."""
-    if not (draft.sample_interval and draft.eval_local) or draft.sample_validation or draft.precomputed_latents:
-        return ()
-    prompts = first_captions(draft.eval_local, len(SAMPLE_PROMPTS))
-    if prompts:
-        draft.notes.append(
-            f'sample grids: the first {len(prompts)} captions of the held-out split {draft.eval_local} '
-            '(--sample_prompts FILE: others)'
-        )
-    return prompts
-
-
-# convert.py --validation_fraction writes its held-out split in this folder of the training data's
-# (convert.VALIDATION_SPLIT; named here rather than imported, which would load PIL and tqdm for every flag check).
-CONVERTED_VALIDATION_SPLIT = 'validation'
-
-
-def settle_validation_split(draft: argparse.Namespace) -> None:
-    """The held-out split: --eval_local/--eval_remote; or the one convert.py --validation_fraction wrote in the
-    training folder; or with the sample dataset its own held-out split (written on first use); and when the
-    validation loss runs (see --eval_interval)."""
-    if draft.eval_local and draft.eval_remote:
-        raise ConfigError('--eval_local and --eval_remote: give one (a folder, or a remote copied whole)')
-    if draft.eval_remote and not is_remote(draft.eval_remote):
-        draft.eval_local, draft.eval_remote = draft.eval_remote, None  # a bare folder is read in place
-    given = bool(draft.eval_local or draft.eval_remote)
-    draft.sample_validation = False
-    interval = draft.eval_interval
-    if interval is None:  # with a split given, at the start and the end; otherwise never
-        interval = f'{draft.num_batches}ba' if given else '0'
-    draft.eval_interval = parse_interval('--eval_interval', interval)
-    if not draft.eval_interval:
-        return
-    found = not given and not draft.sample_data
-    if found:
-        draft.eval_local = converted_validation_split(draft)
-        if draft.eval_local is None:
-            raise ConfigError(
-                '--eval_interval: no held-out split to validate on: pass --eval_local DIR or --eval_remote URL '
-                '(an MDS dataset written by convert.py, or by precompute.py with --precomputed_latents), or convert '
-                f'with --validation_fraction, which writes one in the output folder ({CONVERTED_VALIDATION_SPLIT}/)'
-            )
-    elif not given:
-        # Ours, written by the evaluators' builder on first use (evaluation.build_evaluators): nothing to read.
-        draft.eval_local, draft.sample_validation = str(SAMPLE_VALIDATION_DATASET), True
-        draft.notes.append(
-            f"validation loss on the sample dataset's held-out split {draft.eval_local} ({SAMPLE_VALIDATION_SIZE} "
-            f'images) every {draft.eval_interval}, at the start and at the end (--eval_interval 0: never)'
-        )
-        return
-    try:
-        split = describe_dataset(draft.eval_remote, draft.eval_local, precomputed=draft.precomputed_latents)
-    except DataError as error:
-        raise ConfigError(f'--eval_{"interval" if found else "remote" if draft.eval_remote else "local"}: {error}')
-    if split.num_samples == 0:
-        raise ConfigError(f'--eval_local/--eval_remote {split.location}: the split holds no samples')
-    if found:
-        draft.notes.append(
-            f'validation loss on {split.location} ({split.num_samples} images), the held-out split convert.py '
-            f'--validation_fraction wrote beside the training data, every {draft.eval_interval}, at the start and '
-            'at the end (--eval_local/--eval_remote: another split; --eval_interval 0: never)'
-        )
-    if split.latent_shape is not None and split.latent_shape[-1] * LATENT_DOWNSAMPLE != draft.image_size:
-        raise ConfigError(
-            f'{split.location}: validation latents precomputed at {split.latent_shape[-1] * LATENT_DOWNSAMPLE}px, '
-            f'but the run trains at {draft.image_size}px: precompute the split at the same size'
-        )
-
-
-def converted_validation_split(draft: argparse.Namespace) -> str | None:
-    """The held-out split convert.py --validation_fraction wrote in the training folder, when the run reads that
-    folder in place (--local alone, or --remote naming a folder). Not looked for on a remote, where telling a
-    missing split from an unreachable server would cost a round of retries: pass it as --eval_remote."""
-    folder = draft.remote or draft.local
-    if folder is None or is_remote(folder):  # --use_synth_data, or a remote
-        return None
-    split = Path(folder) / CONVERTED_VALIDATION_SPLIT
-    return str(split) if (split / 'index.json').is_file() else None
-
-
-def parse_interval(flag: str, text: str | None) -> str | None:
-    """An evaluation interval: a positive Composer time string, or None for never ('0' or unset)."""
-    if text is None or text.strip() == '0':
-        return None
-    parse_time(flag, text)
-    return text

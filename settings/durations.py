@@ -1,10 +1,13 @@
 """Composer's time strings ('10ba', '20000sp', '1ep', '0.5dur') read without Composer, so that config.py checks a
 run's durations before torch loads. The same grammar and rules as `composer.core.Time.from_timestring`: a number
 (scientific notation allowed) then a unit, case-insensitive, whole numbers for every unit but 'dur'; the builders
-hand the text on to Composer, which parses it again."""
+hand the text on to Composer, which parses it again. `parse_time` and `parse_interval` check a flag's time string,
+with a ConfigError naming the flag."""
 
 import re
 from dataclasses import dataclass
+
+from guards.arguments import ConfigError
 
 UNITS = ('iter', 'ep', 'ba', 'sp', 'tok', 'dur', 'sec')  # composer.core.TimeUnit's values
 TIME_STRING = re.compile(r'^(.+?)(' + '|'.join(UNITS) + r')$', flags=re.IGNORECASE)
@@ -55,3 +58,24 @@ def parse_half_life(text: str) -> Duration:
     if time.value <= 0:
         raise ValueError(f'EMA half_life={text!r}: must be positive')
     return time
+
+
+def parse_time(flag: str, text: str) -> Duration:
+    """A positive Composer time string in batches, samples or epochs."""
+    try:
+        time = parse_duration(text)
+    except (ValueError, TypeError) as error:  # TypeError: a fraction of a unit that counts whole ones ('1.5ep')
+        raise ConfigError(f"{flag} {text!r}: {error} (examples: '10ba', '1ep', '20000sp')")
+    if time.unit not in ('ba', 'sp', 'ep'):
+        raise ConfigError(f"{flag} {text}: use batches, samples or epochs ('10ba', '20000sp', '1ep')")
+    if time.value <= 0:
+        raise ConfigError(f"{flag} {text}: must be positive (examples: '10ba', '1ep', '20000sp')")
+    return time
+
+
+def parse_interval(flag: str, text: str | None) -> str | None:
+    """An evaluation interval: a positive Composer time string, or None for never ('0' or unset)."""
+    if text is None or text.strip() == '0':
+        return None
+    parse_time(flag, text)
+    return text

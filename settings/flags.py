@@ -5,7 +5,7 @@ so that --help and a mistyped flag answer before torch, Composer and Diffusers l
 
 import argparse
 
-from settings import arguments
+from guards import arguments
 from settings.model_folder import BUILTIN_MODELS
 from settings.presets import SAMPLERS
 from settings.recipes import FLUX_GUIDANCE, LOSS_WEIGHTINGS, TIMESTEP_DENSITIES

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from settings.arguments import ConfigError
+from guards.arguments import ConfigError
 from settings.recipes import FLUX, PIXART, SD3
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / 'configs'

@@ -16,9 +16,9 @@ from conftest import REPO, TINY, write_t5_tokenizer
 from PIL import Image
 
 import generate
+from guards.arguments import ConfigError
 from models.parts import build_part
 from runs.run import main
-from settings.arguments import ConfigError
 from settings.config import resolve_config
 from settings.flags import parse_args
 from settings.model_folder import CONFIGS_DIR, resolve_model_dir
@@ -268,7 +268,7 @@ def test_a_t5_tokenizer_for_a_clip_model_is_refused_by_every_script(tmp_path, ca
 
 
 def test_a_clip_tokenizer_for_a_t5_model_is_refused(tmp_path):
-    from datapath.tokenizer import clip_tokenizer_folder
+    from settings.tokenizer import clip_tokenizer_folder
 
     clip = str(clip_tokenizer_folder())
     with pytest.raises(ConfigError, match=r"not T5's \(below 32128, ending in </s> = 1\)"):

@@ -18,13 +18,13 @@ from torch.utils.data import DataLoader, Dataset
 from transformers.models.clip.modeling_clip import CLIPAttention
 
 from data import SyntheticImageCaptionDataset
+from guards.arguments import ConfigError
 from models import stable_diffusion as model_module
 from models.stable_diffusion import build_model
 from runs import training
 from runs.run import main
 from runs.training import build_dataloader, build_trainer
-from settings import config, model_folder
-from settings.arguments import ConfigError
+from settings import model_folder, output_paths
 from settings.config import resolve_config
 from settings.flags import parse_args
 from settings.model_folder import CONFIGS_DIR, resolve_model_dir
@@ -179,7 +179,7 @@ def test_a_compile_that_fails_stops_in_one_line_naming_the_flag(monkeypatch, cap
     def failing_backend(graph, inputs):
         raise RuntimeError('capture failed')
 
-    monkeypatch.setattr(training, 'COMPILE_CONFIG', {'backend': failing_backend})
+    monkeypatch.setattr(training, 'EXTRA_COMPILE_OPTIONS', {'backend': failing_backend})
     config = resolve_config(parse_args(TINY + ['--batch_size', '4', '--max_duration', '1ba', '--num_workers', '0']))
     with pytest.raises(SystemExit) as stopped:
         run.main_reporting_errors(dataclasses.replace(config, compile='default'))  # refused on CPU by resolve_config
@@ -204,7 +204,7 @@ def test_compile_traces_the_whole_step_in_one_graph_and_trains_as_eager(monkeypa
         def after_train_batch(self, state, logger):
             self.losses.append(state.loss.item())
 
-    monkeypatch.setattr(training, 'COMPILE_CONFIG', {'backend': 'aot_eager'})
+    monkeypatch.setattr(training, 'EXTRA_COMPILE_OPTIONS', {'backend': 'aot_eager'})
     flags = TINY + ['--batch_size', '4', '--max_duration', '3ba', '--num_workers', '0']
     losses, forwards = {}, {}
     for compiled in (False, True):
@@ -388,9 +388,9 @@ def test_an_online_wandb_run_without_a_reachable_server_goes_on_offline(tmp_path
 
 
 def test_wandb_project_without_wandb_is_refused_at_start(monkeypatch):
-    real_find_spec = config.importlib.util.find_spec
+    real_find_spec = output_paths.importlib.util.find_spec
     monkeypatch.setattr(
-        config.importlib.util, 'find_spec', lambda name: None if name == 'wandb' else real_find_spec(name)
+        output_paths.importlib.util, 'find_spec', lambda name: None if name == 'wandb' else real_find_spec(name)
     )
     with pytest.raises(ConfigError, match='^--wandb_project needs the wandb package: pip install wandb'):
         resolve_config(parse_args([*TINY, '--wandb_project', 'p']))

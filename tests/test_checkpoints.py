@@ -4,8 +4,8 @@ the values Composer would take badly refused."""
 import pytest
 from conftest import TINY
 
+from guards.arguments import ConfigError
 from runs.run import main
-from settings.arguments import ConfigError
 from settings.config import resolve_config
 from settings.flags import parse_args
 

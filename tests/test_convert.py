@@ -24,11 +24,11 @@ from test_data import RecordSamples
 import convert
 import precompute
 from data import StreamingLAIONDataset
-from datapath.dataset_checks import DataError
 from datapath.streaming_fixes import prefix_lock
+from guards.arguments import ConfigError
 from runs.run import main
-from settings.arguments import ConfigError
 from settings.config import resolve_config
+from settings.dataset_checks import DataError
 from settings.flags import parse_args
 
 PYTHON_BIN = Path(sys.executable).parent

@@ -21,16 +21,16 @@ from conftest import LAUNCHER, REPO, final_weights, good_samples, jpeg, write_da
 from PIL import Image
 
 from data import StreamingLAIONDataset, collate
-from datapath import tokenizer
-from datapath.dataset_checks import DataError
 from datapath.images import BadSample, decode_image, unit_range
-from datapath.tokenizer import CaptionTokenizer, TokenizerError, clip_tokenizer_folder
+from guards.arguments import ConfigError
 from runs.run import main
-from settings import config
-from settings.arguments import ConfigError
+from settings import datasets as run_data
+from settings import tokenizer
 from settings.config import resolve_config
+from settings.dataset_checks import DataError
 from settings.flags import parse_args
 from settings.model_folder import CAPTION_LENGTH
+from settings.tokenizer import CaptionTokenizer, TokenizerError, clip_tokenizer_folder
 
 
 def images(location, **kwargs):
@@ -411,7 +411,7 @@ def test_training_from_a_local_mds_dataset_logs_bad_samples(tmp_path, capfd):
 
 @pytest.mark.stack
 def test_default_run_builds_and_trains_on_the_sample_dataset(tmp_path, monkeypatch, capfd):
-    monkeypatch.setattr(config, 'SAMPLE_DATASET', tmp_path / 'sample-mds')
+    monkeypatch.setattr(run_data, 'SAMPLE_DATASET', tmp_path / 'sample-mds')
     record = RecordSamples()
     trainer = main(parse_args(['--model_name', 'tiny', '--batch_size', '8', '--max_duration', '3ba']), (record,))
     assert 'training on the sample dataset' in capfd.readouterr().out

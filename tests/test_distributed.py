@@ -11,7 +11,7 @@ import torch
 from conftest import LAUNCHER, REPO, TINY, free_port, good_samples, write_dataset
 
 import mcloud
-from settings.arguments import ConfigError
+from guards.arguments import ConfigError
 from settings.config import resolve_config
 from settings.flags import parse_args
 
@@ -173,7 +173,7 @@ exit $status
 
 @pytest.mark.slow
 def test_slurm_script_starts_one_launcher_per_node(tmp_path):
-    """slurm.sbatch on a two-node job simulated on this machine: two Composer launchers, node ranks 0 and 1,
+    """launch/slurm.sbatch on a two-node job simulated on this machine: two Composer launchers, node ranks 0 and 1,
     one process each, meet at the master address and train as one world of 2."""
     bin_dir = tmp_path / 'bin'
     bin_dir.mkdir()
@@ -191,7 +191,7 @@ def test_slurm_script_starts_one_launcher_per_node(tmp_path):
         'LAUNCHER': LAUNCHER,
         'MASTER_PORT': str(free_port()),
     }
-    summary = run_benchmark(['bash', str(REPO / 'slurm.sbatch')], tmp_path, env)
+    summary = run_benchmark(['bash', str(REPO / 'launch' / 'slurm.sbatch')], tmp_path, env)
     assert summary['world_size'] == 2
     assert summary['img_per_sec'] == pytest.approx(2 * summary['img_per_sec_per_device'])
 

@@ -18,11 +18,11 @@ from torch.utils.data import DataLoader
 
 import ema
 from data import SyntheticImageCaptionDataset
+from guards.arguments import ConfigError
 from models.stable_diffusion import build_model
 from runs import training
 from runs.run import main as run_main
 from settings import config
-from settings.arguments import ConfigError
 from settings.flags import parse_args
 from settings.model_folder import CONFIGS_DIR
 

@@ -41,13 +41,13 @@ import mcloud
 import precompute
 import report
 from data import StreamingLAIONDataset
-from datapath.dataset_checks import DataError
 from datapath.streaming_fixes import S3DownloaderOneTransferAttempt
+from guards.arguments import ConfigError
 from runs.interrupts import StopOnSignal, Stopped
 from runs.run import IncompleteRun, main
-from settings import config
-from settings.arguments import ConfigError
+from settings import output_paths
 from settings.config import resolve_config
+from settings.dataset_checks import DataError
 from settings.flags import parse_args
 
 # The tiny model on real images: 24 samples in shards of a few samples each, batches of 4.
@@ -499,14 +499,14 @@ def test_flags_argparse_rejects_are_one_line(parse, flags, capsys):
 def read_only(monkeypatch, root: Path) -> None:
     """Writing anywhere under `root` fails as on a read-only filesystem (permission bits cannot show it: the tests
     may run as root)."""
-    real_mkdtemp = config.tempfile.mkdtemp
+    real_mkdtemp = output_paths.tempfile.mkdtemp
 
     def mkdtemp(*args, dir=None, **kwargs):
         if dir is not None and Path(dir).is_relative_to(root):
             raise OSError(30, 'Read-only file system')
         return real_mkdtemp(*args, dir=dir, **kwargs)
 
-    monkeypatch.setattr(config.tempfile, 'mkdtemp', mkdtemp)
+    monkeypatch.setattr(output_paths.tempfile, 'mkdtemp', mkdtemp)
 
 
 @pytest.mark.parametrize(

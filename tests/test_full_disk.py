@@ -8,31 +8,35 @@ writer (Streaming's, safetensors', PIL's, matplotlib's) meets ENOSPC as it would
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from conftest import REPO, TINY, good_samples, jpeg, write_dataset
 
-from runs import outputs
-from runs.outputs import WriteFailed, staged_file, staged_folder
+from guards import outputs
+from guards.outputs import WriteFailed, staged_file, staged_folder
 
 # The tiny model on random tensors, as quick as a run gets.
 QUICK = [*TINY, '--image_size', '32', '--batch_size', '4', '--max_duration', '2ba']
 
 
 @pytest.fixture
-def disk(tmp_path):
+def disk():
     """A folder on a filesystem of its own, 64 KiB: fill() leaves it as little room as a test needs, grow() gives it
-    room again."""
-    mount = tmp_path / 'disk'
-    mount.mkdir()
+    room again. A short path: as TMPDIR it holds the loader workers' sockets, whose paths must stay under 108 bytes
+    (`AF_UNIX path too long` under pytest's long temporary folders)."""
+    mount = Path(tempfile.mkdtemp(prefix='disk-', dir='/tmp'))
     mounted = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=64k', 'tmpfs', str(mount)], capture_output=True)
     if mounted.returncode:
+        mount.rmdir()
         pytest.skip(f'cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}')
     yield mount
     subprocess.run(['umount', '-l', str(mount)], check=False)
+    shutil.rmtree(mount, ignore_errors=True)
 
 
 def fill(disk: Path, room: int) -> None:
@@ -96,7 +100,7 @@ def test_convert_over_an_earlier_output_on_a_full_disk_leaves_it_whole(disk, ima
 
 
 def test_the_sample_dataset_that_does_not_fit_leaves_no_part_of_itself(disk):
-    from convert import ensure_sample_dataset
+    from datapath.sample_dataset import ensure_sample_dataset
 
     with pytest.raises(WriteFailed) as failed:
         ensure_sample_dataset(disk / 'sample-mds', num_samples=40)  # about 25 KB each

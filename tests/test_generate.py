@@ -12,9 +12,9 @@ import torch
 from conftest import REPO, TINY
 
 import generate
-from datapath.tokenizer import clip_tokenizer_folder
 from runs.run import main
 from settings.flags import parse_args
+from settings.tokenizer import clip_tokenizer_folder
 
 PROMPTS = ['--prompt', 'a red circle', '--steps', '1']
 

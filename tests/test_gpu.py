@@ -21,12 +21,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import generate
 import precompute
-from convert import ensure_sample_dataset
 from costs.results import PEAK_FLOPS, gpu_key
+from datapath.sample_dataset import ensure_sample_dataset
 from ema import EMA
 from models.stable_diffusion import build_model
 from runs.run import main
-from settings import config
+from settings import datasets as run_data
 from settings.config import resolve_config
 from settings.flags import parse_args
 from settings.model_folder import CONFIGS_DIR
@@ -436,7 +436,7 @@ def test_other_paths_train_on_the_gpu(tmp_path, flags):
 
 
 def test_pinned_memory_and_8_workers_stream_the_sample_dataset(tmp_path, monkeypatch):
-    monkeypatch.setattr(config, 'SAMPLE_DATASET', tmp_path / 'sample-mds')
+    monkeypatch.setattr(run_data, 'SAMPLE_DATASET', tmp_path / 'sample-mds')
     run = train(tmp_path, '--model_name', 'tiny', '--image_size', '64', '--batch_size', '8', '--max_duration', '4ba')
     assert (tmp_path / 'sample-mds' / 'index.json').is_file()
     loader = run.trainer.state.train_dataloader

@@ -14,7 +14,7 @@ from conftest import REPO
 
 # The folders of modules (each one's rule in its __init__.py and docs/architecture.md); the command lines and the
 # design card's modules stay at the top.
-FOLDERS = ['costs', 'datapath', 'models', 'pipelines', 'runs', 'settings']
+FOLDERS = ['costs', 'datapath', 'guards', 'models', 'runs', 'settings']
 TOP = sorted(path.stem for path in REPO.glob('*.py'))
 MODULES = sorted(
     [*TOP, *(f'{folder}.{path.stem}' for folder in FOLDERS for path in (REPO / folder).glob('*.py'))]
@@ -62,7 +62,7 @@ def test_no_file_over_600_lines_and_no_function_over_80_but_flag_declarations():
 
 
 # The scripts whose work lives in a module of its own, imported once their flags check out (see below).
-ENTRY_POINTS = {'benchmark': 'runs.run', 'generate': 'pipelines.generation', 'precompute': 'datapath.precomputing'}
+ENTRY_POINTS = {'benchmark': 'runs.run', 'generate': 'runs.generation', 'precompute': 'runs.precomputing'}
 # What no flag check may load: seconds of imports before a mistyped flag is answered.
 HEAVY = {'torch', 'composer', 'streaming', 'diffusers', 'transformers', 'torchvision'}
 
@@ -120,7 +120,7 @@ def test_the_modules_stand_on_eight_floors_without_a_circle():
     floor = floors()
     assert max(floor.values()) <= 8
     assert floor['settings.config'] <= 4
-    builders = ('models.stable_diffusion', 'runs.training', 'runs.evaluation', 'pipelines.export')
+    builders = ('models.stable_diffusion', 'runs.training', 'runs.evaluation', 'runs.export')
     assert floor['settings.config'] < min(floor[builder] for builder in builders)
 
 
@@ -135,19 +135,46 @@ def test_a_run_is_settled_from_modules_that_load_no_heavy_library():
         assert not libraries & HEAVY, f'{name} imports {sorted(libraries & HEAVY)} at its top level'
         todo += sorted(top - settled)
     facts = {'presets', 'recipes', 'durations', 'hardware', 'memory_plan', 'model_folder'}
-    assert {f'settings.{name}' for name in facts} | {'datapath.tokenizer'} <= settled
+    assert {f'settings.{name}' for name in facts} | {'settings.tokenizer'} <= settled
+
+
+def rooms() -> dict[str, set[str]]:
+    """The import graph with each folder as one room ('runs') beside the top's modules ('data'): which rooms each
+    imports."""
+    graph = {}
+    for name in MODULES:
+        room = name.split('.')[0]
+        graph.setdefault(room, set()).update(
+            other.split('.')[0] for other in set.union(*imports(module_path(name))[:2])
+        )
+    return {room: needs - {room} for room, needs in graph.items()}
+
+
+def test_no_two_rooms_import_each_other():
+    # A folder is a layer only if nothing in it imports a room that imports it back: the folders and the top's
+    # modules stand on floors of their own, drawn in docs/architecture.md.
+    graph, floor = rooms(), {}
+    while len(floor) < len(graph):
+        ready = [room for room, needs in graph.items() if room not in floor and needs <= set(floor)]
+        assert ready, f'rooms in a circle: {sorted(set(graph) - set(floor))}'
+        floor |= {room: 1 + max((floor[need] for need in graph[room]), default=0) for room in ready}
+    assert floor['guards'] == 1 and floor['settings'] < floor['models'] < floor['runs']
 
 
 def test_each_folder_imports_only_what_its_rule_allows():
-    # settings/ is settled from facts: of the other folders, only datapath's facts (a dataset's index, the
-    # tokenizers' ids) and the lock a running writer holds on a save folder (read, never taken); costs/ reads results
-    # files, and writes its outputs whole, without any other folder.
-    allowed = {'settings': {'settings', 'datapath', 'runs.writer_lock'}, 'costs': {'costs', 'runs.outputs'}}
-    for folder, may in allowed.items():
-        for name in (m for m in MODULES if m.startswith(f'{folder}.')):
-            top, inner, _ = imports(module_path(name))
-            outside = [m for m in top | inner if not any(m == a or m.startswith(f'{a}.') for a in may)]
-            assert outside == [], f'{name} imports {outside}'
+    # Each folder's rule (its __init__.py, docs/architecture.md): the rooms below it it may import. runs/ may import
+    # any; the top's data.py and ema.py stand between models/ and runs/.
+    below = {
+        'guards': set(),
+        'settings': {'guards'},
+        'costs': {'guards'},
+        'datapath': {'settings', 'guards'},
+        'models': {'datapath', 'settings', 'guards'},
+    }
+    graph = rooms()
+    for folder, may in below.items():
+        assert graph[folder] <= may, f'{folder}/ imports {sorted(graph[folder] - may)}'
+    assert graph['data'] | graph['ema'] <= {'datapath', 'settings', 'guards'}
 
 
 def test_repo_modules_are_imported_inside_functions_only_by_entry_points():

@@ -7,9 +7,9 @@ import importlib.util
 import pytest
 import torch
 
+from guards.arguments import ConfigError
 from models.stable_diffusion import build_model
 from settings import hardware, memory_plan
-from settings.arguments import ConfigError
 from settings.config import resolve_config
 from settings.flags import parse_args
 from settings.memory_plan import GB, Run, plan
@@ -173,7 +173,8 @@ def test_a_plan_that_cannot_fit_stops_in_one_line(monkeypatch):
 
 
 def test_cuda_graphs_are_refused_with_several_microbatches_a_step(monkeypatch):
-    """reduce-overhead's graphs replay each microbatch into the same memory (config.check_one_microbatch_a_step)."""
+    """reduce-overhead's graphs replay each microbatch into the same memory
+    (device_checks.check_one_microbatch_a_step)."""
     replays = '--compile reduce-overhead: CUDA graphs replay every microbatch into the same memory'
     given = ('--batch_size', '256', '--device_train_microbatch_size', '64')
     with pytest.raises(ConfigError) as refused:

@@ -14,9 +14,9 @@ from PIL import Image
 
 from data import StreamingLAIONDataset, SyntheticImageCaptionDataset, SyntheticLatentsDataset
 from datapath.images import size_conditions
+from guards.arguments import ConfigError
 from models.stable_diffusion import build_model
 from settings import config, model_folder
-from settings.arguments import ConfigError
 from settings.config import resolve_config
 from settings.flags import parse_args
 from settings.model_folder import (

@@ -14,17 +14,17 @@ from streaming import StreamingDataset
 from torch.utils.data import default_collate
 
 import precompute
-from convert import ensure_sample_dataset
 from data import PrecomputedLatentsDataset, StreamingLAIONDataset
-from datapath import precomputing
 from datapath.images import unit_range
-from datapath.tokenizer import CaptionTokenizer
+from datapath.sample_dataset import ensure_sample_dataset
+from guards.arguments import ConfigError
 from models.stable_diffusion import StableDiffusion, build_encoders, build_model, count_forward_flops, encode_text
+from runs import precomputing
 from runs.run import main
-from settings.arguments import ConfigError
 from settings.config import resolve_config
 from settings.flags import parse_args
 from settings.model_folder import CONFIGS_DIR
+from settings.tokenizer import CaptionTokenizer
 
 SOURCE_SAMPLES = 40  # the generated dataset breaks samples 13 and 26 (an empty download, an HTML page)
 

@@ -4,8 +4,8 @@ import pytest
 from conftest import TINY
 
 from benchmarks import profile_summary
+from guards.arguments import ConfigError
 from runs.run import main
-from settings.arguments import ConfigError
 from settings.config import resolve_config
 from settings.flags import parse_args
 

@@ -13,17 +13,17 @@ from conftest import TINY, good_samples, run_cli, write_dataset
 
 import generate
 from benchmarks import learning_curve
-from datapath.tokenizer import CaptionTokenizer
+from guards.arguments import ConfigError
 from models.parts import ValidationLoss
 from models.stable_diffusion import build_model, validation_timesteps
-from pipelines.export import pipeline_tokenizer
 from runs.evaluation import ValidationSplit, sample_draws
+from runs.export import pipeline_tokenizer
 from runs.run import main
 from runs.stability import CaptionDropout
-from settings.arguments import ConfigError
 from settings.config import resolve_config
 from settings.flags import parse_args
 from settings.model_folder import CONFIGS_DIR, caption_inputs
+from settings.tokenizer import CaptionTokenizer
 
 SMALL = [*TINY, '--image_size', '32', '--batch_size', '4']
 
@@ -321,7 +321,7 @@ def test_generate_draws_at_the_trained_size_and_grids_carry_their_prompts(tmp_pa
 def test_a_label_is_shortened_to_fit_its_column():
     from PIL import ImageFont
 
-    from pipelines.export import label_lines
+    from runs.export import label_lines
 
     font = ImageFont.load_default(10)
     lines = label_lines('a watercolor painting of a lighthouse on a rocky coast at dawn', font, 64)
@@ -396,7 +396,7 @@ def tiny_clip_folder(folder):
     """A randomly initialized CLIP model with its processor, in the layout CLIPModel.from_pretrained reads."""
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizerFast
 
-    from datapath.tokenizer import clip_tokenizer_folder
+    from settings.tokenizer import clip_tokenizer_folder
 
     small = {'hidden_size': 32, 'intermediate_size': 37, 'num_attention_heads': 4, 'num_hidden_layers': 2}
     config = CLIPConfig(
@@ -419,8 +419,8 @@ def test_exported_pipeline_checkpoint_and_sample_grids(split, tmp_path, capfd):
     from diffusers import StableDiffusionPipeline
     from PIL import Image
 
-    from pipelines.export import build_pipeline
-    from pipelines.export import generate as draw
+    from runs.export import build_pipeline
+    from runs.export import generate as draw
 
     pipe, samples, checkpoints = tmp_path / 'pipe', tmp_path / 'samples', tmp_path / 'ckpt'
     flags = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '8', '--max_duration', '30ba', '--use_ema']
@@ -496,7 +496,7 @@ def test_exported_pipeline_checkpoint_and_sample_grids(split, tmp_path, capfd):
 
 
 def test_a_run_description_that_is_not_a_json_object_is_one_line(tmp_path):
-    from pipelines.generation import recorded_description
+    from runs.generation import recorded_description
 
     record = tmp_path / 'run_description.json'
     assert recorded_description(record) == {}  # a folder Diffusers saved: no record

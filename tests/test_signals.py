@@ -21,10 +21,10 @@ from conftest import LAUNCHER, REPO, TINY, free_port, good_samples, jpeg, write_
 
 import convert
 import precompute
-from datapath import precomputing
+from guards.stopping import Stopped, quiet_loader_worker
+from guards.writer_lock import LOCK_FILE
+from runs import precomputing
 from runs.interrupts import StopOnSignal
-from runs.stopping import Stopped, quiet_loader_worker
-from runs.writer_lock import LOCK_FILE
 from settings.config import resolve_config
 from settings.flags import parse_args
 
@@ -257,7 +257,7 @@ def test_precompute_stopped_by_a_signal_keeps_finished_parts_only_and_the_rerun_
 # A precompute.py whose encoding takes 0.3 s a batch, so that a signal finds it in the middle of a part.
 SLOW_PRECOMPUTE = """
 import runpy, sys, time
-from datapath import precomputing
+from runs import precomputing
 encode = precomputing.encode
 precomputing.encode = lambda *args, **kwargs: (time.sleep(0.3), encode(*args, **kwargs))[1]
 sys.argv[0] = 'precompute.py'

@@ -13,8 +13,8 @@ from conftest import jpeg
 import convert
 import generate
 import precompute
+from guards.arguments import ConfigError
 from runs.run import main
-from settings.arguments import ConfigError
 from settings.config import resolve_config
 from settings.flags import parse_args
 

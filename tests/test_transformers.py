@@ -17,14 +17,13 @@ from torch.utils.data import default_collate
 import generate
 import precompute
 from data import PrecomputedLatentsDataset, StreamingLAIONDataset, SyntheticImageCaptionDataset
-from datapath import precomputing
 from datapath.images import unit_range
-from datapath.tokenizer import clip_tokenizer_folder, column_tokenizers
+from guards.arguments import ConfigError
 from models.diffusion_transformer import count_forward_flops
 from models.stable_diffusion import build_model
-from pipelines.export import generate as generate_images
+from runs import precomputing
+from runs.export import generate as generate_images
 from runs.run import main
-from settings.arguments import ConfigError
 from settings.config import resolve_config
 from settings.flags import parse_args
 from settings.model_folder import (
@@ -40,6 +39,7 @@ from settings.model_folder import (
     caption_inputs,
 )
 from settings.recipes import FLUX, PIXART, SD3, Recipe
+from settings.tokenizer import clip_tokenizer_folder, column_tokenizers
 
 T5_XXL_ENCODER = 4_762_310_656
 EXPECTED_PARAMETERS = {  # the public models' counts (Diffusers layout)
@@ -651,7 +651,7 @@ def test_the_campaigns_transformer_step_compiles_the_forward_and_backward_it_tim
 def test_the_smoke_t5_tokenizer_gives_t5s_ids_padding_and_end_of_text(tmp_path):
     from transformers import AutoTokenizer
 
-    from datapath.tokenizer import TokenizerError, check_tokenizer, empty_caption_ids, t5_smoke_tokenizer_folder
+    from settings.tokenizer import TokenizerError, check_tokenizer, empty_caption_ids, t5_smoke_tokenizer_folder
 
     folder = str(t5_smoke_tokenizer_folder(tmp_path / 't5-smoke'))
     for name in TWINS.values():
@@ -682,7 +682,7 @@ def test_tiny_flux_trains_on_a_converted_folder_with_the_smoke_t5_tokenizer(tmp_
     from conftest import jpeg
 
     import convert
-    from datapath.tokenizer import t5_smoke_tokenizer_folder
+    from settings.tokenizer import t5_smoke_tokenizer_folder
 
     photos = tmp_path / 'photos'
     photos.mkdir()

@@ -16,7 +16,7 @@ from conftest import LAUNCHER, REPO, TINY, good_samples, jpeg, write_dataset
 
 import convert
 import precompute
-from runs.writer_lock import LOCK_FILE, FolderBusy, one_writer
+from guards.writer_lock import LOCK_FILE, FolderBusy, one_writer
 from settings.config import resolve_config
 from settings.flags import parse_args
 
@@ -28,7 +28,7 @@ RUN_FIX = 'wait for it to end or stop it (then --autoresume continues its run), 
 HOLDER = """
 import sys, time
 sys.path.insert(0, sys.argv[2])
-from runs.writer_lock import one_writer
+from guards.writer_lock import one_writer
 with one_writer(sys.argv[1], sys.argv[1], 'fix'):
     print('held', flush=True)
     time.sleep(600)

@@ -10,7 +10,9 @@ that a failure ends the job or to crash it after a checkpoint.
 $PROBE_CPU_FSDP runs --fsdp on CPU (see cpu_fsdp). When rank 0's first batch arrives, $PROBE_KILL_PID is killed
 (SIGKILL: a server that dies mid-run; or sent $PROBE_SIGNAL) and the files $PROBE_DELETE (a glob) names are
 deleted (shards gone mid-run), those $PROBE_TRUNCATE names cut to half their size. $PROBE_KILL_IN_CHECKPOINT=N
-kills the process while it writes its N-th checkpoint.
+kills the process while it writes its N-th checkpoint. $PROBE_SYMLINK_WAIT=S: Composer checks every S seconds, not
+30, whether the checkpoint its `latest` link names has reached a remote save folder (a local S3 server's is there
+at once).
 """
 
 import argparse
@@ -112,6 +114,18 @@ def kill_while_writing_checkpoint(number: int) -> None:
     checkpoint._write_checkpoint_file = write_then_die
 
 
+def check_remote_checkpoints_every(seconds: float) -> None:
+    from composer.callbacks import checkpoint_saver
+
+    init = checkpoint_saver.CheckpointSaver.__init__
+
+    def init_then_wait_less(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._symlink_upload_wait_before_next_try_in_seconds = seconds  # Composer's own hook for tests
+
+    checkpoint_saver.CheckpointSaver.__init__ = init_then_wait_less
+
+
 def full_weights(denoiser) -> dict[str, torch.Tensor]:
     """The denoiser's full weights on every rank (gathered under FSDP: a collective, so every rank calls it)."""
     state = get_model_state_dict(denoiser, options=StateDictOptions(full_state_dict=True))
@@ -123,6 +137,8 @@ if __name__ == '__main__':
         cpu_fsdp()
     if os.environ.get('PROBE_KILL_IN_CHECKPOINT'):
         kill_while_writing_checkpoint(int(os.environ['PROBE_KILL_IN_CHECKPOINT']))
+    if os.environ.get('PROBE_SYMLINK_WAIT'):
+        check_remote_checkpoints_every(float(os.environ['PROBE_SYMLINK_WAIT']))
     probe = Probe()
     trainer = benchmark.cli(callbacks=(probe,))
     model = trainer.state.model.module if hasattr(trainer.state.model, 'module') else trainer.state.model

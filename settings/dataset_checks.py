@@ -18,6 +18,8 @@ from pathlib import Path
 CONNECT_TIMEOUT, READ_TIMEOUT, RETRIES = 10, 20, 2
 
 
+# convert.py's output, and the sample dataset's: the image file's bytes and its caption (LAION's convention).
+IMAGE_CAPTION_COLUMNS = {'jpg': 'bytes', 'caption': 'str'}
 # precompute.py's output: the VAE's latent distribution and the text encoder's output, fp16, and the caption;
 # for SDXL also the pooled text embedding and the size/crop conditioning.
 PRECOMPUTED_COLUMNS = {

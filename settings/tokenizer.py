@@ -29,7 +29,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 if TYPE_CHECKING:
     import torch
 
-from settings.arguments import ConfigError
+from guards.arguments import ConfigError
 from settings.model_folder import (
     CAPTION_LENGTH,
     CLIP_END_ID,
@@ -299,9 +299,9 @@ def check_tokenizer(folder: str, inputs: CaptionInputs) -> None:
     except Exception as error:  # Transformers raises several kinds (OSError, ValueError, TypeError, ...)
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ConfigError(f'--tokenizer {folder}: no tokenizer Transformers can load ({reason})')
-    problem = family_problem(ids, inputs)
-    if problem:
-        raise ConfigError(f'--tokenizer {folder}: {problem}')
+    wrong = why_wrong_family(ids, inputs)
+    if wrong:
+        raise ConfigError(f'--tokenizer {folder}: {wrong}')
 
 
 def check_tokenizer_file(folder: str, inputs: CaptionInputs) -> None:
@@ -316,12 +316,12 @@ def check_tokenizer_file(folder: str, inputs: CaptionInputs) -> None:
     except Exception as error:  # the Rust library's own exception, for a file that is not a tokenizer's
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ConfigError(f'--tokenizer {folder}: its tokenizer.json does not load ({reason})')
-    problem = family_problem(ids, inputs)
-    if problem:
-        raise ConfigError(f'--tokenizer {folder}: {problem}')
+    wrong = why_wrong_family(ids, inputs)
+    if wrong:
+        raise ConfigError(f'--tokenizer {folder}: {wrong}')
 
 
-def family_problem(ids: list[int], inputs: CaptionInputs) -> str | None:
+def why_wrong_family(ids: list[int], inputs: CaptionInputs) -> str | None:
     """Why a tokenizer's ids for 'a photo' (padded or not) are not those the model's text encoders read, or None:
     a model with a T5 encoder reads T5's (below its vocabulary, ending in its end of text), the others CLIP's.
     Another family's would index the embedding out of range, or train on the wrong tokens."""

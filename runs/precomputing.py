@@ -22,9 +22,8 @@ from streaming.base.util import merge_index
 from torch.utils.data import Subset
 from tqdm import tqdm
 
-from convert import ensure_sample_dataset
 from data import StreamingLAIONDataset, collate
-from datapath.dataset_checks import (
+from settings.dataset_checks import (
     PRECOMPUTED_COLUMNS,
     SDXL_PRECOMPUTED_COLUMNS,
     TRANSFORMER_PRECOMPUTED_COLUMNS,
@@ -35,15 +34,16 @@ from datapath.dataset_checks import (
 )
 from datapath.images import unit_range
 from datapath.loaders import StoppableDataLoader
+from datapath.sample_dataset import ensure_sample_dataset
 from datapath.streaming_fixes import clean_stale_shared_memory
-from datapath.tokenizer import TokenizerError
+from settings.tokenizer import TokenizerError
 from models.parts import build_frozen_encoders
 from models.stable_diffusion import describe_weights, encode_captions
-from runs.outputs import DISK_FULL, WriteFailed, free_space_fix, system_reason
-from runs.stopping import check_stopped
+from guards.outputs import DISK_FULL, WriteFailed, free_space_fix, system_reason
+from guards.stopping import check_stopped
 from runs.versions import check_stack
-from runs.writer_lock import contents, one_writer_on_rank_zero
-from settings.arguments import ConfigError
+from guards.writer_lock import contents, one_writer_on_rank_zero
+from guards.arguments import ConfigError
 from settings.model_folder import caption_inputs, text_encoder_folders, transformer_family
 from settings.recipes import PIXART
 

@@ -17,7 +17,7 @@ import os
 import socket
 from pathlib import Path
 
-from settings.arguments import ConfigError
+from guards.arguments import ConfigError
 
 LOCK_FILE = '.writer.lock'
 # flock refused by the file system itself, not by another holder.

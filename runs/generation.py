@@ -15,14 +15,14 @@ from diffusers.utils import is_accelerate_available
 from PIL import Image
 from tqdm import tqdm
 
-from datapath.tokenizer import CaptionTokenizer
+from settings.tokenizer import CaptionTokenizer
 from models.diffusion_transformer import DiffusionTransformer
 from models.stable_diffusion import build_model
-from pipelines.export import RUN_DESCRIPTION_FILE, SCHEDULERS, build_pipeline, generate, labeled_grid
+from runs.export import RUN_DESCRIPTION_FILE, SCHEDULERS, build_pipeline, generate, labeled_grid
 from runs.checkpoints import RunDescription
 from runs.evaluation import ValidationSplit
-from runs.outputs import staged_folder
-from settings.arguments import ConfigError
+from guards.outputs import staged_folder
+from guards.arguments import ConfigError
 from settings.model_folder import caption_pad_ids, is_transformer_folder
 from settings.recipes import is_flow_matching
 

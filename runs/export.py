@@ -29,12 +29,12 @@ from PIL import Image, ImageDraw, ImageFont
 from tokenizers import Regex, normalizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from datapath.tokenizer import CLIP_END, CLIP_START, CaptionTokenizer, build_clip_tokenizer, clean_caption
+from settings.tokenizer import CLIP_END, CLIP_START, CaptionTokenizer, build_clip_tokenizer, clean_caption
 from ema import EMA, full_unet
 from models.diffusion_transformer import DiffusionTransformer
 from models.stable_diffusion import DiffusionModel, StableDiffusion
 from runs.checkpoints import RunDescription
-from runs.outputs import staged_file, staged_folder
+from guards.outputs import staged_file, staged_folder
 from settings.model_folder import (
     CAPTION_LENGTH,
     CLIP_PAD_ID,

@@ -1,0 +1,130 @@
+"""Where a run writes, checked before anything is built rather than after hours of training: checkpoints
+(--save_folder), the results file, profiler traces, sample grids and exports. An output folder is never overwritten,
+a folder Composer would read as another one is refused, and each place is tried for writing (config.py's steps
+`check_outputs` and `settle_sample_and_export_folders`)."""
+
+import argparse
+import importlib.util
+import shutil
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+
+from guards.arguments import ConfigError
+from guards.writer_lock import contents
+
+
+def check_outputs(draft: argparse.Namespace) -> None:
+    """Output folders are checked now, not after hours of training, and never overwritten."""
+    if draft.profile:
+        refuse_used_output_folder('--profile', draft.profile, 'traces are never overwritten')
+        check_writable_folder('--profile', draft.profile)
+    if draft.export_ema_unet:
+        refuse_used_output_folder('--export_ema_unet', draft.export_ema_unet, 'an export never overwrites weights')
+        check_writable_folder('--export_ema_unet', draft.export_ema_unet)
+    if draft.wandb_project and importlib.util.find_spec('wandb') is None:
+        raise ConfigError('--wandb_project needs the wandb package: pip install wandb (it leaves torch as it is)')
+    if draft.autoresume and not (draft.save_folder and draft.run_name):
+        raise ConfigError('--autoresume needs --save_folder and --run_name (Composer finds the checkpoint by both)')
+    check_save_folder(draft)
+    if draft.results_json:
+        check_writable_file('--results_json', draft.results_json)
+
+
+def check_save_folder(draft: argparse.Namespace) -> None:
+    """--save_folder: a folder Composer writes where it is named, new (or the earlier run's, with --autoresume),
+    writable; and --save_num_checkpoints_to_keep only where the checkpoints are local."""
+    if draft.save_folder:
+        refuse_what_composer_changes('--save_folder', draft.save_folder)
+    local_save_folder = draft.save_folder and '://' not in draft.save_folder
+    if local_save_folder and Path(draft.save_folder).exists() and not Path(draft.save_folder).is_dir():
+        raise ConfigError(f'--save_folder {draft.save_folder}: is a file, not a folder of checkpoints')
+    if local_save_folder and not draft.autoresume:
+        # Composer refuses too, with a traceback that does not say how to continue the earlier run.
+        refuse_used_output_folder(
+            '--save_folder',
+            draft.save_folder,
+            "checkpoints are never overwritten; or pass --autoresume with the earlier run's --run_name to continue it",
+        )
+    if local_save_folder:  # else trained until the first checkpoint, then stopped by an OSError traceback
+        check_writable_folder('--save_folder', draft.save_folder)
+    if draft.save_num_checkpoints_to_keep != -1 and not local_save_folder:
+        # Composer deletes only its local copies: a remote folder's checkpoints would all stay.
+        raise ConfigError(
+            f'--save_num_checkpoints_to_keep {draft.save_num_checkpoints_to_keep}: deletes checkpoints of a local '
+            f'--save_folder only ({draft.save_folder or "none given"}); pass one, or leave the flag out'
+        )
+
+
+def settle_sample_and_export_folders(draft: argparse.Namespace) -> None:
+    """The sample grids' folder (results/samples/RUN by default, where grids are drawn) and the pipeline export's:
+    each writable, the export's new."""
+    if draft.sample_dir is None and draft.sample_interval:
+        draft.sample_dir = str(Path('results', 'samples', draft.run_name or time.strftime('%Y%m%d-%H%M%S')))
+    if draft.sample_dir and Path(draft.sample_dir).is_file():
+        raise ConfigError(f'--sample_dir {draft.sample_dir}: is a file; give a folder')
+    if draft.sample_dir:
+        check_writable_folder('--sample_dir', draft.sample_dir)
+    if draft.export_pipeline:
+        refuse_used_output_folder('--export_pipeline', draft.export_pipeline, 'an export never overwrites weights')
+        check_writable_folder('--export_pipeline', draft.export_pipeline)
+
+
+def refuse_what_composer_changes(flag: str, folder: str) -> None:
+    """Composer reads a checkpoint folder as a URL: a '#' or '?' (and ';' in the last name) would end its path there.
+    It also fills the folder in as a template ({run_name}, {rank}), and again each path in it as it saves, so no
+    escaping keeps a brace; and this run reads the folder as given (--autoresume, the checks at start). Either way
+    the checkpoints would go to another folder than the one named."""
+    if '{' in folder or '}' in folder:
+        raise ConfigError(
+            f'{flag} {folder}: Composer fills in braces as a template ({{run_name}}, {{rank}}), where this run '
+            "reads the folder as given: the checkpoints would go to another folder; give one without '{' or '}'"
+        )
+    url = urllib.parse.urlparse(folder if '://' in folder else f'./{folder}')
+    cut = {'#': url.fragment, '?': url.query, ';': url.params}
+    for char, rest in cut.items():
+        if rest:
+            raise ConfigError(
+                f"{flag} {folder}: Composer reads it as a URL, whose path ends before the '{char}': the checkpoints "
+                "would go to another folder; give one without '#', '?' or ';'"
+            )
+
+
+def check_writable_file(flag: str, file: str) -> None:
+    """A file that can be written once the run ends: not a folder, under a folder that exists or can be made."""
+    path = Path(file)
+    if path.is_dir():
+        raise ConfigError(f'{flag} {file}: is a folder; give a file name')
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f'{flag} {file}: {parent} is a file, so no folder can be made there')
+    check_writable_folder(flag, str(path.parent), given=file)  # permission bits, read-only filesystems, quotas
+
+
+def check_writable_folder(flag: str, folder: str, given: str | None = None) -> None:
+    """The run can write in `folder`, or make it: a scratch folder with a small file in it is made and removed there,
+    or in its nearest existing parent. Tried rather than read from the permission bits, which say nothing to root,
+    and a read-only filesystem or a full disk or quota shows only on writing (a full disk still makes folders, not
+    files). Nothing is left behind. `given`: the flag's value, if not the folder itself (a file in it)."""
+    parent = Path(folder)
+    while not parent.exists():
+        parent = parent.parent
+    scratch = None
+    try:
+        scratch = tempfile.mkdtemp(dir=parent, prefix='.write-check-')
+        Path(scratch, 'probe').write_bytes(bytes(4096))
+    except OSError as error:
+        raise ConfigError(f'{flag} {given or folder}: cannot write in {parent} ({error.strerror or error})') from None
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def refuse_used_output_folder(flag: str, folder: str, why: str) -> None:
+    path = Path(folder)
+    if path.is_file() or (path.is_dir() and contents(path)):  # a lock file a killed writer left is no output
+        problem = 'is a file' if path.is_file() else 'is not empty'
+        raise ConfigError(f'{flag} {folder}: {problem}; give a new folder ({why})')
