@@ -17,12 +17,12 @@ $(VENV)/.installed: requirements.txt requirements-test.txt pyproject.toml
 	touch $@
 
 # benchmark.py with flags $(2) from venv $(1). On a machine with several GPUs, Composer's launcher (one process per
-# GPU), whose own lines follow the run's (a crashed rank's status, a 30 s wait): the run's verdict, its throughput
+# GPU; run by runs/launcher.py, which ends on Ctrl-C without a traceback of its own), whose own lines follow the run's (a crashed rank's status, a 30 s wait): the run's verdict, its throughput
 # line or its one-line error, is printed again once the launcher is done (arguments.VERDICT_FILE). Else one
 # process, which needs no launcher. USE_LAUNCHER=1 or 0 overrides the choice.
 USE_LAUNCHER ?= $$($(1)/bin/python -c 'import torch; print(int(torch.cuda.device_count() > 1))')
 RUN_BENCHMARK = if [ "$(call USE_LAUNCHER,$(1))" = 1 ]; then \
-	verdict=$$(mktemp); BENCHMARK_VERDICT_FILE=$$verdict $(1)/bin/composer benchmark.py $(2); status=$$?; \
+	verdict=$$(mktemp); BENCHMARK_VERDICT_FILE=$$verdict $(1)/bin/python -m runs.launcher benchmark.py $(2); status=$$?; \
 	if [ -s $$verdict ] && [ $$status = 0 ]; then echo; cat $$verdict; elif [ -s $$verdict ]; then cat $$verdict >&2; fi; \
 	rm -f $$verdict; (exit $$status); \
 	else $(1)/bin/python benchmark.py $(2); fi

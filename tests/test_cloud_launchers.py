@@ -202,7 +202,7 @@ def test_kubernetes_job_is_one_indexed_pod_per_node_with_gpus_shared_memory_and_
     assert container['resources']['limits']['nvidia.com/gpu'] == int(env['GPUS_PER_NODE'])
     script = ' '.join(container['command'][2].replace('\\\n', ' ').split())
     assert (
-        'exec composer -n "$GPUS_PER_NODE" --world_size "$((NUM_NODES * GPUS_PER_NODE))" --node_rank '
+        'exec python -m runs.launcher -n "$GPUS_PER_NODE" --world_size "$((NUM_NODES * GPUS_PER_NODE))" --node_rank '
         '"$JOB_COMPLETION_INDEX" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" benchmark.py "$@"'
     ) in script
     # Rank 0's stable name: the pod's hostname <job>-0 in the headless Service's subdomain.
@@ -336,7 +336,7 @@ def test_skypilot_task_asks_for_several_gpu_nodes_installs_the_repo_and_launches
     run = ' '.join(task['run'].replace('\\\n', ' ').split())
     assert 'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n 1)' in run  # the first node's address
     assert (
-        'exec composer -n "$SKYPILOT_NUM_GPUS_PER_NODE" --world_size "$((SKYPILOT_NUM_NODES * '
+        'exec python -m runs.launcher -n "$SKYPILOT_NUM_GPUS_PER_NODE" --world_size "$((SKYPILOT_NUM_NODES * '
         'SKYPILOT_NUM_GPUS_PER_NODE))" --node_rank "$SKYPILOT_NODE_RANK" --master_addr "$MASTER_ADDR" '
         '--master_port "$MASTER_PORT" benchmark.py '
     ) in run

@@ -188,7 +188,7 @@ def test_slurm_script_starts_one_launcher_per_node(tmp_path):
         'SLURM_JOB_ID': '42',
         'SLURM_SUBMIT_DIR': str(REPO),
         'GPUS_PER_NODE': '1',
-        'LAUNCHER': LAUNCHER,
+        'PYTHON': sys.executable,  # whose runs.launcher each node starts
         'MASTER_PORT': str(free_port()),
     }
     summary = run_benchmark(['bash', str(REPO / 'launch' / 'slurm.sbatch')], tmp_path, env)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LAUNCHER, REPO, TINY, free_port, good_samples, jpeg, write_dataset
+from conftest import REPO, TINY, free_port, good_samples, jpeg, write_dataset
 
 import convert
 import precompute
@@ -102,17 +102,17 @@ def test_a_signal_to_every_process_of_a_run_checkpoints_the_batch_reached(tmp_pa
 
 @pytest.mark.slow
 def test_a_signal_to_every_process_under_composers_launcher_names_the_checkpoint_the_rerun_resumes(tmp_path):
-    """scancel or Ctrl-C to a job of two ranks under Composer's launcher: the launcher, both ranks and their loader
-    workers are signalled at once (and each rank again by the launcher). A rank of several does not checkpoint the
-    batch reached (each would have to reach the same batch first): each ends in the one line naming the newest whole
-    checkpoint, the job's status is the signal's, and the same command with --autoresume goes on from there. The
-    launcher's own lines (its exit statuses and a `SystemExit: 143` traceback of its signal handler) are Composer's
-    (docs/faults.md)."""
+    """scancel or Ctrl-C to a job of two ranks under Composer's launcher (runs.launcher, as the launch files and the
+    Makefile start it): the launcher, both ranks and their loader workers are signalled at once (and each rank again
+    by the launcher). A rank of several does not checkpoint the batch reached (each would have to reach the same
+    batch first): each ends in the one line naming the newest whole checkpoint, the job's status is the signal's,
+    no process prints a traceback, and the same command with --autoresume goes on from there."""
     data = write_dataset(tmp_path / 'mds', good_samples(48), size_limit=1 << 12)
     folder = tmp_path / 'ckpt'
     flags = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '8', '--max_duration', '24ba']
     flags += ['--local', data, '--num_workers', '2', '--save_folder', str(folder), '--run_name', 'r']
-    command = [LAUNCHER, '-n', '2', '--master_port', str(free_port()), str(REPO / 'benchmark.py'), *flags]
+    command = [sys.executable, '-m', 'runs.launcher', '-n', '2', '--master_port', str(free_port())]
+    command += [str(REPO / 'benchmark.py'), *flags]
     run = start(command, tmp_path)
     for line in run.stdout:  # an epoch is 6 batches: checkpoints at 6 and 12
         if line.startswith('batch 14 of 24'):
@@ -126,13 +126,36 @@ def test_a_signal_to_every_process_under_composers_launcher_names_the_checkpoint
     )
     assert re.search(line, err), err[-3000:]  # rank 0's; the launcher shows another rank's output when it fails first
     assert not re.search(r'exited with code (?!143\b)', err), err[-3000:]  # every rank ended by the signal
-    assert 'killed by signal' not in err and 'DataLoader worker' not in err
+    assert 'Traceback' not in err and 'killed by signal' not in err, err[-3000:]
     wait_until(lambda: not live_members(run.pid), 30, 'every process of the job ended, loader workers included')
-    resumed = start([*command[:4], str(free_port()), *command[5:], '--autoresume'], tmp_path)
+    resumed = start([*command[:6], str(free_port()), *command[7:], '--autoresume'], tmp_path)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-3000:]
     resumed_at = int(newest.stem.split('-ba')[1].split('-')[0])
     assert f"resumed run 'r' from {newest.name} (batch {resumed_at} of 24)" in out, out[-3000:]
+
+
+RANK_UNTIL_SIGNALLED = """
+import os, signal, time
+for signum in (signal.SIGINT, signal.SIGTERM):  # the group's signal, then the launcher's SIGTERM: the first counts
+    signal.signal(signum, lambda signum, frame: os._exit(128 + signum))
+print('waiting', flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize('signum, status', [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=['SIGTERM', 'SIGINT'])
+def test_composers_launcher_signalled_ends_with_its_ranks_status_and_no_traceback(tmp_path, signum, status):
+    """Plain `composer` prints the SystemExit of its own signal handler as a traceback; runs.launcher does not."""
+    script = tmp_path / 'rank.py'
+    script.write_text(RANK_UNTIL_SIGNALLED)
+    run = start(
+        [sys.executable, '-m', 'runs.launcher', '-n', '1', '--master_port', str(free_port()), str(script)], tmp_path
+    )
+    assert run.stdout.readline() == 'waiting\n'
+    os.killpg(run.pid, signum)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == status and 'Traceback' not in err, err[-3000:]
 
 
 def test_a_second_signal_while_the_checkpoint_is_written_sets_the_file_aside(tmp_path):
