@@ -4,7 +4,7 @@ PixArt-Sigma's. A checkpoint records its run's model, prediction type and tokeni
 --prediction_type and --tokenizer default to (a flag given is used, with a line where it differs); an older
 checkpoint without that record needs --model_name. A pipeline folder holds its own.
 
-    python generate.py --checkpoint runs/ckpt/latest-rank0.pt --prompt 'a red circle' --out out/
+    python generate.py --checkpoint ckpt/latest-rank0.pt --prompt 'a red circle' --out out/
     python generate.py --pipeline results/pipeline --prompts prompts.txt --out out/ --batch_size 8
 
 Image i is drawn from seed --seed + i, so a prompt list gives the same images with any batch size. The images are
