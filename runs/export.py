@@ -29,12 +29,11 @@ from PIL import Image, ImageDraw, ImageFont
 from tokenizers import Regex, normalizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from settings.tokenizer import CLIP_END, CLIP_START, CaptionTokenizer, build_clip_tokenizer, clean_caption
 from ema import EMA, full_unet
+from guards.outputs import staged_file, staged_folder
 from models.diffusion_transformer import DiffusionTransformer
 from models.stable_diffusion import DiffusionModel, StableDiffusion
 from runs.checkpoints import RunDescription
-from guards.outputs import staged_file, staged_folder
 from settings.model_folder import (
     CAPTION_LENGTH,
     CLIP_PAD_ID,
@@ -44,6 +43,7 @@ from settings.model_folder import (
 )
 from settings.presets import SAMPLE_SEEDS, SAMPLERS
 from settings.recipes import FLUX, FLUX_GUIDANCE, PIXART, SD3, is_flow_matching
+from settings.tokenizer import CLIP_END, CLIP_START, CaptionTokenizer, build_clip_tokenizer, clean_caption
 
 # Samplers by flag name, built from the training noise schedule (betas, prediction type).
 SCHEDULERS = {name: getattr(diffusers, scheduler) for name, scheduler in SAMPLERS.items()}

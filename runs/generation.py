@@ -15,16 +15,16 @@ from diffusers.utils import is_accelerate_available
 from PIL import Image
 from tqdm import tqdm
 
-from settings.tokenizer import CaptionTokenizer
+from guards.arguments import ConfigError
+from guards.outputs import staged_folder
 from models.diffusion_transformer import DiffusionTransformer
 from models.stable_diffusion import build_model
-from runs.export import RUN_DESCRIPTION_FILE, SCHEDULERS, build_pipeline, generate, labeled_grid
 from runs.checkpoints import RunDescription
 from runs.evaluation import ValidationSplit
-from guards.outputs import staged_folder
-from guards.arguments import ConfigError
+from runs.export import RUN_DESCRIPTION_FILE, SCHEDULERS, build_pipeline, generate, labeled_grid
 from settings.model_folder import caption_pad_ids, is_transformer_folder
 from settings.recipes import is_flow_matching
+from settings.tokenizer import CaptionTokenizer
 
 # grid.png: the first images in rows of 8, each under its prompt (a grid of thousands would be too big to look at).
 GRID_IMAGES, GRID_COLUMNS = 64, 8

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from composer.core import Callback, State
 
+from guards.stopping import SIGNALS, Stopped, check_stopped, forget_stops, stop
 from runs.checkpoints import CHECKPOINT_FILE, checkpoint_files, set_aside_incomplete
 from settings.config import RunConfig
-from guards.stopping import SIGNALS, Stopped, check_stopped, forget_stops, stop
 
 
 class StopOnSignal(Callback):

@@ -23,6 +23,17 @@ from torch.utils.data import Subset
 from tqdm import tqdm
 
 from data import StreamingLAIONDataset, collate
+from datapath.images import unit_range
+from datapath.loaders import StoppableDataLoader
+from datapath.sample_dataset import ensure_sample_dataset
+from datapath.streaming_fixes import clean_stale_shared_memory
+from guards.arguments import ConfigError
+from guards.outputs import DISK_FULL, WriteFailed, free_space_fix, system_reason
+from guards.stopping import check_stopped
+from guards.writer_lock import contents, one_writer_on_rank_zero
+from models.parts import build_frozen_encoders
+from models.stable_diffusion import describe_weights, encode_captions
+from runs.versions import check_stack
 from settings.dataset_checks import (
     PRECOMPUTED_COLUMNS,
     SDXL_PRECOMPUTED_COLUMNS,
@@ -32,20 +43,9 @@ from settings.dataset_checks import (
     is_remote,
     s3_client,
 )
-from datapath.images import unit_range
-from datapath.loaders import StoppableDataLoader
-from datapath.sample_dataset import ensure_sample_dataset
-from datapath.streaming_fixes import clean_stale_shared_memory
-from settings.tokenizer import TokenizerError
-from models.parts import build_frozen_encoders
-from models.stable_diffusion import describe_weights, encode_captions
-from guards.outputs import DISK_FULL, WriteFailed, free_space_fix, system_reason
-from guards.stopping import check_stopped
-from runs.versions import check_stack
-from guards.writer_lock import contents, one_writer_on_rank_zero
-from guards.arguments import ConfigError
 from settings.model_folder import caption_inputs, text_encoder_folders, transformer_family
 from settings.recipes import PIXART
+from settings.tokenizer import TokenizerError
 
 SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun never mixes two settings
 

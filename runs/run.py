@@ -22,15 +22,14 @@ from composer.loggers import InMemoryLogger
 from composer.utils import dist, get_device, reproducibility
 
 from costs.results import Results, cpu_name, mfu, package_versions, peak_flops
-from settings.dataset_checks import DataError
 from datapath.sample_dataset import ensure_sample_dataset
 from datapath.streaming_fixes import clean_stale_shared_memory
-from settings.tokenizer import TokenizerError
 from ema import export_ema_unet
+from guards.arguments import ConfigError, leave_verdict, stop
+from guards.writer_lock import one_writer_on_rank_zero
 from models.diffusion_transformer import convert_to_float8
 from models.kernels import attention_backends, use_kernels
 from models.stable_diffusion import DiffusionModel, build_model, describe_weights
-from runs.export import SampleGrid, export_pipeline
 from runs.checkpoints import (
     LATEST_LINK,
     CheckpointWriteError,
@@ -39,14 +38,15 @@ from runs.checkpoints import (
     set_aside_incomplete,
 )
 from runs.evaluation import ValidationReport
+from runs.export import SampleGrid, export_pipeline
 from runs.interrupts import StopOnSignal, Stopped
 from runs.start_lines import start_lines
 from runs.training import build_dataloader, build_trainer, log_summary_to_wandb
 from runs.versions import check_stack
-from guards.writer_lock import one_writer_on_rank_zero
-from guards.arguments import ConfigError, leave_verdict, stop
 from settings.config import RunConfig, resolve_config
+from settings.dataset_checks import DataError
 from settings.presets import SAMPLE_VALIDATION_SEED, SAMPLE_VALIDATION_SIZE
+from settings.tokenizer import TokenizerError
 
 
 def main(args: argparse.Namespace | RunConfig, callbacks: tuple = (), announced: bool = False) -> Trainer:

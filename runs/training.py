@@ -27,19 +27,19 @@ from data import (
     SyntheticLatentsDataset,
     collate,
 )
-from settings.dataset_checks import DataError
 from datapath.loaders import StoppableDataLoader
-from settings.tokenizer import TokenizerError
 from ema import EMA
+from guards.arguments import ConfigError
 from models.stable_diffusion import DiffusionModel
 from runs.checkpoints import RunDescription, keep_newest_checkpoints, report_failed_writes
 from runs.evaluation import build_evaluators, evaluation_callbacks
 from runs.progress import ProgressLines, draws_a_bar
 from runs.stability import stability_algorithms
-from guards.arguments import ConfigError
 from settings.config import RunConfig
+from settings.dataset_checks import DataError
 from settings.model_folder import LATENT_DOWNSAMPLE
 from settings.presets import SYNTHETIC_SAMPLES
+from settings.tokenizer import TokenizerError
 
 # torch.compile options that --compile adds to its own (Inductor, in the mode it names, at static shapes): none for a
 # run; tests set a backend here (aot_eager, one that fails) to trace on a CPU without Inductor.
