@@ -307,7 +307,11 @@ def execute(row: dict, seconds_left: float, work: Path) -> dict:
     if status != 0:
         return measured | {'error': last_line(output)}
     if row['kind'] == 'probe':
-        return measured | json.loads(output.strip().splitlines()[-1])
+        # The probe's JSON is stdout's last line; stderr (a library's warning, say) is kept in the log only.
+        try:
+            return measured | json.loads(finished.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            return measured | {'error': f'the probe printed no JSON line: {last_line(output)}'}
     results = json.loads(Path(row['argv'][-1]).read_text())
     fields = ('img_per_sec_per_device', 'mfu', 'peak_gpu_memory_gb', 'peak_gpu_memory_reserved_gb', 'device_name')
     measured |= {field: results.get(field) for field in fields}

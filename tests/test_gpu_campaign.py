@@ -116,6 +116,17 @@ def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
     assert tests and all(row['outcome'] == 'skipped' for row in tests.values())  # no CUDA: skipped, never passed
 
 
+def test_a_probe_reads_its_json_from_stdout_and_a_probe_without_one_is_an_error_row(tmp_path):
+    # On an H100 a library warned on stderr after the probe's JSON line: that warning must not end the campaign.
+    warned = 'import json, sys; print(json.dumps({"matmul_tflops": 700.0})); print("UserWarning: x", file=sys.stderr)'
+    probe = {'key': 'environment', 'kind': 'probe', 'cost': 'probe', 'argv': ['-c', warned]}
+    measured = gpu_campaign.execute(probe, 60, tmp_path)
+    assert measured['matmul_tflops'] == 700.0 and measured['status'] == 0
+    assert 'UserWarning: x' in (tmp_path / 'environment.log').read_text()
+    silent = {**probe, 'argv': ['-c', 'print("no json here")']}
+    assert gpu_campaign.execute(silent, 60, tmp_path)['error'] == 'the probe printed no JSON line: no json here'
+
+
 def test_a_row_cut_by_the_deadline_is_tried_again_once_then_passed_over(tmp_path, monkeypatch, capsys):
     sleeper = {'key': 'sleeper', 'kind': 'probe', 'cost': 'probe', 'argv': ['-c', 'import time; time.sleep(30)']}
     assert gpu_campaign.execute(sleeper, 0.5, tmp_path)['cut']

@@ -41,6 +41,23 @@ def test_a_lines_img_per_sec_leaves_out_the_validation_and_sample_grids_between_
     assert printed[1].startswith('batch 2 of 3 (66%)') and '0:00:32 elapsed' in printed[1]  # elapsed keeps it all
 
 
+def test_the_time_left_is_reckoned_from_the_batches_after_the_first(monkeypatch, capsys):
+    """The first batch carries a compile (135 s on an H100): the time left leaves it out."""
+    clock = Clock()
+    monkeypatch.setattr(progress.time, 'perf_counter', clock)
+    lines = ProgressLines(num_batches=12)
+    lines.fit_start(fake_state(0), None)
+    clock.now += 135.0
+    lines.batch_end(fake_state(1), None)
+    for batch in range(2, 5):
+        clock.now += 2.0
+        lines.batch_end(fake_state(batch), None)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].endswith("0:02:15 elapsed, the start's one-off work included") and 'left' not in printed[0]
+    assert printed[1].endswith('0:02:17 elapsed, about 0:00:20 left')  # 10 batches of 2 s, not of 68.5 s
+    assert printed[3].endswith('about 0:00:16 left')
+
+
 def test_the_configuration_is_printed_as_grouped_lines_of_the_fields_set():
     flags = ['--model_name', 'tiny', '--use_synth_data', '--sample_interval', '1ep', '--wandb_project', 'p']
     fields = resolve_config(parse_args([*flags, '--results_json', 'r.json'])).as_dict()
