@@ -14,6 +14,7 @@ the benchmark (models/ builds the model, runs/training.py the Trainer) and repor
 import os
 
 from guards.arguments import ConfigError, stop
+from guards.stopping import leave_signals_to_parent
 from runs.start_lines import start_lines
 from settings.config import resolve_config
 from settings.flags import parse_args
@@ -38,3 +39,8 @@ def cli(argv: list[str] | None = None, callbacks: tuple = ()):
 
 if __name__ == '__main__':
     cli()
+elif __name__ == '__mp_main__':
+    # A process that multiprocessing spawned for the run (Composer's checkpoint uploads to s3:// and the like) runs
+    # this script's top first, under this name. A job-wide SIGTERM or Ctrl-C (scancel, a deleted pod) would kill it
+    # and lose the checkpoint the run writes on its way out: it leaves the signal to the run, which ends it after.
+    leave_signals_to_parent()

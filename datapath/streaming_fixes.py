@@ -100,8 +100,11 @@ def get_shm_prefix_one_job_at_a_time(streams_local, streams_remote, world, *args
 def prefix_lock():
     """The machine-wide lock under which a job picks and registers its shared-memory prefix, and under which
     clean_stale_shared_memory looks for segments no process maps (so that it never sees one mid-registration)."""
-    # Opened read-only, which flock needs no more than: another user's jobs share the file (made 0o666 less umask).
-    path = Path(tempfile.gettempdir()) / 'sd2-streaming-prefix.lock'
+    # Beside the segments it guards, which are the machine's: in TMPDIR, two jobs given different ones (two test
+    # processes, say) each took a lock of their own and picked the same prefix (FileExistsError). Opened
+    # read-only, which flock needs no more than: another user's jobs share the file (made 0o666 less umask).
+    shm = Path('/dev/shm')
+    path = (shm if shm.is_dir() else Path(tempfile.gettempdir())) / 'sd2-streaming-prefix.lock'
     lock = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
     try:
         wait_for_lock(lock, path)  # released when the file closes

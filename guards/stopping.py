@@ -115,17 +115,26 @@ def stop_on_signals(describe: Callable[[int], str]):
 
 
 def quiet_loader_worker(worker_id: int) -> None:
-    """A DataLoader's worker_init_fn: this worker ignores Ctrl-C and SIGTERM from anyone but its parent. SIGTERM stays
-    blocked, and a thread of its own waits for it: only the parent's (multiprocessing's terminate, at the main
-    process's exit) ends the worker, quietly, as PyTorch's own handler ends it; a job-wide one is left to the main
-    process. Blocked before the dataset starts its threads, which inherit the mask."""
+    """A DataLoader's worker_init_fn: the worker leaves job-wide signals to its parent (leave_signals_to_parent)."""
+    leave_signals_to_parent()
+
+
+def leave_signals_to_parent() -> None:
+    """This child process (a loader worker, or one Composer's checkpoint uploader spawned) ignores Ctrl-C and SIGTERM
+    from anyone but its parent. SIGTERM stays blocked, and a thread of its own waits for it: only the parent's
+    (multiprocessing's terminate, at the main process's exit) ends the child, quietly, as PyTorch's own handler ends a
+    loader worker; a job-wide one is left to the main process, which stops its run and then its children. Called
+    before the child starts threads of its own, which inherit the mask."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     threading.Thread(target=end_on_parents_sigterm, name='sigterm-from-parent', daemon=True).start()
 
 
 def end_on_parents_sigterm() -> None:
+    """Ends this process on its parent's SIGTERM, or once its parent is gone (killed outright, say: a pool worker of
+    Composer's uploader would otherwise wait on its queue for ever, SIGTERM blocked)."""
+    parent = os.getppid()
     while True:
-        sent = signal.sigwaitinfo({signal.SIGTERM})
-        if sent.si_pid == os.getppid():
+        sent = signal.sigtimedwait({signal.SIGTERM}, 1.0)
+        if os.getppid() != parent or (sent is not None and sent.si_pid == parent):
             os._exit(0)

@@ -40,6 +40,34 @@ CHECKPOINT_FILE = re.compile(r'^ep(\d+)-ba(\d+)-rank0\.pt$')
 LATEST_LINK = 'latest-rank0.pt'
 
 
+# Composer points a remote save folder's latest link at a checkpoint only once a process of its own has seen the
+# checkpoint there, looking every 30 s (CheckpointSaver's _symlink_upload_wait_before_next_try_in_seconds, which its
+# tests set). A run stopped in that window resumed one checkpoint back and then stopped on "object already exists",
+# and a stopped run waited up to 30 s to point the link, the whole of Slurm's and Kubernetes' default grace period.
+# Every 2 s instead: a listing of the folder every 2 s while a checkpoint uploads.
+REMOTE_CHECKPOINT_CHECK_SECONDS = 2
+
+
+def remote_checkpoint_savers(trainer) -> list[CheckpointSaver]:
+    """The Trainer's checkpoint savers that upload to a remote save folder (s3:// and the like)."""
+    savers = [callback for callback in trainer.state.callbacks if isinstance(callback, CheckpointSaver)]
+    return [saver for saver in savers if saver.remote_uploader is not None]
+
+
+def check_remote_checkpoints_often(trainer) -> None:
+    for saver in remote_checkpoint_savers(trainer):
+        if hasattr(saver, '_symlink_upload_wait_before_next_try_in_seconds'):  # composer 0.32's name for it
+            saver._symlink_upload_wait_before_next_try_in_seconds = REMOTE_CHECKPOINT_CHECK_SECONDS
+
+
+def finish_uploads(trainer) -> None:
+    """Waits for the checkpoint uploads in flight to a remote save folder and points its latest link at the newest,
+    as Composer does when training ends (CheckpointSaver.fit_end): for a run stopped before its end, so that
+    --autoresume continues from the checkpoint the stop wrote."""
+    for saver in remote_checkpoint_savers(trainer):
+        saver.fit_end(trainer.state, trainer.logger)
+
+
 def checkpoint_files(folder: Path) -> list[Path]:
     """The checkpoint files in a folder, oldest first: not the link, nor files set aside as NAME.incomplete."""
     files = [path for path in folder.iterdir() if CHECKPOINT_FILE.match(path.name) and not path.is_symlink()]

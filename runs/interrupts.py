@@ -9,7 +9,9 @@ batch later waits forever for the others) and raises Stopped. A second signal, o
 stops at once; one while that checkpoint is written sets the file aside as NAME.incomplete, whole or not. The
 line names the batch reached and the newest whole checkpoint; the exit status is the signal's, 130 for SIGINT and
 143 for SIGTERM. A signal to every process of the job (scancel, Ctrl-C) reaches the loader workers too: they leave it
-to this process (loaders.StoppableDataLoader).
+to this process (loaders.StoppableDataLoader), as do the processes Composer spawns to upload checkpoints to a remote
+save folder (benchmark.py). There the stop also waits for the checkpoint's upload and points the latest link at it
+(checkpoints.finish_uploads), which Composer would do only at the end of training.
 """
 
 import os
@@ -31,6 +33,7 @@ class StopOnSignal(Callback):
         self.pid = os.getpid()
         self.state: State | None = None  # set when training starts
         self.save_checkpoint = None  # the Trainer's save_checkpoint_to_save_folder, given once the Trainer exists
+        self.finish_uploads = None  # for a remote save folder: waits for the uploads, then points the latest link
         self.requested: int | None = None
         self.previous = {}
 
@@ -64,6 +67,8 @@ class StopOnSignal(Callback):
         before = set(checkpoint_files(folder)) if local and folder.is_dir() else set()
         try:
             self.save_checkpoint()
+            if not local:
+                self.finish_uploads()
         except Stopped as again:  # a second signal while the checkpoint was written
             if not local:
                 raise
@@ -97,8 +102,10 @@ class StopOnSignal(Callback):
             return f'{SIGNALS[signum]}: {reached}; no checkpoint (no --save_folder), no results written'
         newest = newest_checkpoint(config.save_folder)
         if '://' in config.save_folder:
-            written = ", this batch's included" if checkpoint_written else ''
-            return f'{SIGNALS[signum]}: {reached}; its checkpoints are in {config.save_folder}{written}; {resume}'
+            if checkpoint_written:
+                where = f'its checkpoint uploaded to {config.save_folder}, which the latest link there names'
+                return f'{SIGNALS[signum]}: {reached}; {where}; {resume}'
+            return f'{SIGNALS[signum]}: {reached}; its checkpoints are in {config.save_folder}; {resume}'
         if checkpoint_written:
             return f'{SIGNALS[signum]}: {reached}; checkpoint {newest} written in {config.save_folder}; {resume}'
         if newest is None:

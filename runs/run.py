@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import datetime
 import errno
+import functools
 import logging
 import os
 import re
@@ -34,6 +35,7 @@ from runs.checkpoints import (
     LATEST_LINK,
     CheckpointWriteError,
     check_resumable,
+    finish_uploads,
     resumed_cpu_threads,
     set_aside_incomplete,
 )
@@ -84,6 +86,7 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
     sample_grids = (SampleGrid(config),) if config.sample_interval else ()
     trainer = build_trainer(config, model, build_dataloader(config, model), (*sample_grids, *callbacks))
     stop_on_signal.save_checkpoint = trainer.save_checkpoint_to_save_folder if config.save_folder else None
+    stop_on_signal.finish_uploads = functools.partial(finish_uploads, trainer)
     resumed_at = int(trainer.state.timestamp.batch)
     if trained_to_the_end(trainer):  # resumed from the last checkpoint of a finished run: Composer would raise
         exports = ' and exported below' if config.export_pipeline or config.export_ema_unet else ''

@@ -31,7 +31,12 @@ from datapath.loaders import StoppableDataLoader
 from ema import EMA
 from guards.arguments import ConfigError
 from models.stable_diffusion import DiffusionModel
-from runs.checkpoints import RunDescription, keep_newest_checkpoints, report_failed_writes
+from runs.checkpoints import (
+    RunDescription,
+    check_remote_checkpoints_often,
+    keep_newest_checkpoints,
+    report_failed_writes,
+)
 from runs.evaluation import build_evaluators, evaluation_callbacks
 from runs.progress import ProgressLines, draws_a_bar
 from runs.stability import stability_algorithms
@@ -219,6 +224,7 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
         # Resumed at the end of an epoch, Composer first finishes that epoch, which has no batch left, and warns
         # that no batches were trained; a run that trains none at all ends in run.check_finished instead.
         warnings.filterwarnings('ignore', message='No batches were trained for global rank')
+    check_remote_checkpoints_often(trainer)
     return trainer
 
 

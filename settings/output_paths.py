@@ -5,6 +5,7 @@ a folder Composer would read as another one is refused, and each place is tried 
 
 import argparse
 import importlib.util
+import re
 import shutil
 import tempfile
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from guards.arguments import ConfigError
 from guards.writer_lock import contents
+from settings.dataset_checks import s3_client
 
 
 def check_outputs(draft: argparse.Namespace) -> None:
@@ -49,11 +51,39 @@ def check_save_folder(draft: argparse.Namespace) -> None:
         )
     if local_save_folder:  # else trained until the first checkpoint, then stopped by an OSError traceback
         check_writable_folder('--save_folder', draft.save_folder)
+    if draft.save_folder and draft.save_folder.startswith('s3://') and not draft.autoresume:
+        refuse_used_s3_save_folder(draft.save_folder)
     if draft.save_num_checkpoints_to_keep != -1 and not local_save_folder:
         # Composer deletes only its local copies: a remote folder's checkpoints would all stay.
         raise ConfigError(
             f'--save_num_checkpoints_to_keep {draft.save_num_checkpoints_to_keep}: deletes checkpoints of a local '
             f'--save_folder only ({draft.save_folder or "none given"}); pass one, or leave the flag out'
+        )
+
+
+# A checkpoint or the latest link as Composer names them in a save folder (any rank's).
+CHECKPOINT_OBJECT = re.compile(r'^(ep\d+-ba\d+-rank\d+\.pt|latest-rank\d+\.pt\.symlink)$')
+
+
+def refuse_used_s3_save_folder(folder: str) -> None:
+    """An s3:// --save_folder that holds checkpoints, given without --autoresume: Composer trained up to its first
+    checkpoint, found the object there and stopped in two lines (`Object ... already exists`), the batches lost.
+    A folder that cannot be listed is left to Composer, which checks its credentials first."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    url = urllib.parse.urlparse(folder)
+    prefix = url.path.strip('/')
+    try:
+        listed = s3_client().list_objects_v2(Bucket=url.netloc, Prefix=f'{prefix}/' if prefix else '')
+    except (BotoCoreError, ClientError):
+        return
+    names = [item['Key'].rsplit('/', 1)[-1] for item in listed.get('Contents', [])]
+    held = sorted(name for name in names if CHECKPOINT_OBJECT.match(name))
+    if held:
+        raise ConfigError(
+            f'--save_folder {folder}: holds checkpoints ({", ".join(held[:2])}{", ..." * (len(held) > 2)}); give a '
+            "new folder (checkpoints are never overwritten), or pass --autoresume with the earlier run's --run_name "
+            'to continue it'
         )
 
 

@@ -266,8 +266,9 @@ def test_kubernetes_preempted_pod_ends_its_job_and_the_replacements_resume(s3, t
     status 143 (not counted: DisruptionTarget); rank 0, its peer gone, fails (counted), so both indexes are
     replaced, and the new pods, on fresh disks with the same --autoresume, continue as one world from the
     checkpoint that the latest link on S3 names. Composer uploads that link once it sees the checkpoint's upload,
-    checking every 30 s: the signal comes once there is one. The resumed run ends 2 batches after it, where the
-    first run wrote no checkpoint (Composer does not write over an object that exists)."""
+    checking every 2 s here (30 s by its default): the signal comes once there is one. The resumed run ends 2
+    batches after it, where the first run wrote no checkpoint (Composer does not write over an object that
+    exists)."""
     folder = f's3://bucket/{tmp_path.name}'
     values = {'--remote': None, '--save_folder': folder}
     flags = [*SMALL_RUN, '--max_duration', '400ba', '--save_interval', '4ba']

@@ -155,7 +155,7 @@ def run_benchmark(command, tmp_path, env=None, timeout=300):
 @pytest.mark.slow
 def test_torchrun_launches_the_script(tmp_path):
     summary = run_benchmark(
-        [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', 'benchmark.py'], tmp_path
+        [sys.executable, '-m', 'runs.torchrun', '--nproc_per_node', '2', '--', 'benchmark.py'], tmp_path
     )
     assert summary['world_size'] == 2 and summary['img_per_sec'] > 0
 

@@ -101,6 +101,41 @@ def test_a_signal_to_every_process_of_a_run_checkpoints_the_batch_reached(tmp_pa
 
 
 @pytest.mark.slow
+def test_a_signal_to_every_process_of_a_run_saving_to_s3_uploads_the_batch_reached(s3, tmp_path):
+    """With an s3:// save folder, Composer uploads from processes it spawns, which a job-wide SIGTERM reached too:
+    the pool broke (`BrokenProcessPool` traceback, exit status 1) and the checkpoint of the batch reached was lost.
+    They leave the signal to the run now, which uploads that checkpoint, points the latest link at it, and ends in
+    one line; --autoresume goes on from there."""
+    from conftest import s3_client
+
+    data = write_dataset(tmp_path / 'mds', good_samples(24), size_limit=1 << 12)
+    folder = 's3://bucket/signalled'
+    flags = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '4', '--local', data]
+    flags += ['--num_workers', '2', '--save_folder', folder, '--run_name', 'r']
+    run = start([sys.executable, str(REPO / 'benchmark.py'), *flags, '--max_duration', '400ba'], tmp_path)
+    for line in run.stdout:  # an epoch is 6 batches: checkpoints at 6, 12 and 18 on their way
+        if line.startswith('batch 20 of 400'):
+            break
+    os.killpg(run.pid, signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 143, err[-3000:]
+    link = s3_client(s3).get_object(Bucket='bucket', Key='signalled/latest-rank0.pt.symlink')['Body'].read().decode()
+    reached = int(re.fullmatch(r'signalled/ep\d+-ba(\d+)-rank0\.pt', link.strip()).group(1))
+    assert 20 <= reached < 400
+    assert_one_line(
+        err,
+        f'SIGTERM: stopped at batch {reached} of 400; its checkpoint uploaded to {folder}, which the latest link '
+        'there names; rerun the same command with --autoresume to continue',
+    )
+    wait_until(lambda: not live_members(run.pid), 30, "every process of the run ended, the uploader's too")
+    flags += ['--max_duration', f'{reached + 2}ba', '--autoresume']
+    resumed = start([sys.executable, str(REPO / 'benchmark.py'), *flags], tmp_path)
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-3000:]
+    assert f"resumed run 'r' from the latest in {folder} (batch {reached} of {reached + 2})" in out, out[-3000:]
+
+
+@pytest.mark.slow
 def test_a_signal_to_every_process_under_composers_launcher_names_the_checkpoint_the_rerun_resumes(tmp_path):
     """scancel or Ctrl-C to a job of two ranks under Composer's launcher (runs.launcher, as the launch files and the
     Makefile start it): the launcher, both ranks and their loader workers are signalled at once (and each rank again
@@ -156,6 +191,29 @@ def test_composers_launcher_signalled_ends_with_its_ranks_status_and_no_tracebac
     os.killpg(run.pid, signum)
     out, err = run.communicate(timeout=120)
     assert run.returncode == status and 'Traceback' not in err, err[-3000:]
+
+
+@pytest.mark.parametrize('signum, status', [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=['SIGTERM', 'SIGINT'])
+def test_torchrun_signalled_ends_with_the_signals_status_and_no_traceback(tmp_path, signum, status):
+    """torchrun itself raises its SignalException as a traceback and exits 1; runs.torchrun exits 143 or 130."""
+    script = tmp_path / 'rank.py'
+    script.write_text(RANK_UNTIL_SIGNALLED)
+    command = [sys.executable, '-m', 'runs.torchrun', '--nproc_per_node', '1', '--master_port', str(free_port())]
+    run = start([*command, '--', str(script)], tmp_path)
+    assert run.stdout.readline() == 'waiting\n'
+    os.killpg(run.pid, signum)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == status and 'Traceback' not in err, err[-3000:]
+
+
+def test_torchrun_with_a_failed_rank_ends_with_its_status_and_one_line(tmp_path):
+    script = tmp_path / 'rank.py'
+    script.write_text('import sys\nprint("error: --local /data: no such folder", file=sys.stderr)\nsys.exit(2)\n')
+    command = [sys.executable, '-m', 'runs.torchrun', '--nproc_per_node', '1', '--master_port', str(free_port())]
+    run = subprocess.run([*command, '--', str(script)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert run.returncode == 2 and 'Traceback' not in run.stderr, run.stderr[-3000:]
+    assert 'error: --local /data: no such folder' in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == 'torchrun: rank 0 exited with status 2 (its output above says why)'
 
 
 def test_a_second_signal_while_the_checkpoint_is_written_sets_the_file_aside(tmp_path):
@@ -229,6 +287,38 @@ def test_a_loader_worker_leaves_a_job_wide_signal_to_the_main_process_and_ends_o
 
 
 # ------------------------------------------------------------------------------------------ precompute.py
+
+
+PARENT_OF_A_QUIET_CHILD = """
+import multiprocessing, sys, time
+sys.path.insert(0, sys.argv[1])
+from guards.stopping import leave_signals_to_parent
+
+def child():
+    leave_signals_to_parent()
+    time.sleep(120)
+
+if __name__ == '__main__':
+    process = multiprocessing.get_context('spawn').Process(target=child)  # as Composer's uploaders start
+    process.start()
+    print(process.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_child_that_leaves_signals_to_its_parent_ends_once_its_parent_is_killed_outright(tmp_path):
+    """SIGTERM blocked, a child whose parent died of a SIGKILL (the OOM killer, say) would wait for ever."""
+    script = tmp_path / 'parent.py'
+    script.write_text(PARENT_OF_A_QUIET_CHILD)
+    parent = start([sys.executable, str(script), str(REPO)], tmp_path)
+    child = int(parent.stdout.readline())
+    time.sleep(1)  # the child's thread has started
+    os.kill(child, signal.SIGTERM)  # from another process: left to the parent
+    time.sleep(0.5)
+    assert Path(f'/proc/{child}').exists()
+    parent.kill()
+    parent.communicate(timeout=30)
+    wait_until(lambda: child not in live_members(parent.pid), 10, 'the child ended after its parent')
 
 
 def precompute_flags(source: str, out: Path) -> list[str]:

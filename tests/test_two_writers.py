@@ -16,6 +16,7 @@ from conftest import LAUNCHER, REPO, TINY, good_samples, jpeg, write_dataset
 
 import convert
 import precompute
+from guards.arguments import ConfigError
 from guards.writer_lock import LOCK_FILE, FolderBusy, one_writer
 from settings.config import resolve_config
 from settings.flags import parse_args
@@ -225,3 +226,23 @@ def test_every_rank_of_a_refused_job_stops_in_one_line(tmp_path):
     line = f'error: --save_folder {folder}: another process (pid {os.getpid()} on {HOST}) is writing it; {RUN_FIX}'
     assert line in job.stderr.splitlines(), job.stderr[-3000:]  # rank 0's, through the launcher
     assert line in (tmp_path / 'rank1.err').read_text().splitlines()  # rank 1 told, not left waiting and killed
+
+
+def test_a_new_run_onto_an_s3_save_folder_holding_checkpoints_is_refused_before_it_trains(s3):
+    """Composer would train up to its first checkpoint, then stop on `Object ... already exists` in two lines."""
+    from conftest import s3_client
+
+    client = s3_client(s3)
+    client.put_object(Bucket='bucket', Key='used/ep1-ba6-rank0.pt', Body=b'a checkpoint')
+    client.put_object(Bucket='bucket', Key='used/latest-rank0.pt.symlink', Body=b'used/ep1-ba6-rank0.pt')
+    client.put_object(Bucket='bucket', Key='fresh/.credentials_validated_successfully', Body=b'')
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            '--save_folder s3://bucket/used: holds checkpoints (ep1-ba6-rank0.pt, latest-rank0.pt.symlink); give a new '
+            "folder (checkpoints are never overwritten), or pass --autoresume with the earlier run's --run_name"
+        ),
+    ):
+        resolve_config(parse_args([*RUN, '--use_synth_data', '--save_folder', 's3://bucket/used']))
+    resolve_config(parse_args([*RUN, '--use_synth_data', '--save_folder', 's3://bucket/used', '--autoresume']))
+    resolve_config(parse_args([*RUN, '--use_synth_data', '--save_folder', 's3://bucket/fresh']))  # no checkpoint in it
