@@ -8,7 +8,8 @@
 # It installs .whl/*.whl into a target folder when there are any (and says so, or that it uses what python3 has),
 # puts the repo on the path itself, and runs the campaign for GPU_SLICE_MINUTES (default 7.5 on a GPU, 3.5 on a
 # CPU) into $OUT/gpu-campaign (OUT defaults to results/gpu-slice): at most 8 files, one folder down, also when a
-# row fails or the slice ends early. Given back as results/gpu-campaign (a carried folder), the next call resumes
+# row fails or the slice ends early. GPU_SLICE_STEPS names the campaign's steps to run (default: all, in order), e.g.
+# GPU_SLICE_STEPS='environment sweep paths' where the headline was measured by an earlier loan. Given back as results/gpu-campaign (a carried folder), the next call resumes
 # from it: rows measured are kept, rows cut by the deadline are tried again.
 set -u
 cd "$(dirname "$0")/.."
@@ -39,8 +40,9 @@ if [ -f results/gpu-campaign/campaign.json ] && [ ! -f "$OUT/gpu-campaign/campai
     echo "gpu_slice: resuming from results/gpu-campaign"
 fi
 work=$(mktemp -d)
+# shellcheck disable=SC2086  # the steps are words
 python3 benchmarks/gpu_campaign.py --resume --out "$OUT/gpu-campaign" --work "$work" \
-    ${GPU_SLICE_MINUTES:+--time_limit "$GPU_SLICE_MINUTES"}
+    ${GPU_SLICE_MINUTES:+--time_limit "$GPU_SLICE_MINUTES"} ${GPU_SLICE_STEPS:+--steps $GPU_SLICE_STEPS}
 status=$?
 rm -rf "$work"
 exit $status

@@ -3,9 +3,11 @@ travel, with an interpreter that has the packages but not this repo installed, t
 first's folder back; and the campaign's bookkeeping (a test's outcome, a row cut by the deadline)."""
 
 import json
+import os
 import subprocess
 import sys
 import sysconfig
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -183,3 +185,16 @@ def test_a_campaign_folder_of_the_earlier_layout_is_kept_as_its_machines_rows(tm
         'machines': {'NVIDIA H100 80GB HBM3 torch 2.11.0': {'rows': {'a': {}}}}
     }
     assert gpu_campaign.load_state(tmp_path, resume=False) == {'machines': {}}
+
+
+def test_a_slice_runs_only_the_steps_it_is_given(tmp_path):
+    """GPU_SLICE_STEPS: a loan whose headline an earlier one measured begins past it."""
+    env = {**os.environ, 'OUT': str(tmp_path), 'GPU_SLICE_WHEELS': str(tmp_path / 'none'), 'GPU_SLICE_MINUTES': '1'}
+    env['GPU_SLICE_STEPS'] = 'environment'
+    env['PYTHONPATH'] = ''  # the slice puts the repo on the path itself
+    env['PATH'] = f'{Path(sys.executable).parent}:{env["PATH"]}'  # its python3: this one, which has the packages
+    sliced = subprocess.run(
+        ['bash', 'benchmarks/gpu_slice.sh'], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert sliced.returncode == 0, sliced.stdout[-3000:] + sliced.stderr[-3000:]
+    assert list(campaign_rows(tmp_path)) == ['environment']
