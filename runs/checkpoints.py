@@ -24,16 +24,19 @@ import dataclasses
 import pickle
 import re
 import shutil
+import urllib.parse
 import zipfile
 from pathlib import Path
 
 import torch
+from botocore.exceptions import BotoCoreError, ClientError
 from composer.callbacks import CheckpointSaver
 from composer.core import Callback
 from composer.utils import dist
 
 from guards.arguments import ConfigError
 from settings.config import RunConfig
+from settings.dataset_checks import s3_client
 
 # Composer's default names for the file rank 0 writes (all of a DDP or full-state FSDP checkpoint) and its link.
 CHECKPOINT_FILE = re.compile(r'^ep(\d+)-ba(\d+)-rank0\.pt$')
@@ -66,6 +69,37 @@ def finish_uploads(trainer) -> None:
     --autoresume continues from the checkpoint the stop wrote."""
     for saver in remote_checkpoint_savers(trainer):
         saver.fit_end(trainer.state, trainer.logger)
+
+
+def point_s3_link_at_newest(save_folder: str) -> str | None:
+    """--autoresume on an s3:// save folder: the latest link trails each new checkpoint until Composer has seen the
+    checkpoint's upload land, and a run killed outright in between left it a checkpoint behind. The resumed run
+    then trained those batches again and stopped at the newer checkpoint on `Object ... already exists` (Composer
+    does not write over an object). An S3 object appears whole or not at all, so the newest checkpoint there is
+    whole: the link is pointed at it. Returns the line saying so, where the link moved."""
+    url = urllib.parse.urlparse(save_folder)
+    prefix = url.path.strip('/')
+    folder = f'{prefix}/' if prefix else ''
+    client = s3_client()
+    try:
+        pages = client.get_paginator('list_objects_v2').paginate(Bucket=url.netloc, Prefix=folder)
+        keys = [item['Key'] for page in pages for item in page.get('Contents', [])]
+    except (BotoCoreError, ClientError):
+        return None  # left to Composer, which checks the folder's credentials and says what is wrong
+    batches = {int(match.group(2)): key for key in keys if (match := CHECKPOINT_FILE.match(key.removeprefix(folder)))}
+    if not batches:
+        return None
+    newest = batches[max(batches)]
+    link = f'{folder}{LATEST_LINK}.symlink'  # Composer's: a small object holding the key of the checkpoint
+    named = client.get_object(Bucket=url.netloc, Key=link)['Body'].read().decode().strip() if link in keys else None
+    if named == newest:
+        return None
+    client.put_object(Bucket=url.netloc, Key=link, Body=newest.encode())
+    was = f'named {named.rsplit("/", 1)[-1]}' if named else 'was missing'
+    return (
+        f'the latest link in {save_folder} {was}, behind the newest checkpoint {newest.rsplit("/", 1)[-1]} (its '
+        'run was stopped before it could point the link at it): pointed at the newest, which this run resumes from'
+    )
 
 
 def checkpoint_files(folder: Path) -> list[Path]:

@@ -36,6 +36,7 @@ from runs.checkpoints import (
     CheckpointWriteError,
     check_resumable,
     finish_uploads,
+    point_s3_link_at_newest,
     resumed_cpu_threads,
     set_aside_incomplete,
 )
@@ -158,10 +159,15 @@ def build_run_model(config: RunConfig) -> DiffusionModel:
 
 def prepare_resumption(config: RunConfig, model: DiffusionModel) -> RunConfig:
     """Before the data and the Trainer: a killed run's Streaming shared memory cleaned, and with --autoresume on a
-    local folder, its incomplete checkpoints set aside and the newest checked against this run; the config as the
-    resumed run continues (its checkpoint's CPU threads where none were given)."""
+    local folder, its incomplete checkpoints set aside and the newest checked against this run (on S3, the latest
+    link pointed at the newest checkpoint); the config as the resumed run continues (its checkpoint's CPU threads
+    where none were given)."""
     if not config.use_synth_data:
         clean_stale_shared_memory()  # a killed run's Streaming shared memory would block this one
+    if config.autoresume and config.save_folder.startswith('s3://'):
+        if dist.get_global_rank() == 0 and (line := point_s3_link_at_newest(config.save_folder)):
+            announce(f'warning: {line}')
+        dist.barrier()  # every rank reads the link as rank 0 left it
     if not (config.autoresume and '://' not in config.save_folder and Path(config.save_folder).is_dir()):
         return config
     if dist.get_global_rank() == 0:

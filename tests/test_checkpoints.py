@@ -99,3 +99,28 @@ def test_a_resumption_onto_data_converted_again_or_replaced_is_refused_in_one_li
         main(parse_args([*flags, '--max_duration', '4ba', '--autoresume']))
     rewrite(good_samples(24))  # the same data, written again
     assert int(main(parse_args([*flags, '--max_duration', '4ba', '--autoresume'])).state.timestamp.batch) == 4
+
+
+@pytest.mark.slow
+def test_autoresume_on_s3_goes_on_from_the_newest_checkpoint_where_the_latest_link_lags(s3):
+    """A run killed outright after a checkpoint's upload but before Composer pointed the latest link at it: the
+    resumed run went on from the checkpoint before, trained to the newer one again and stopped on `Object ...
+    already exists`. The link is pointed at the newest checkpoint first."""
+    from conftest import run_cli, s3_client
+
+    flags = [*TINY, '--image_size', '32', '--batch_size', '4', '--save_folder', 's3://bucket/lagging']
+    flags += ['--run_name', 'r', '--save_interval', '6ba']
+    first = run_cli(*flags, '--max_duration', '12ba', launcher=('python',))
+    assert first.returncode == 0, first.stderr[-3000:]
+    client = s3_client(s3)
+    link = client.get_object(Bucket='bucket', Key='lagging/latest-rank0.pt.symlink')['Body'].read().decode()
+    assert link.strip() == 'lagging/ep0-ba12-rank0.pt'
+    client.put_object(Bucket='bucket', Key='lagging/latest-rank0.pt.symlink', Body=b'lagging/ep0-ba6-rank0.pt')
+
+    resumed = run_cli(*flags, '--max_duration', '14ba', '--autoresume', launcher=('python',))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (
+        'warning: the latest link in s3://bucket/lagging named ep0-ba6-rank0.pt, behind the newest checkpoint '
+        'ep0-ba12-rank0.pt' in resumed.stdout + resumed.stderr
+    )
+    assert "resumed run 'r' from the latest in s3://bucket/lagging (batch 12 of 14)" in resumed.stdout
