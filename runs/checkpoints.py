@@ -21,6 +21,7 @@ the folder holds N across resumptions too. Files set aside as incomplete are not
 """
 
 import dataclasses
+import os
 import pickle
 import re
 import shutil
@@ -100,6 +101,25 @@ def point_s3_link_at_newest(save_folder: str) -> str | None:
         f'the latest link in {save_folder} {was}, behind the newest checkpoint {newest.rsplit("/", 1)[-1]} (its '
         'run was stopped before it could point the link at it): pointed at the newest, which this run resumes from'
     )
+
+
+def s3_resume_copy(save_folder: str) -> Path:
+    """Where Composer downloads the checkpoint an s3:// save folder's latest link names, to resume from it: the
+    folder's URL read as a path under the working directory (`s3:/bucket/prefix/latest-rank0.pt`)."""
+    return Path(os.path.abspath(os.path.join(save_folder, LATEST_LINK)))
+
+
+def remove_s3_resume_copy(save_folder: str) -> None:
+    """Composer resumes from that copy whenever it exists, without asking S3 again: one that an earlier resumption
+    left in the same working directory (a requeued job's) made the next one resume from it rather than from the
+    newest checkpoint, and it kept a whole checkpoint on the local disk. Removed before the Trainer loads and once
+    it has, with the folders made for it where they are empty (never the working directory)."""
+    copy = s3_resume_copy(save_folder)
+    copy.unlink(missing_ok=True)
+    for folder in [copy.parent, *copy.parent.parents]:
+        if folder == Path.cwd() or not folder.is_dir() or any(folder.iterdir()):
+            break
+        folder.rmdir()
 
 
 def checkpoint_files(folder: Path) -> list[Path]:

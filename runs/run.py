@@ -37,6 +37,7 @@ from runs.checkpoints import (
     check_resumable,
     finish_uploads,
     point_s3_link_at_newest,
+    remove_s3_resume_copy,
     resumed_cpu_threads,
     set_aside_incomplete,
 )
@@ -86,6 +87,10 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
     write_sample_datasets(config)
     sample_grids = (SampleGrid(config),) if config.sample_interval else ()
     trainer = build_trainer(config, model, build_dataloader(config, model), (*sample_grids, *callbacks))
+    if config.autoresume and config.save_folder.startswith('s3://'):
+        dist.barrier()  # every rank of the node has loaded the copy Composer downloaded
+        if dist.get_local_rank() == 0:
+            remove_s3_resume_copy(config.save_folder)
     stop_on_signal.save_checkpoint = trainer.save_checkpoint_to_save_folder if config.save_folder else None
     stop_on_signal.finish_uploads = functools.partial(finish_uploads, trainer)
     resumed_at = int(trainer.state.timestamp.batch)
@@ -165,6 +170,8 @@ def prepare_resumption(config: RunConfig, model: DiffusionModel) -> RunConfig:
     if not config.use_synth_data:
         clean_stale_shared_memory()  # a killed run's Streaming shared memory would block this one
     if config.autoresume and config.save_folder.startswith('s3://'):
+        if dist.get_local_rank() == 0:
+            remove_s3_resume_copy(config.save_folder)  # an earlier resumption's, which Composer would load
         if dist.get_global_rank() == 0 and (line := point_s3_link_at_newest(config.save_folder)):
             announce(f'warning: {line}')
         dist.barrier()  # every rank reads the link as rank 0 left it

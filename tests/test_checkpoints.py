@@ -1,6 +1,10 @@
 """--save_num_checkpoints_to_keep: the newest N checkpoints kept in the save folder, across resumptions too, and
 the values Composer would take badly refused."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 from conftest import TINY
 
@@ -102,25 +106,35 @@ def test_a_resumption_onto_data_converted_again_or_replaced_is_refused_in_one_li
 
 
 @pytest.mark.slow
-def test_autoresume_on_s3_goes_on_from_the_newest_checkpoint_where_the_latest_link_lags(s3):
+def test_autoresume_on_s3_goes_on_from_the_newest_checkpoint_where_the_latest_link_lags(s3, tmp_path):
     """A run killed outright after a checkpoint's upload but before Composer pointed the latest link at it: the
     resumed run went on from the checkpoint before, trained to the newer one again and stopped on `Object ...
     already exists`. The link is pointed at the newest checkpoint first."""
-    from conftest import run_cli, s3_client
+    from conftest import REPO, s3_client
+
+    def run(*args):  # benchmark.py in a working directory of its own, where Composer downloads what it resumes
+        env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
+        command = [sys.executable, str(REPO / 'benchmark.py'), *args]
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
     flags = [*TINY, '--image_size', '32', '--batch_size', '4', '--save_folder', 's3://bucket/lagging']
     flags += ['--run_name', 'r', '--save_interval', '6ba']
-    first = run_cli(*flags, '--max_duration', '12ba', launcher=('python',))
+    first = run(*flags, '--max_duration', '12ba')
     assert first.returncode == 0, first.stderr[-3000:]
+    # The copy an earlier resumption in this directory left, which Composer would load rather than ask S3 again.
+    stale = tmp_path / 's3:' / 'bucket' / 'lagging' / 'latest-rank0.pt'
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b'an earlier resumption of another checkpoint')
     client = s3_client(s3)
     link = client.get_object(Bucket='bucket', Key='lagging/latest-rank0.pt.symlink')['Body'].read().decode()
     assert link.strip() == 'lagging/ep0-ba12-rank0.pt'
     client.put_object(Bucket='bucket', Key='lagging/latest-rank0.pt.symlink', Body=b'lagging/ep0-ba6-rank0.pt')
 
-    resumed = run_cli(*flags, '--max_duration', '14ba', '--autoresume', launcher=('python',))
+    resumed = run(*flags, '--max_duration', '14ba', '--autoresume')
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert (
         'warning: the latest link in s3://bucket/lagging named ep0-ba6-rank0.pt, behind the newest checkpoint '
         'ep0-ba12-rank0.pt' in resumed.stdout + resumed.stderr
     )
     assert "resumed run 'r' from the latest in s3://bucket/lagging (batch 12 of 14)" in resumed.stdout
+    assert not (tmp_path / 's3:').exists()  # the downloaded copy removed once loaded, with its folders
