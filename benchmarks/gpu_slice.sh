@@ -8,9 +8,10 @@
 # It installs .whl/*.whl into a target folder when there are any (and says so, or that it uses what python3 has),
 # puts the repo on the path itself, and runs the campaign for GPU_SLICE_MINUTES (default 7.5 on a GPU, 3.5 on a
 # CPU) into $OUT/gpu-campaign (OUT defaults to results/gpu-slice): at most 8 files, one folder down, also when a
-# row fails or the slice ends early. GPU_SLICE_STEPS names the campaign's steps to run (default: all, in order), e.g.
-# GPU_SLICE_STEPS='environment sweep paths' where the headline was measured by an earlier loan. Given back as results/gpu-campaign (a carried folder), the next call resumes
-# from it: rows measured are kept, rows cut by the deadline are tried again.
+# row fails or the slice ends early. Given back as results/gpu-campaign (a carried folder), the next call resumes
+# from it: rows measured are kept, rows cut by the deadline are tried again. GPU_SLICE_STEPS names the campaign's
+# steps to run (default: all, in order), e.g. GPU_SLICE_STEPS='environment sweep paths' where an earlier loan
+# measured the headline.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu-slice}

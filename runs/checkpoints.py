@@ -82,20 +82,20 @@ def point_s3_link_at_newest(save_folder: str) -> str | None:
     prefix = url.path.strip('/')
     folder = f'{prefix}/' if prefix else ''
     client = s3_client()
+    link = f'{folder}{LATEST_LINK}.symlink'  # Composer's: a small object holding the key of the checkpoint
     try:
         pages = client.get_paginator('list_objects_v2').paginate(Bucket=url.netloc, Prefix=folder)
         keys = [item['Key'] for page in pages for item in page.get('Contents', [])]
+        batches = {int(m.group(2)): key for key in keys if (m := CHECKPOINT_FILE.match(key.removeprefix(folder)))}
+        if not batches:
+            return None
+        newest = batches[max(batches)]
+        named = client.get_object(Bucket=url.netloc, Key=link)['Body'].read().decode().strip() if link in keys else None
+        if named == newest:
+            return None
+        client.put_object(Bucket=url.netloc, Key=link, Body=newest.encode())
     except (BotoCoreError, ClientError):
         return None  # left to Composer, which checks the folder's credentials and says what is wrong
-    batches = {int(match.group(2)): key for key in keys if (match := CHECKPOINT_FILE.match(key.removeprefix(folder)))}
-    if not batches:
-        return None
-    newest = batches[max(batches)]
-    link = f'{folder}{LATEST_LINK}.symlink'  # Composer's: a small object holding the key of the checkpoint
-    named = client.get_object(Bucket=url.netloc, Key=link)['Body'].read().decode().strip() if link in keys else None
-    if named == newest:
-        return None
-    client.put_object(Bucket=url.netloc, Key=link, Body=newest.encode())
     was = f'named {named.rsplit("/", 1)[-1]}' if named else 'was missing'
     return (
         f'the latest link in {save_folder} {was}, behind the newest checkpoint {newest.rsplit("/", 1)[-1]} (its '
