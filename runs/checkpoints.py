@@ -25,7 +25,6 @@ import os
 import pickle
 import re
 import shutil
-import urllib.parse
 import zipfile
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from composer.utils import dist
 
 from guards.arguments import ConfigError
 from settings.config import RunConfig
-from settings.dataset_checks import s3_client
+from settings.dataset_checks import s3_client, s3_folder, s3_folder_names
 
 # Composer's default names for the file rank 0 writes (all of a DDP or full-state FSDP checkpoint) and its link.
 CHECKPOINT_FILE = re.compile(r'^ep(\d+)-ba(\d+)-rank0\.pt$')
@@ -78,24 +77,20 @@ def point_s3_link_at_newest(save_folder: str) -> str | None:
     then trained those batches again and stopped at the newer checkpoint on `Object ... already exists` (Composer
     does not write over an object). An S3 object appears whole or not at all, so the newest checkpoint there is
     whole: the link is pointed at it. Returns the line saying so, where the link moved."""
-    url = urllib.parse.urlparse(save_folder)
-    prefix = url.path.strip('/')
-    folder = f'{prefix}/' if prefix else ''
-    client = s3_client()
-    link = f'{folder}{LATEST_LINK}.symlink'  # Composer's: a small object holding the key of the checkpoint
+    names = s3_folder_names(save_folder)
+    batches = {int(match.group(2)): name for name in names or () if (match := CHECKPOINT_FILE.match(name))}
+    if not batches:
+        return None  # nothing to resume from, or a folder Composer's own check of its credentials reports on
+    bucket, prefix = s3_folder(save_folder)
+    newest, link = f'{prefix}{batches[max(batches)]}', f'{prefix}{LATEST_LINK}.symlink'  # the link holds a key
+    client, has_link = s3_client(), f'{LATEST_LINK}.symlink' in names
     try:
-        pages = client.get_paginator('list_objects_v2').paginate(Bucket=url.netloc, Prefix=folder)
-        keys = [item['Key'] for page in pages for item in page.get('Contents', [])]
-        batches = {int(m.group(2)): key for key in keys if (m := CHECKPOINT_FILE.match(key.removeprefix(folder)))}
-        if not batches:
-            return None
-        newest = batches[max(batches)]
-        named = client.get_object(Bucket=url.netloc, Key=link)['Body'].read().decode().strip() if link in keys else None
+        named = client.get_object(Bucket=bucket, Key=link)['Body'].read().decode().strip() if has_link else None
         if named == newest:
             return None
-        client.put_object(Bucket=url.netloc, Key=link, Body=newest.encode())
+        client.put_object(Bucket=bucket, Key=link, Body=newest.encode())
     except (BotoCoreError, ClientError):
-        return None  # left to Composer, which checks the folder's credentials and says what is wrong
+        return None  # left to Composer, as above
     was = f'named {named.rsplit("/", 1)[-1]}' if named else 'was missing'
     return (
         f'the latest link in {save_folder} {was}, behind the newest checkpoint {newest.rsplit("/", 1)[-1]} (its '

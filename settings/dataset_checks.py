@@ -58,6 +58,26 @@ def s3_client(timeout: float = READ_TIMEOUT, attempts: int = RETRIES + 1, unsign
     return boto3.session.Session().client('s3', endpoint_url=os.environ.get('S3_ENDPOINT_URL') or None, config=config)
 
 
+def s3_folder(url: str) -> tuple[str, str]:
+    """An s3:// folder's bucket, and the prefix of its objects' keys ('' at the bucket's top, else ending in '/')."""
+    parsed = urllib.parse.urlparse(url)
+    prefix = parsed.path.strip('/')
+    return parsed.netloc, f'{prefix}/' if prefix else ''
+
+
+def s3_folder_names(url: str) -> list[str] | None:
+    """The names of the objects in an s3:// folder, its subfolders' with their paths (every page of the listing);
+    None where it cannot be listed (no credentials, no such bucket, no server)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, prefix = s3_folder(url)
+    try:
+        pages = s3_client().get_paginator('list_objects_v2').paginate(Bucket=bucket, Prefix=prefix)
+        return [item['Key'].removeprefix(prefix) for page in pages for item in page.get('Contents', [])]
+    except (BotoCoreError, ClientError):
+        return None
+
+
 def check_columns(location: str, shard: str, columns: list[str] | None, precomputed: bool) -> None:
     """A shard (MDS: it names its columns) holds what the dataset reads: images and captions as convert.py
     writes them, or the latents and embeddings precompute.py writes."""

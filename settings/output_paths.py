@@ -14,7 +14,7 @@ from pathlib import Path
 
 from guards.arguments import ConfigError
 from guards.writer_lock import contents
-from settings.dataset_checks import s3_client
+from settings.dataset_checks import s3_folder_names
 
 
 def check_outputs(draft: argparse.Namespace) -> None:
@@ -69,15 +69,9 @@ def refuse_used_s3_save_folder(folder: str) -> None:
     """An s3:// --save_folder that holds checkpoints, given without --autoresume: Composer trained up to its first
     checkpoint, found the object there and stopped in two lines (`Object ... already exists`), the batches lost.
     A folder that cannot be listed is left to Composer, which checks its credentials first."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    url = urllib.parse.urlparse(folder)
-    prefix = url.path.strip('/')
-    try:
-        listed = s3_client().list_objects_v2(Bucket=url.netloc, Prefix=f'{prefix}/' if prefix else '')
-    except (BotoCoreError, ClientError):
+    names = s3_folder_names(folder)
+    if names is None:
         return
-    names = [item['Key'].rsplit('/', 1)[-1] for item in listed.get('Contents', [])]
     held = sorted(name for name in names if CHECKPOINT_OBJECT.match(name))
     if held:
         raise ConfigError(
