@@ -85,6 +85,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         'records)',
     )
     parser.add_argument('--ema', action='store_true', help="with --checkpoint: the run's EMA weights (--use_ema)")
+    parser.add_argument(
+        '--trust_checkpoint',
+        action='store_true',
+        help='with --checkpoint: load it even where it names code that loading runs (refused by default: '
+        'checkpoints are read weights-only); only for a file whose writer you trust',
+    )
     parser.add_argument('--prompt', action='append', default=[], help='a prompt (repeat the flag for more)')
     parser.add_argument('--prompts', help='a file of prompts, one a line')
     parser.add_argument('--out', required=True, help='a new or empty folder for the PNGs')
@@ -312,6 +318,9 @@ class Placeholder:
 
     def __init__(self, *args, **kwargs):
         pass
+
+    def __call__(self, *args, **kwargs):  # a placeholder for a function, called by the pickle
+        return Placeholder()
 
     def __setstate__(self, state):
         pass

@@ -3,7 +3,8 @@
 - A download that fails in Streaming's background threads only ends the epoch early, and a run exits 0 with a
   throughput: `CheckedStreamingDataset` ends the iteration with DataError, stops the node's other workers and
   ranks at once, and wakes the threads that waited forever for a shard whose download failed.
-- s3transfer and botocore retry inside each of Streaming's retries: `S3DownloaderOneTransferAttempt`.
+- s3transfer and botocore retry inside each of Streaming's retries, and nothing retries a bucket that throttles:
+  `S3DownloaderOneTransferAttempt`.
 - Two jobs starting at the same moment picked the same shared-memory prefix: `get_shm_prefix_one_job_at_a_time`.
 - Its default cache folder refuses to start after a killed run (`default_cache_dir`), and its cleaner removes a
   live job's shared memory (`clean_stale_shared_memory`).
@@ -26,6 +27,7 @@ import functools
 import hashlib
 import itertools
 import os
+import random
 import shutil
 import tempfile
 import threading
@@ -34,6 +36,7 @@ import urllib.parse
 from pathlib import Path
 
 from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import ClientError, ConnectionClosedError
 from composer.utils import dist
 from streaming import StreamingDataset
 from streaming.base import dataset as streaming_dataset
@@ -48,22 +51,63 @@ from streaming.base.storage.download import S3Downloader
 from guards.outputs import DISK_FULL
 from settings.dataset_checks import READ_TIMEOUT, RETRIES, DataError, check_columns, check_dataset
 
+# What an object store answers when it is busy or briefly failing: botocore's error codes of throttling and the
+# status codes of a server's transient errors. Real buckets throttle this way under load (503 SlowDown).
+THROTTLING_CODES = {'SlowDown', 'Throttling', 'ThrottlingException', 'RequestLimitExceeded', 'TooManyRequests'}
+TRANSIENT_STATUS = {429, 500, 502, 503, 504}
+THROTTLED_ATTEMPTS, THROTTLED_BACKOFF, THROTTLED_MAX_SLEEP = 8, 0.25, 4.0
+
+
+def is_throttled(error: BaseException) -> bool:
+    if isinstance(error, ConnectionClosedError):  # a connection reset by the server mid-request
+        return True
+    if not isinstance(error, ClientError):
+        return False
+    code = error.response.get('Error', {}).get('Code')
+    return (
+        code in THROTTLING_CODES or error.response.get('ResponseMetadata', {}).get('HTTPStatusCode') in TRANSIENT_STATUS
+    )
+
+
+def retry_throttled(call, attempts: int = THROTTLED_ATTEMPTS, sleep=time.sleep):
+    """call(), again after each throttling or transient error (is_throttled), at most `attempts` times, waiting a
+    random time below an exponentially growing cap between tries (full jitter, under 16 s in all). Not botocore's
+    retry modes: they also retry a read that timed out, which would multiply the time a hung server takes to be
+    reported (Streaming's own tries bound that)."""
+    for attempt in range(attempts):
+        try:
+            return call()
+        except (ClientError, ConnectionClosedError) as error:
+            if not is_throttled(error) or attempt == attempts - 1:
+                raise
+        sleep(random.uniform(0, min(THROTTLED_MAX_SLEEP, THROTTLED_BACKOFF * 2**attempt)))
+
 
 class S3DownloaderOneTransferAttempt(S3Downloader):
-    """Streaming's S3 downloader, less the retries it inherits from boto3. s3transfer retries a GET whose body
-    stops arriving 5 times (TransferConfig's default, kept by Streaming), inside each of Streaming's tries, and
-    botocore retries each request (AWS_MAX_ATTEMPTS, see CheckedStreamingDataset): a server that hung in the
+    """Streaming's S3 downloader, less the retries it inherits from boto3, plus retries of throttling. s3transfer
+    retries a GET whose body stops arriving 5 times (TransferConfig's default, kept by Streaming), inside each of
+    Streaming's tries, and botocore retries each request (3 attempts by default): a server that hung in the
     middle of a download was reported after up to 15 reads of 20 s (seen: 122 s, not the 55 s of a hang between
-    downloads). One attempt in each leaves Streaming's download_retry the only retries."""
+    downloads). One attempt in each leaves Streaming's download_retry the only retries of a hang or an error;
+    retry_throttled retries what a busy bucket answers, inside each of them."""
 
-    def _create_s3_client(self, *args, **kwargs) -> None:
-        super()._create_s3_client(*args, **kwargs)
+    def _create_s3_client(self, unsigned: bool = False, timeout: float = READ_TIMEOUT) -> None:
+        from boto3.session import Session
+        from botocore import UNSIGNED
+        from botocore.config import Config
+
+        # Streaming's own client less botocore's retries: this client's alone, where AWS_MAX_ATTEMPTS set for the
+        # process would also take them from Composer's checkpoint uploads.
+        config = Config(read_timeout=timeout, retries={'mode': 'standard', 'total_max_attempts': 1})
+        if unsigned:
+            config = config.merge(Config(signature_version=UNSIGNED))
+        self._s3_client = Session().client('s3', config=config, endpoint_url=os.environ.get('S3_ENDPOINT_URL'))
         download_file = self._s3_client.download_file
 
         def download_file_once(*args, Config=None, **kwargs):  # noqa: N803 (boto3's name)
             Config = Config or TransferConfig()  # noqa: N806
             Config.num_download_attempts = 1
-            return download_file(*args, Config=Config, **kwargs)
+            return retry_throttled(lambda: download_file(*args, Config=Config, **kwargs))
 
         self._s3_client.download_file = download_file_once
 
@@ -208,10 +252,6 @@ class CheckedStreamingDataset(StreamingDataset):
     ):
         remote, local = resolve_location(remote, local, download_retry, download_timeout)
         self.location, self.cache = remote or local, local  # the cache: where a remote's shards are copied
-        # Streaming's S3 client keeps botocore's own retries (3 tries of --download_timeout each) inside each of
-        # its download_retry + 1 tries: 9 reads of 20 s before a hung server is reported. One botocore try per
-        # Streaming try bounds it to 3 (AWS_MAX_ATTEMPTS, which botocore reads when its Config sets no count).
-        os.environ.setdefault('AWS_MAX_ATTEMPTS', '1')
         super().__init__(
             remote=remote,
             local=local,
@@ -223,8 +263,8 @@ class CheckedStreamingDataset(StreamingDataset):
             **streaming_kwargs,
         )
         for shard in self.shards:
-            columns = getattr(shard, 'column_names', None)
-            check_columns(self.location, shard.raw_data.basename, columns, self.precomputed)
+            columns, encodings = getattr(shard, 'column_names', None), getattr(shard, 'column_encodings', None)
+            check_columns(self.location, shard.raw_data.basename, columns, self.precomputed, encodings)
         self._failure_path = os.path.join(self._filelock_root, _get_path(self._shm_prefix_int, 'read_failure'))
         if self._unique_rank_world.is_local_leader:  # one left by a run killed before it could remove it
             Path(self._failure_path).unlink(missing_ok=True)

@@ -14,6 +14,11 @@ shapes, first.
 A checkpoint that does not fit on its disk fails deep in torch.save's zip writer, with a traceback that names
 neither the folder nor the cause; `report_failed_writes` makes it a CheckpointWriteError that names both.
 
+A checkpoint is a pickle, and unpickling can run any code the file names: one planted in a save folder, or given to
+generate.py, would run with the user's rights. Every checkpoint is read weights-only (`load_checkpoint_file`, and
+Composer's own load through `load_composer_checkpoints_weights_only`): tensors, plain values and the few types a
+checkpoint of this repo holds; a file that needs more is refused unless the user trusts it (--trust_checkpoint).
+
 With --save_num_checkpoints_to_keep N, Composer deletes the oldest checkpoint files past N as it writes each new
 one (after the link points at the new one, so the newest whole checkpoint is never deleted), but counts only those
 its own process wrote: `KeepNewestCheckpoints` hands it the ones a resumed run's earlier processes left, so that
@@ -21,6 +26,7 @@ the folder holds N across resumptions too. Files set aside as incomplete are not
 """
 
 import dataclasses
+import datetime
 import os
 import pickle
 import re
@@ -28,6 +34,7 @@ import shutil
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import torch
 from botocore.exceptions import BotoCoreError, ClientError
 from composer.callbacks import CheckpointSaver
@@ -37,6 +44,21 @@ from composer.utils import dist
 from guards.arguments import ConfigError
 from settings.config import RunConfig
 from settings.dataset_checks import s3_client, s3_folder, s3_folder_names
+
+# What a Composer checkpoint of this repo holds besides tensors and plain values: the timestamp's total wall-clock
+# time, NumPy's random state (an array and its dtypes), and the torch version it was saved with. NumPy 2 moved
+# _reconstruct to numpy._core: a checkpoint pickled under either name loads under both.
+CHECKPOINT_TYPES = [
+    datetime.timedelta,
+    torch.torch_version.TorchVersion,
+    np.ndarray,
+    np.dtype,
+    *{type(np.dtype(name)) for name in ('uint32', 'int64', 'float64')},
+    (np.core.multiarray._reconstruct, 'numpy.core.multiarray._reconstruct'),
+    (np.core.multiarray._reconstruct, 'numpy._core.multiarray._reconstruct'),
+]
+TRUST_FLAG = '--trust_checkpoint'
+RESUMED = '--autoresume: the checkpoint'
 
 # Composer's default names for the file rank 0 writes (all of a DDP or full-state FSDP checkpoint) and its link.
 CHECKPOINT_FILE = re.compile(r'^ep(\d+)-ba(\d+)-rank0\.pt$')
@@ -49,6 +71,38 @@ LATEST_LINK = 'latest-rank0.pt'
 # and a stopped run waited up to 30 s to point the link, the whole of Slurm's and Kubernetes' default grace period.
 # Every 2 s instead: a listing of the folder every 2 s while a checkpoint uploads.
 REMOTE_CHECKPOINT_CHECK_SECONDS = 2
+
+
+def load_checkpoint_file(path, *, trust=False, mmap=False, map_location='cpu', what='--checkpoint'):
+    """torch.load of a checkpoint, weights-only unless trusted: ConfigError naming the type a file would need
+    beyond CHECKPOINT_TYPES, code that loading it would run, instead of running it."""
+    if trust:
+        return torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
+    try:
+        with torch.serialization.safe_globals(CHECKPOINT_TYPES):
+            return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as error:
+        if 'Weights only load failed' not in str(error):
+            raise
+        named = re.search(r'(?:GLOBAL|global) ([\w.]+)', str(error))
+        needs = f'{named.group(1)}, ' if named else ''
+        raise ConfigError(
+            f'{what} {path}: refused, it names code that loading would run ({needs}not a type a checkpoint of '
+            f'benchmark.py holds); pass {TRUST_FLAG} only if you trust whoever wrote it'
+        ) from None
+
+
+def load_composer_checkpoints_weights_only(trust: bool) -> None:
+    """Composer loads a checkpoint to resume from with torch.load(weights_only=False) (composer 0.32's
+    checkpoint._torch_load_with_validation): here it loads weights-only as load_checkpoint_file does, the same
+    refusal for a file that would run code. Covers an s3:// save folder, whose checkpoint only Composer reads."""
+    from composer.utils import checkpoint as composer_checkpoint
+
+    def load(path, map_location: str):
+        checked = composer_checkpoint._ensure_valid_checkpoint(path)
+        return load_checkpoint_file(checked, trust=trust, map_location=map_location, what=RESUMED)
+
+    composer_checkpoint._torch_load_with_validation = load
 
 
 def remote_checkpoint_savers(trainer) -> list[CheckpointSaver]:
@@ -257,7 +311,7 @@ def check_resumable(folder: Path, config: RunConfig, model: torch.nn.Module, ran
     if not latest.is_file():
         return {}
     try:
-        state = torch.load(latest, map_location='cpu', weights_only=False, mmap=True)['state']
+        state = load_checkpoint_file(latest, trust=config.trust_checkpoint, mmap=True, what=RESUMED)['state']
     except (OSError, RuntimeError, KeyError, pickle.UnpicklingError):
         return {}  # not a checkpoint file this check can read (Composer's own loading reports what is wrong)
     where = f'--autoresume: the checkpoint {latest.resolve()} is of another run'

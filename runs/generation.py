@@ -6,6 +6,7 @@ and their CLIP score and FID where the local weights are given.
 
 import argparse
 import json
+import pickle
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ from guards.arguments import ConfigError
 from guards.outputs import staged_folder
 from models.diffusion_transformer import DiffusionTransformer
 from models.stable_diffusion import build_model
-from runs.checkpoints import RunDescription
+from runs.checkpoints import RunDescription, load_checkpoint_file
 from runs.evaluation import ValidationSplit
 from runs.export import RUN_DESCRIPTION_FILE, SCHEDULERS, build_pipeline, generate, labeled_grid
 from settings.model_folder import caption_pad_ids, is_transformer_folder
@@ -114,7 +115,7 @@ def load_pipeline(args: argparse.Namespace) -> tuple[DiffusionPipeline, dict]:
             f'--scheduler {args.scheduler}: {args.model_name} is a flow-matching model, which samples with its own '
             'Euler sampler'
         )
-    state = load_checkpoint_state(args.checkpoint)
+    state = load_checkpoint_state(args.checkpoint, args.trust_checkpoint)
     try:
         model.load_state_dict(state['model'])
         if args.ema:
@@ -129,11 +130,14 @@ def load_pipeline(args: argparse.Namespace) -> tuple[DiffusionPipeline, dict]:
     return build_pipeline(model, args.scheduler or 'ddim', args.tokenizer), description
 
 
-def load_checkpoint_state(checkpoint: str) -> dict:
-    """A Composer checkpoint's state; ConfigError naming the file where it cannot be read (a damaged archive whose
-    directory is whole, generate.not_a_checkpoint having refused the rest) or is not Composer's."""
+def load_checkpoint_state(checkpoint: str, trust: bool = False) -> dict:
+    """A Composer checkpoint's state, read weights-only unless trusted; ConfigError naming the file where it names
+    code that loading would run, cannot be read (a damaged archive whose directory is whole,
+    generate.not_a_checkpoint having refused the rest) or is not Composer's."""
     try:
-        saved = torch.load(checkpoint, map_location='cpu', weights_only=False)
+        saved = load_checkpoint_file(checkpoint, trust=trust)
+    except ConfigError:
+        raise
     except Exception as error:  # torch raises RuntimeError, pickle's errors, EOFError, ... on a damaged file
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ConfigError(f'--checkpoint {checkpoint}: cannot be read, damaged? ({reason}); give a whole checkpoint')
@@ -183,7 +187,12 @@ def fid(images: torch.Tensor, reference: str, weights: str, size: int) -> str:
     from torchmetrics.image.fid import FrechetInceptionDistance
 
     inception = torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=False)
-    inception.load_state_dict(torch.load(weights, map_location='cpu'))
+    try:
+        inception.load_state_dict(torch.load(weights, map_location='cpu', weights_only=True))
+    except pickle.UnpicklingError:
+        raise ConfigError(
+            f'--fid_weights {weights}: refused, it names code that loading would run (not a weights file)'
+        )
     inception.fc = torch.nn.Identity()  # the 2048 pooled features
     metric = FrechetInceptionDistance(feature=InceptionFeatures(inception))
     split = ValidationSplit(reference, (4, 1, 1), size)

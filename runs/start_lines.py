@@ -67,6 +67,7 @@ GROUPS = {
         'save_interval',
         'save_num_checkpoints_to_keep',
         'autoresume',
+        'trust_checkpoint',
         'export_pipeline',
         'export_ema_unet',
         'results_json',
@@ -88,6 +89,7 @@ QUALIFYING = {
     'guidance_scale': 'sample_interval',
     'save_interval': 'save_folder',
     'save_num_checkpoints_to_keep': 'save_folder',
+    'trust_checkpoint': 'autoresume',
 }
 
 

@@ -35,6 +35,7 @@ from runs.checkpoints import (
     RunDescription,
     check_remote_checkpoints_often,
     keep_newest_checkpoints,
+    load_composer_checkpoints_weights_only,
     report_failed_writes,
 )
 from runs.evaluation import build_evaluators, evaluation_callbacks
@@ -175,6 +176,7 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
     algorithms += stability_algorithms(config, dataloader.dataset)
     if config.save_folder:
         report_failed_writes()
+        load_composer_checkpoints_weights_only(config.trust_checkpoint)
     bar = draws_a_bar()
     loggers = [InMemoryLogger()]
     if config.wandb_project:

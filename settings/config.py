@@ -98,6 +98,7 @@ class RunConfig:
     save_interval: str
     save_num_checkpoints_to_keep: int  # -1: all
     autoresume: bool
+    trust_checkpoint: bool  # load a checkpoint that names code beyond tensors and plain values (flags.py)
     wandb_name: str | None
     wandb_project: str | None
     results_json: str | None

@@ -78,11 +78,20 @@ def s3_folder_names(url: str) -> list[str] | None:
         return None
 
 
-def check_columns(location: str, shard: str, columns: list[str] | None, precomputed: bool) -> None:
+def check_columns(
+    location: str, shard: str, columns: list[str] | None, precomputed: bool, encodings: list[str] | None = None
+) -> None:
     """A shard (MDS: it names its columns) holds what the dataset reads: images and captions as convert.py
-    writes them, or the latents and embeddings precompute.py writes."""
+    writes them, or the latents and embeddings precompute.py writes. No column of pickles: Streaming decodes every
+    column of a sample it reads, and unpickling runs whatever code the bytes name."""
     if columns is None:
         return
+    pickled = [column for column, encoding in zip(columns, encodings or []) if encoding == 'pkl']
+    if pickled:
+        raise DataError(
+            f"{location}: shard {shard} stores column {pickled[0]!r} as pickles ('pkl'), which reading would run as "
+            'code; refused: write it as bytes, str, json or ndarray (convert.py and precompute.py do)'
+        )
     if precomputed and not set(PRECOMPUTED_COLUMNS) - {'caption'} <= set(columns):
         raise DataError(
             f"{location}: shard {shard} has columns {columns}, not precompute.py's latent_mean, "
@@ -208,7 +217,7 @@ def describe_dataset(
         except (ValueError, KeyError, TypeError) as error:
             raise DataError(f'{location}: index.json is not a Streaming index ({type(error).__name__}: {error})')
         for name, shard in zip(names, shards):
-            check_columns(location, name, shard.get('column_names'), precomputed)
+            check_columns(location, name, shard.get('column_names'), precomputed, shard.get('column_encodings'))
         if remote is None:  # a cache folder of a remote fills as it downloads: Streaming checks what it fetches
             check_local_shards(location, Path(local), shards)
         identity = dataset_identity(shards, num_samples)

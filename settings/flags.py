@@ -235,6 +235,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         'uploads: every local checkpoint deleted once written, none left to resume from) is refused',
     )
     ckpt.add_argument('--autoresume', action='store_true', help='resume from the latest checkpoint in --save_folder')
+    ckpt.add_argument(
+        '--trust_checkpoint',
+        action='store_true',
+        help='load the checkpoint to resume from even where it names code that loading runs (refused by default: '
+        'checkpoints are read weights-only); only for a file whose writer you trust',
+    )
     log = parser.add_argument_group('logging')
     log.add_argument('--wandb_name', default=None, help='W&B run name')
     log.add_argument('--wandb_project', default=None, help='log to this W&B project (WANDB_MODE=offline works)')

@@ -315,10 +315,16 @@ def test_a_read_failure_in_one_loader_worker_stops_the_others_with_the_same_line
 
 
 def test_s3_downloads_make_one_attempt_inside_each_of_streamings_tries(monkeypatch):
-    """s3transfer would retry a download whose body stops arriving 5 times in each of Streaming's 3 tries."""
-    calls = []
+    """s3transfer would retry a download whose body stops arriving 5 times, and botocore a read that timed out 3
+    times, in each of Streaming's 3 tries; the client's own setting, not AWS_MAX_ATTEMPTS for the whole process
+    (which took the retries from Composer's checkpoint uploads too)."""
+    import boto3.session
+
+    calls, configs = [], []
     client = types.SimpleNamespace(download_file=lambda *args, **kwargs: calls.append((args, kwargs)))
-    monkeypatch.setattr(S3Downloader, '_create_s3_client', lambda self, *a, **k: setattr(self, '_s3_client', client))
+    session = types.SimpleNamespace(client=lambda *args, config, **kwargs: configs.append(config) or client)
+    monkeypatch.setattr(boto3.session, 'Session', lambda: session)
+    monkeypatch.delenv('AWS_MAX_ATTEMPTS', raising=False)
     downloader = CloudDownloader.get('s3://bucket/mds')
     assert type(downloader) is S3DownloaderOneTransferAttempt
     downloader._create_s3_client(timeout=20)
@@ -328,6 +334,8 @@ def test_s3_downloads_make_one_attempt_inside_each_of_streamings_tries(monkeypat
     ((args, kwargs),) = calls
     assert args == ('bucket', 'mds/shard.00000.mds', 'local')
     assert kwargs['Config'].num_download_attempts == 1 and kwargs['Config'].use_threads is False
+    assert configs[0].retries['total_max_attempts'] == 1 and configs[0].read_timeout == 20
+    assert 'AWS_MAX_ATTEMPTS' not in os.environ
 
 
 @pytest.mark.slow
