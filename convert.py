@@ -35,7 +35,7 @@ from guards import arguments
 from guards.outputs import WriteFailed, free_space_fix, one_line, system_reason, write_failure
 from guards.stopping import SIGNALS, Stopped, stop_on_signals
 from guards.writer_lock import LOCK_FILE, FolderBusy, one_writer
-from settings.dataset_checks import IMAGE_CAPTION_COLUMNS, is_remote, s3_client
+from settings.dataset_checks import IMAGE_CAPTION_COLUMNS, SHARD_HASH, is_remote, s3_client
 
 COLUMNS = IMAGE_CAPTION_COLUMNS  # the LAION convention of the published benchmark
 IMAGE_EXTENSIONS = ('jpg', 'jpeg', 'png', 'webp', 'bmp', 'gif', 'tif', 'tiff')
@@ -225,10 +225,12 @@ def write_mds(
         staging.mkdir(parents=True)
     # Absolute: Streaming reads a relative folder with a colon (`run:2`) as a URL of an unknown cloud.
     target = out if remote else str(staging.resolve())
-    writer = MDSWriter(out=target, columns=COLUMNS, size_limit=size_limit)
+    writer = MDSWriter(out=target, columns=COLUMNS, size_limit=size_limit, hashes=[SHARD_HASH])
     # Made after the training writer, which wants its folder empty; on a remote, uploaded from its own scratch folder.
     split = f'{target.rstrip("/")}/{VALIDATION_SPLIT}'
-    validation_writer = MDSWriter(out=split, columns=COLUMNS, size_limit=size_limit) if validation else None
+    validation_writer = (
+        MDSWriter(out=split, columns=COLUMNS, size_limit=size_limit, hashes=[SHARD_HASH]) if validation else None
+    )
     # An earlier remote dataset's index would list the shards this one writes over: it goes before the first shard,
     # with its split's (a stale split would overlap the new training samples).
     before_first_sample = (lambda: drop_remote_index(out)) if remote and overwrite else None

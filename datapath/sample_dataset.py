@@ -14,7 +14,7 @@ from pathlib import Path
 from PIL import Image, ImageDraw, ImageOps
 
 from guards.outputs import WriteFailed, free_space_fix, system_reason
-from settings.dataset_checks import IMAGE_CAPTION_COLUMNS, DataError
+from settings.dataset_checks import IMAGE_CAPTION_COLUMNS, SHARD_HASH, DataError
 from settings.presets import SAMPLE_DATASET, SAMPLE_SIZE
 
 COLORS = {
@@ -79,7 +79,7 @@ def ensure_sample_dataset(
     from streaming import MDSWriter
 
     try:
-        with MDSWriter(out=str(work), columns=IMAGE_CAPTION_COLUMNS, exist_ok=True) as writer:
+        with MDSWriter(out=str(work), columns=IMAGE_CAPTION_COLUMNS, exist_ok=True, hashes=[SHARD_HASH]) as writer:
             for index in range(num_samples):
                 image, caption = generated_sample(rng)
                 if broken and index == num_samples // 3:

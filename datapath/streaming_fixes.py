@@ -49,7 +49,14 @@ from streaming.base.storage import download as streaming_download
 from streaming.base.storage.download import S3Downloader
 
 from guards.outputs import DISK_FULL
-from settings.dataset_checks import READ_TIMEOUT, RETRIES, DataError, check_columns, check_dataset
+from settings.dataset_checks import (
+    READ_TIMEOUT,
+    RETRIES,
+    DataError,
+    check_columns,
+    check_dataset,
+    shard_hash_mismatch,
+)
 
 # What an object store answers when it is busy or briefly failing: botocore's error codes of throttling and the
 # status codes of a server's transient errors. Real buckets throttle this way under load (503 SlowDown).
@@ -265,6 +272,7 @@ class CheckedStreamingDataset(StreamingDataset):
         for shard in self.shards:
             columns, encodings = getattr(shard, 'column_names', None), getattr(shard, 'column_encodings', None)
             check_columns(self.location, shard.raw_data.basename, columns, self.precomputed, encodings)
+        self._hashed_shards = set()  # the shards whose hash this process has checked (_check_shard_hash)
         self._failure_path = os.path.join(self._filelock_root, _get_path(self._shm_prefix_int, 'read_failure'))
         if self._unique_rank_world.is_local_leader:  # one left by a run killed before it could remove it
             Path(self._failure_path).unlink(missing_ok=True)
@@ -327,7 +335,9 @@ class CheckedStreamingDataset(StreamingDataset):
 
     def get_item(self, sample_id: int, retry: int = 7):
         try:
-            return super().get_item(sample_id, retry)
+            sample = super().get_item(sample_id, retry)
+            self._check_shard_hash(self.spanner[sample_id][0])
+            return sample
         except DataError:
             raise
         except Exception as error:  # a shard deleted or cut short since the checks at start, a failed download
@@ -337,6 +347,21 @@ class CheckedStreamingDataset(StreamingDataset):
                 failure = self._failure_elsewhere() or self._reading_failed(error, sample_id)
             self._record_failure(failure)
             raise failure from error
+
+    def _check_shard_hash(self, shard_id: int) -> None:
+        """A shard's bytes against the hash index.json records, the first time this process reads from it.
+        Streaming's validate_hash checks only what it downloads, never a local dataset's shards, and not a cached
+        shard damaged after its download; a damaged shard trained on silently, its samples decoding to other
+        pixels. Each loader worker hashes the shards it reads once per process (xxh64: about 11 GB/s)."""
+        if shard_id in self._hashed_shards:
+            return
+        stream = self.streams[self.stream_per_shard[shard_id]]
+        for raw, _ in self.shards[shard_id].file_pairs:
+            path = Path(stream.local, stream.split or '', raw.basename)
+            if path.is_file() and (failure := shard_hash_mismatch(self.location, path, raw.hashes)) is not None:
+                self._record_failure(failure)
+                raise failure
+        self._hashed_shards.add(shard_id)
 
     # A read that fails in one loader worker or rank must stop the others on the node at once. The loader hands
     # batches over in worker order, so the run waits on the next worker's batch, not on the one that failed; and

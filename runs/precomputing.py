@@ -37,6 +37,7 @@ from runs.versions import check_stack
 from settings.dataset_checks import (
     PRECOMPUTED_COLUMNS,
     SDXL_PRECOMPUTED_COLUMNS,
+    SHARD_HASH,
     TRANSFORMER_PRECOMPUTED_COLUMNS,
     DataError,
     describe_dataset,
@@ -189,7 +190,7 @@ def precompute_part(dataset, indices: range, out: str, vae, text_encoders, devic
     written = bad = 0
     # A local part absolute: Streaming reads a relative folder with a colon (`run:2`) as a URL of an unknown cloud.
     target = out if is_remote(out) else str(Path(out).resolve())
-    writer = MDSWriter(out=target, columns=output_columns(args.model_dir), exist_ok=True)
+    writer = MDSWriter(out=target, columns=output_columns(args.model_dir), exist_ok=True, hashes=[SHARD_HASH])
     try:
         for batch in loader:
             check_stopped()  # a Ctrl-C or SIGTERM that came while the loader started its workers

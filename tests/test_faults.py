@@ -33,7 +33,7 @@ from conftest import (
     start_s3_server,
     write_dataset,
 )
-from streaming.base.storage.download import CloudDownloader, S3Downloader
+from streaming.base.storage.download import CloudDownloader
 
 import convert
 import generate

@@ -22,6 +22,7 @@ from models.stable_diffusion import StableDiffusion, build_encoders, build_model
 from runs import precomputing
 from runs.run import main
 from settings.config import resolve_config
+from settings.dataset_checks import SHARD_HASH
 from settings.flags import parse_args
 from settings.model_folder import CONFIGS_DIR
 from settings.tokenizer import CaptionTokenizer
@@ -131,6 +132,8 @@ def test_precompute_writes_aligned_samples_resumes_and_trains(source, tmp_path, 
     assert run_precompute(source, out) == {'encoded': 38, 'bad': 2, 'parts': 3, 'skipped_parts': 0}
     stored = read_all(out)
     assert len(stored) == 38
+    merged = json.loads((out / 'index.json').read_text())['shards']
+    assert merged and all(SHARD_HASH in shard['raw_data']['hashes'] for shard in merged)  # checked as a run reads
     # Sample k of the output is the k-th good source sample, encoded by the tiny model's encoders.
     reproducibility.seed_all(17)  # precompute.py's --seed default
     vae, text_encoder, _, loaded = build_encoders(CONFIGS_DIR / 'tiny')
