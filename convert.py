@@ -371,7 +371,7 @@ def split_position(name: str) -> float:
     """Where a sample falls in [0, 1), by a hash of its name: those below --validation_fraction are held out. A hash,
     not a random draw, so that a conversion repeated holds out the same samples and a larger fraction only adds to
     them."""
-    return int.from_bytes(hashlib.sha256(name.encode('utf-8')).digest()[:8], 'big') / 2**64
+    return int.from_bytes(hashlib.sha256(os.fsencode(name)).digest()[:8], 'big') / 2**64
 
 
 # --------------------------------------------------------------------------------------------- main
@@ -492,7 +492,10 @@ def warn_if_mostly_skipped(stats: dict) -> None:
 def print_skipped(stats: dict) -> None:
     """The first skipped samples by name, with their reasons, then how many more (the summary counts every reason)."""
     for name, reason in stats['skipped_named']:
-        print(f'skipped {name}: {reason}', file=sys.stderr)
+        # A name that is not valid UTF-8 holds the bytes Python could not decode (as surrogates, which a strict
+        # stream refuses to write): shown as \xNN escapes instead.
+        line = f'skipped {name}: {reason}'.encode('utf-8', 'surrogateescape').decode('utf-8', 'backslashreplace')
+        print(line, file=sys.stderr)
     more = sum(stats['skipped'].values()) - len(stats['skipped_named'])
     if more:
         print(f'... and {more} more skipped', file=sys.stderr)

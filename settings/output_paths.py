@@ -17,8 +17,19 @@ from guards.writer_lock import contents
 from settings.dataset_checks import s3_folder_names
 
 
+def check_name(flag: str, name: str | None) -> None:
+    """A name that becomes part of a path (the sample grids' folder, W&B's run folder) stays one folder's name: a
+    separator or '..' in it would write outside the folder meant for it."""
+    if name is not None and ('/' in name or '\\' in name or name in ('', '.', '..')):
+        raise ConfigError(
+            f"{flag} '{name}': a name, not a path (no / or \\, not . or ..); it names a folder of the run"
+        )
+
+
 def check_outputs(draft: argparse.Namespace) -> None:
     """Output folders are checked now, not after hours of training, and never overwritten."""
+    check_name('--run_name', draft.run_name)
+    check_name('--wandb_name', draft.wandb_name)
     if draft.profile:
         refuse_used_output_folder('--profile', draft.profile, 'traces are never overwritten')
         check_writable_folder('--profile', draft.profile)

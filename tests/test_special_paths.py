@@ -5,6 +5,7 @@ data folders, convert.py's input and output, precompute.py's --out, generate.py'
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,41 @@ def test_generate_reads_a_checkpoint_and_writes_images_under_any_name(tmp_path):
     )
     assert sorted(os.listdir(out)) == ['0000.png', 'grid.png', 'prompts.txt']
     assert sorted(os.listdir(tmp_path / NAME)) == ['images']  # nothing staged left beside it
+
+
+def test_file_names_that_are_not_utf8_are_converted_or_skipped_by_name(tmp_path, capsys):
+    """A name in another encoding (Latin-1's é, a stray byte), as a folder copied from an old machine holds:
+    converted, held out by the same hash of its bytes, and named in a skip line; before, a traceback."""
+    photos = tmp_path / 'photos'
+    photos.mkdir()
+    folder = os.fsencode(photos)
+    for i, name in enumerate([b'caf\xe9', b'stray\xff', b'plain', b'uncaptioned\xfe']):
+        Path(os.fsdecode(folder + b'/' + name + b'.jpg')).write_bytes(jpeg(i))
+        if not name.startswith(b'uncaptioned'):
+            Path(os.fsdecode(folder + b'/' + name + b'.txt')).write_text(f'photo {i}')
+    stats = convert.main([str(photos), str(tmp_path / 'mds'), '--validation_fraction', '0.5'])
+    assert stats['written'] + stats['held_out'] == 3 and stats['skipped'] == {'no caption file': 1}
+    assert (
+        'skipped ' + str(photos) + '/uncaptioned\\xfe.jpg: no caption file uncaptioned\\xfe.txt'
+        in capsys.readouterr().err
+    )
+    assert stats['held_out'] == sum(
+        convert.split_position(os.fsdecode(n)) < 0.5 for n in [b'caf\xe9.jpg', b'stray\xff.jpg', b'plain.jpg']
+    )
+
+
+@pytest.mark.parametrize(
+    ('flag', 'name'),
+    [('--run_name', '../../x'), ('--run_name', 'a/b'), ('--run_name', '..'), ('--wandb_name', '..\\x')],
+)
+def test_a_name_that_would_leave_its_folder_is_refused(flag, name, tmp_path):
+    """--run_name names the sample grids' folder under results/samples (and W&B's run): '../../x' wrote them
+    outside the results folder."""
+    flags = [*QUICK, flag, name, '--sample_interval', '1ba', '--max_duration', '1ba']
+    with pytest.raises(ConfigError, match=rf"^{flag} '{re.escape(name)}': a name, not a path"):
+        resolve_config(parse_args(flags))
+
+
+def test_a_name_with_dots_inside_is_a_name(tmp_path):
+    config = resolve_config(parse_args([*QUICK, '--run_name', 'v1..2', '--sample_interval', '1ba']))
+    assert Path(config.sample_dir) == Path('results', 'samples', 'v1..2')
