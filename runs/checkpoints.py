@@ -42,6 +42,7 @@ from composer.core import Callback
 from composer.utils import dist
 
 from guards.arguments import ConfigError
+from guards.outputs import DISK_FULL
 from settings.config import RunConfig
 from settings.dataset_checks import s3_client, s3_folder, s3_folder_names
 
@@ -206,12 +207,16 @@ def set_aside_incomplete(folder: Path) -> list[str]:
 
 
 class CheckpointWriteError(Exception):
-    """Writing a checkpoint file failed (a full disk, a folder removed): the file, its folder and the reason."""
+    """Writing a checkpoint file failed (a full disk, a folder removed or turned read-only): the file, its folder
+    and the reason."""
 
-    def __init__(self, file: Path, reason: str):
+    def __init__(self, file: Path, reason: str, full: bool = True):
         self.file = file
-        free = shutil.disk_usage(file.parent).free / 1e9 if file.parent.is_dir() else 0.0
-        super().__init__(f'checkpoint {file.name} did not fit ({reason}; {free:.1f} GB free there)')
+        if full:
+            free = shutil.disk_usage(file.parent).free / 1e9 if file.parent.is_dir() else 0.0
+            super().__init__(f'checkpoint {file.name} did not fit ({reason}; {free:.1f} GB free there)')
+        else:
+            super().__init__(f'checkpoint {file.name} could not be written ({reason})')
 
 
 def report_failed_writes() -> None:
@@ -228,7 +233,9 @@ def report_failed_writes() -> None:
             write(state_dict, filename)
         except (OSError, RuntimeError) as error:
             reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[-1]
-            raise CheckpointWriteError(Path(filename), reason.strip()) from error
+            # torch's zip writer says only 'file write failed', the usual cause a full disk; an OSError says which.
+            full = not isinstance(error, OSError) or error.errno in DISK_FULL
+            raise CheckpointWriteError(Path(filename), reason.strip(), full) from error
 
     write_or_report.reports_failures = True
     checkpoint._write_checkpoint_file = write_or_report

@@ -35,6 +35,7 @@ from runs.checkpoints import (
     LATEST_LINK,
     CheckpointWriteError,
     check_resumable,
+    checkpoint_files,
     finish_uploads,
     point_s3_link_at_newest,
     remove_s3_resume_copy,
@@ -443,14 +444,7 @@ def main_reporting_errors(
     except IncompleteRun as error:
         stop(1, str(error))
     except CheckpointWriteError as error:
-        # The partial file is set aside now, so that --autoresume continues from the newest complete checkpoint.
-        if dist.get_global_rank() == 0 and error.file.parent.is_dir():
-            set_aside_incomplete(error.file.parent)
-        stop(
-            1,
-            f'--save_folder {error.file.parent}: {error}; set aside as {error.file.name}.incomplete (remove it to '
-            'free its space), and --autoresume continues from the newest complete checkpoint',
-        )
+        stop(1, f'--save_folder {error.file.parent}: {error}; {after_failed_checkpoint(error.file)}')
     except OSError as error:  # a write of the run failed (results, export, samples): a full disk, a removed folder
         where = f'{error.filename}: ' if error.filename else ''
         fix = '; nothing of it was written (an earlier file is as it was): free space there and run again'
@@ -464,6 +458,21 @@ def main_reporting_errors(
         last_line = str(error).strip().splitlines()[-1]
         names = '|'.join(re.escape(f'{kind.__module__}.{kind.__name__}') for kind in (DataError, TokenizerError))
         stop(1, re.sub(rf'^({names}): ', '', last_line))
+
+
+def after_failed_checkpoint(file: Path) -> str:
+    """What a failed checkpoint write left (a partial file set aside now, so that --autoresume continues from the
+    newest whole checkpoint; nothing, where the folder refused the file) and where the run can continue from."""
+    folder, left = file.parent, 'nothing of it was left'
+    if dist.get_global_rank() == 0 and folder.is_dir():
+        with contextlib.suppress(OSError):  # a folder turned read-only cannot rename either: nothing was written
+            set_aside_incomplete(folder)
+        if file.with_name(file.name + '.incomplete').exists():
+            left = f'set aside as {file.name}.incomplete (remove it to free its space)'
+    whole = checkpoint_files(folder) if folder.is_dir() else []
+    if not whole:
+        return f'{left}; no complete checkpoint is there to continue from'
+    return f'{left}, and --autoresume continues from the newest complete checkpoint, {whole[-1].name}'
 
 
 def out_of_memory(config: RunConfig, error: torch.OutOfMemoryError) -> str:

@@ -875,7 +875,7 @@ def test_a_checkpoint_that_does_not_fit_is_one_line_set_aside_and_resumed_from_t
         benchmark.cli(flags)
     assert stopped.value.code == 1
     err = capfd.readouterr().err.strip()
-    assert err.endswith(' newest complete checkpoint') and err.count('error:') == 1, err
+    assert err.endswith(' newest complete checkpoint, ep0-ba2-rank0.pt') and err.count('error:') == 1, err
     assert f'error: --save_folder {folder}: checkpoint ep0-ba4-rank0.pt did not fit (' in err
     assert 'file write failed; ' in err and ' GB free there); set aside' in err
     assert sorted(path.name for path in folder.iterdir()) == [
@@ -888,6 +888,35 @@ def test_a_checkpoint_that_does_not_fit_is_one_line_set_aside_and_resumed_from_t
     trainer = benchmark.cli([*flags, '--autoresume'])
     assert int(trainer.state.timestamp.batch) == 4
     assert (folder / 'latest-rank0.pt').readlink().name == 'ep0-ba4-rank0.pt'
+
+
+def test_a_save_folder_turned_read_only_mid_run_names_the_last_whole_checkpoint(tmp_path, monkeypatch, capfd):
+    """The folder refuses the second checkpoint (a filesystem remounted read-only): one line saying so, naming
+    the newest whole checkpoint, and no partial file claimed; once writable, --autoresume goes on from it."""
+    from composer.utils import checkpoint
+
+    import benchmark
+
+    write = checkpoint._write_checkpoint_file
+
+    def refuse_after_the_first(state_dict, filename):
+        if any(Path(filename).parent.glob('ep*-rank0.pt')):
+            raise OSError(30, 'Read-only file system', filename)
+        write(state_dict, filename)
+
+    monkeypatch.setattr(checkpoint, '_write_checkpoint_file', refuse_after_the_first)
+    folder = tmp_path / 'ckpt'
+    flags = [*TINY, '--max_duration', '4ba', '--save_folder', str(folder), '--run_name', 'r', '--save_interval', '2ba']
+    with pytest.raises(SystemExit) as stopped:
+        benchmark.cli(flags)
+    assert stopped.value.code == 1
+    assert capfd.readouterr().err.strip().splitlines()[-1] == (
+        f'error: --save_folder {folder}: checkpoint ep0-ba4-rank0.pt could not be written (Read-only file system); '
+        'nothing of it was left, and --autoresume continues from the newest complete checkpoint, ep0-ba2-rank0.pt'
+    )
+    assert sorted(path.name for path in folder.iterdir()) == ['ep0-ba2-rank0.pt', 'latest-rank0.pt']
+    monkeypatch.undo()  # writable again
+    assert int(benchmark.cli([*flags, '--autoresume']).state.timestamp.batch) == 4
 
 
 def test_two_jobs_starting_together_each_get_their_own_shared_memory(tmp_path, dataset, monkeypatch):
