@@ -23,6 +23,7 @@ from composer.loggers import InMemoryLogger
 from composer.utils import dist, get_device, reproducibility
 
 from costs.results import Results, cpu_name, mfu, package_versions, peak_flops
+from datapath.loaders import loader_failure, loader_timeout
 from datapath.sample_dataset import ensure_sample_dataset
 from datapath.streaming_fixes import clean_stale_shared_memory
 from ema import export_ema_unet
@@ -453,6 +454,10 @@ def main_reporting_errors(
         lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
         reason = ' '.join(lines[:2]) if lines[0].endswith(':') else lines[0]  # "backend='inductor' raised:", why
         stop(1, f'--compile {args.compile}: {reason}; run without --compile, or with another mode')
+    except RuntimeError as error:
+        if (line := loader_failure(error, loader_timeout())) is None:
+            raise
+        stop(1, line)
     except (DataError, TokenizerError) as error:  # found while training, e.g. a dataset of mostly bad samples
         # Raised in a dataloader worker, the message carries the worker's traceback: its last line is the reason.
         last_line = str(error).strip().splitlines()[-1]

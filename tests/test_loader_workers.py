@@ -1,0 +1,65 @@
+"""A loader worker that dies (killed as the kernel's out-of-memory killer does) ends the run in one line instead of
+a traceback; the loader waits for a worker's batch at most its timeout."""
+
+import os
+import re
+import signal
+
+import psutil
+import pytest
+from composer.core import Callback
+from conftest import TINY
+
+from datapath import loaders
+from runs.run import main_reporting_errors
+from settings.flags import parse_args
+
+RUN = [*TINY, '--image_size', '32', '--batch_size', '4', '--max_duration', '6ba', '--num_workers', '2']
+
+
+class SignalAWorker(Callback):
+    """Sends `signal` to one of the training loader's workers once the first batch has trained."""
+
+    def __init__(self, signum):
+        self.signum, self.pids = signum, []
+
+    def batch_end(self, state, logger):
+        if int(state.timestamp.batch) == 1:
+            workers = psutil.Process().children()
+            self.pids.append(workers[-1].pid)
+            os.kill(workers[-1].pid, self.signum)
+
+
+def test_the_default_wait_is_far_above_a_shards_worst_download():
+    assert loaders.LOADER_TIMEOUT_SECONDS >= 300
+    assert loaders.StoppableDataLoader(range(4), num_workers=1).timeout == loaders.LOADER_TIMEOUT_SECONDS
+    assert loaders.StoppableDataLoader(range(4)).timeout == 0  # no workers: nothing to wait for
+
+
+def test_pytorchs_errors_of_a_worker_become_one_line():
+    killed = RuntimeError('DataLoader worker (pid 4242) is killed by signal: Killed. ')
+    assert loaders.loader_failure(killed, 600).startswith('a loader worker (pid 4242) was killed by signal Killed (')
+    bus = RuntimeError(
+        "DataLoader worker (pid 7) is killed by signal: Bus error. It is possible that dataloader's workers are out "
+        'of shared memory. Please try to raise your shared memory limit.'
+    )
+    assert 'ran out of shared memory (/dev/shm)' in loaders.loader_failure(bus, 600)
+    assert loaders.loader_failure(RuntimeError('DataLoader timed out after 5 seconds'), 5).startswith(
+        'a loader worker sent no batch in 5 s'
+    )
+    assert loaders.loader_failure(RuntimeError('CUDA error: out of memory'), 5) is None
+
+
+def run_ending_in_one_line(callback, capfd) -> str:
+    with pytest.raises(SystemExit) as stopped:
+        main_reporting_errors(parse_args(RUN), callbacks=(callback,))
+    assert stopped.value.code == 1 and callback.pids
+    err = capfd.readouterr().err
+    assert 'Traceback' not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_run_ends_it_in_one_line(capfd):
+    line = run_ending_in_one_line(SignalAWorker(signal.SIGKILL), capfd)
+    assert re.match(r'error: a loader worker \(pid \d+\) (was killed by signal Killed \(|exited unexpectedly)', line)
