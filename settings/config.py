@@ -19,7 +19,7 @@ from pathlib import Path
 from guards.arguments import ConfigError
 from settings import hardware
 from settings.datasets import check_data_flags, held_out_prompts, settle_data, settle_validation_split
-from settings.device_checks import check_device
+from settings.device_checks import check_device, check_shared_memory
 from settings.durations import Duration, parse_half_life, parse_interval, parse_time
 from settings.memory_plan import Plan, plan, plans_for
 from settings.memory_plan import Run as PlannedRun
@@ -172,6 +172,7 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     check_data_flags(draft)
     check_tokenizer_given(draft)
     settle_data(draft)
+    check_shared_memory(draft)
     settle_validation_split(draft)
     settle_samples(draft)
     settle_sample_and_export_folders(draft)

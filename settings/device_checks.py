@@ -6,6 +6,7 @@ import argparse
 import importlib.metadata
 import importlib.util
 import os
+import shutil
 
 from guards.arguments import ConfigError
 from settings import hardware
@@ -134,4 +135,37 @@ def check_fp8(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
     if importlib.util.find_spec('torchao') is None:
         raise ConfigError(
             "--fp8: torchao is not installed: pip install 'torchao==0.11.0' (for torch 2.7; see docs/install.md)"
+        )
+
+
+# Where PyTorch's loader workers hand their batches to the main process: shared memory, which a container limits
+# (Docker's default 64 MB), and which each worker fills with up to 2 batches ahead (the loader's prefetch_factor).
+SHARED_MEMORY = '/dev/shm'
+BATCHES_AHEAD_PER_WORKER = 2
+
+
+def shared_memory_needed(draft: argparse.Namespace) -> int:
+    """Bytes of the batches in flight from the loader workers: images as uint8 (random tensors: float32), or
+    precomputed latents and text embeddings (at most 16 latent channels and 77 tokens of 4,096 fp16 values)."""
+    size = draft.image_size
+    if draft.precomputed_latents:
+        per_sample = 2 * 16 * (size // 8) ** 2 * 2 + 77 * 4096 * 2
+    else:
+        per_sample = 3 * size * size * (4 if draft.use_synth_data else 1)
+    return draft.num_workers * BATCHES_AHEAD_PER_WORKER * draft.device_batch_size * per_sample
+
+
+def check_shared_memory(draft: argparse.Namespace) -> None:
+    """A /dev/shm too small for the loader workers' batches ends the run at its first batch with a bus error (the
+    worker's traceback, or a line that does not say shared memory): found at start, the fix named."""
+    if not draft.num_workers or not os.path.isdir(SHARED_MEMORY):
+        return
+    needed, total = shared_memory_needed(draft), shutil.disk_usage(SHARED_MEMORY).total
+    if needed > total:
+        raise ConfigError(
+            f'--num_workers {draft.num_workers}: {SHARED_MEMORY} holds {total / 1e6:.0f} MB, and the loader workers '
+            f'hand over up to {needed / 1e6:.0f} MB of batches there ({BATCHES_AHEAD_PER_WORKER} batches of '
+            f'{draft.device_batch_size} at {draft.image_size}px each): give the container more shared memory '
+            '(docker run --shm-size 8g; on Kubernetes an emptyDir of medium Memory on /dev/shm), or pass fewer '
+            '--num_workers'
         )

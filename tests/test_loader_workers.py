@@ -1,6 +1,7 @@
 """A loader worker that dies (killed as the kernel's out-of-memory killer does) ends the run in one line instead of
 a traceback; the loader waits for a worker's batch at most its timeout."""
 
+import contextlib
 import os
 import re
 import signal
@@ -11,6 +12,7 @@ from composer.core import Callback
 from conftest import TINY
 
 from datapath import loaders
+from guards.arguments import ConfigError
 from runs.run import main_reporting_errors
 from settings.flags import parse_args
 
@@ -47,6 +49,8 @@ def test_pytorchs_errors_of_a_worker_become_one_line():
     assert loaders.loader_failure(RuntimeError('DataLoader timed out after 5 seconds'), 5).startswith(
         'a loader worker sent no batch in 5 s'
     )
+    exited = RuntimeError('DataLoader worker (pid(s) 11, 12) exited unexpectedly')
+    assert loaders.loader_failure(exited, 5).startswith('a loader worker (pid 11, 12) exited unexpectedly')
     assert loaders.loader_failure(RuntimeError('CUDA error: out of memory'), 5) is None
 
 
@@ -63,3 +67,40 @@ def run_ending_in_one_line(callback, capfd) -> str:
 def test_a_worker_killed_mid_run_ends_it_in_one_line(capfd):
     line = run_ending_in_one_line(SignalAWorker(signal.SIGKILL), capfd)
     assert re.match(r'error: a loader worker \(pid \d+\) (was killed by signal Killed \(|exited unexpectedly)', line)
+
+
+def test_a_shared_memory_too_small_for_the_workers_batches_is_refused_at_start(monkeypatch):
+    """Docker's default /dev/shm of 64 MB, 4 workers of 2 batches of 16 images at 512px (about 101 MB as uint8):
+    refused before anything is built, where the run died at its first batch of a bus error."""
+    from settings import device_checks
+    from settings.config import resolve_config
+
+    real = device_checks.shutil.disk_usage
+    small = real('/').__class__(total=64 << 20, used=0, free=64 << 20)
+    monkeypatch.setattr(device_checks.shutil, 'disk_usage', lambda path: small if path == '/dev/shm' else real(path))
+    flags = ['--model_name', 'tiny', '--image_size', '512', '--batch_size', '16', '--max_duration', '1ba']
+    with pytest.raises(ConfigError) as refused:
+        resolve_config(parse_args([*flags, '--num_workers', '4']))
+    assert str(refused.value).startswith(
+        '--num_workers 4: /dev/shm holds 67 MB, and the loader workers hand over up to 101 MB of batches there '
+        '(2 batches of 16 at 512px each): give the container more shared memory (docker run --shm-size 8g'
+    )
+    assert resolve_config(parse_args([*flags, '--num_workers', '2'])).num_workers == 2  # 50 MB: fits
+    assert resolve_config(parse_args([*flags, '--num_workers', '0'])).num_workers == 0  # no workers, no handing over
+
+
+@pytest.mark.slow
+def test_a_worker_stopped_for_good_ends_the_run_within_the_loaders_timeout(monkeypatch, capfd):
+    """SIGSTOP to a worker: PyTorch waited forever (its timeout covers the queue of batches, not the unpickling of a
+    batch taken from it, which asks the stopped worker for its shared memory)."""
+    monkeypatch.setenv('LOADER_TIMEOUT_SECONDS', '3')
+    stopper = SignalAWorker(signal.SIGSTOP)
+    try:
+        line = run_ending_in_one_line(stopper, capfd)
+    finally:
+        for pid in stopper.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert re.match(
+        r'error: a loader worker (\(pid [\d, ]+\) was stopped \(SIGSTOP\?\) and )?sent no batch in 3 s', line
+    )
