@@ -27,6 +27,7 @@ from pathlib import Path
 from guards import arguments
 from guards.arguments import ConfigError
 from guards.outputs import one_line
+from guards.stopping import SIGNALS, Stopped, stop_on_signals
 from settings.model_folder import (
     LATENT_DOWNSAMPLE,
     TRANSFORMER_PIPELINE_NAMES,
@@ -343,7 +344,9 @@ def main(args: argparse.Namespace):
     # bad flag answers without them.
     from runs import generation
 
-    return generation.draw(args, prompts)
+    # After that import: importing Composer installs its own signal handlers, which exit without a line.
+    with stop_on_signals(lambda signum: f'{SIGNALS[signum]}: generate stopped; nothing was written to {args.out}'):
+        return generation.draw(args, prompts)
 
 
 def cli(argv=None) -> None:
@@ -352,6 +355,9 @@ def cli(argv=None) -> None:
     except ConfigError as error:
         print(f'error: {error}', file=sys.stderr)
         sys.exit(2)
+    except Stopped as stopped:
+        print(f'error: {stopped}', file=sys.stderr)
+        sys.exit(stopped.exit_status)
     except OSError as error:  # a write that failed while drawing (a full disk): the partial folder removed
         print(f'error: {one_line(error)}', file=sys.stderr)
         sys.exit(1)

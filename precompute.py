@@ -157,7 +157,9 @@ def main(argv=None) -> dict:
         # Imported once the flags check out, not at the top: torch, Streaming and the encoders take seconds to load,
         # and --help or a bad flag answers without them.
         from runs import precomputing
-
+    # Importing Composer installed its own handlers (composer.core.engine: sys.exit(128 + signum), no line): ours
+    # again, for the encoding.
+    with stop_on_signals(lambda signum: stopped_line(signum, args)):
         return precomputing.precompute(args)
 
 

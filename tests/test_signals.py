@@ -367,12 +367,20 @@ def test_precompute_stopped_by_a_signal_keeps_finished_parts_only_and_the_rerun_
     assert sum(s['samples'] for s in json.loads((out / 'index.json').read_text())['shards']) == 24
 
 
-# A precompute.py whose encoding takes 0.3 s a batch, so that a signal finds it in the middle of a part.
+# A precompute.py whose encoding takes 0.3 s a batch, so that a signal finds it in the middle of a part. Patched as
+# precompute.py imports it, not before: importing Composer first would install its signal handlers before
+# precompute.py's, where the command itself imports it after (and its handlers exit without a line).
 SLOW_PRECOMPUTE = """
-import runpy, sys, time
-from runs import precomputing
-encode = precomputing.encode
-precomputing.encode = lambda *args, **kwargs: (time.sleep(0.3), encode(*args, **kwargs))[1]
+import builtins, runpy, sys, time
+real_import = builtins.__import__
+def import_then_slow_the_encoding(name, *args, **kwargs):
+    module = real_import(name, *args, **kwargs)
+    precomputing = sys.modules.get('runs.precomputing')
+    if precomputing is not None and hasattr(precomputing, 'encode') and not hasattr(precomputing, 'slowed'):
+        encode, precomputing.slowed = precomputing.encode, True
+        precomputing.encode = lambda *args, **kwargs: (time.sleep(0.3), encode(*args, **kwargs))[1]
+    return module
+builtins.__import__ = import_then_slow_the_encoding
 sys.argv[0] = 'precompute.py'
 runpy.run_path('precompute.py', run_name='__main__')
 """
@@ -466,4 +474,49 @@ def test_convert_stopped_by_ctrl_c_ends_in_one_line(tmp_path):
     assert_one_line(
         err, f'Ctrl-C (SIGINT): conversion stopped; {out} is left as it was (nothing of this conversion kept)'
     )
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------ generate.py
+
+
+@pytest.mark.slow
+def test_generate_stopped_by_a_signal_says_so_and_writes_nothing(tmp_path):
+    """Importing Composer installs its own handlers, which exit 143 with no line: generate.py, stopped while it
+    draws, ends in one line and leaves no folder."""
+    from conftest import TINY
+
+    from runs.run import main
+    from settings.flags import parse_args
+
+    folder = tmp_path / 'ckpt'
+    main(
+        parse_args(
+            [
+                *TINY,
+                '--image_size',
+                '32',
+                '--batch_size',
+                '2',
+                '--max_duration',
+                '1ba',
+                '--run_name',
+                'g',
+                '--save_folder',
+                str(folder),
+                '--save_interval',
+                '1ba',
+            ]
+        )
+    )
+    out = tmp_path / 'images'
+    prompts = [flag for i in range(64) for flag in ('--prompt', f'a red circle {i}')]
+    command = [sys.executable, 'generate.py', '--checkpoint', str(folder / 'latest-rank0.pt'), '--out', str(out)]
+    run = start([*command, *prompts, '--steps', '50', '--batch_size', '1'], REPO)
+    lines = iter(run.stdout.readline, '')
+    assert any(line.startswith('generating 64 image(s)') for line in lines)  # the drawing has begun
+    os.killpg(run.pid, signal.SIGTERM)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 143, err[-3000:]
+    assert_one_line(err, f'SIGTERM: generate stopped; nothing was written to {out}')
     assert not out.exists()
