@@ -48,8 +48,8 @@ format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# Test tiers (pytest markers, see docs/testing.md): fast (no marker), slow, gpu. CUDA is hidden from every
-# tier but gpu, so CPU defaults are what the CPU tiers test. The CPU tiers run in TEST_WORKERS pytest-xdist
+# Test tiers (pytest markers, see docs/testing.md): fast (no marker), slow, gpu. CUDA is hidden from a session
+# that leaves out the gpu tests, so CPU defaults are what the CPU tiers test. The CPU tiers run in TEST_WORKERS pytest-xdist
 # processes, each test's torch on one thread (OMP_NUM_THREADS=1) so that they do not share cores; the 25 slowest
 # tests are listed at the end.
 TEST_WORKERS ?= 2

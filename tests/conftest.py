@@ -1,9 +1,10 @@
 """Settings and helpers shared by the test suite.
 
 Tests run offline: no hub, no W&B account. Tiers are pytest markers: `slow` (several processes, a local S3
-server, long runs), `gpu` (CUDA only), and the rest, the fast tier. CUDA is hidden from every session but a gpu
-one (`pytest -m gpu`, make test-gpu), so that the CPU defaults and checks under test are the ones that apply;
-gpu tests are skipped where no GPU is visible.
+server, long runs), `gpu` (CUDA only), and the rest, the fast tier. CUDA is hidden from a session whose marker
+expression leaves out the gpu tests (make test, make test-fast), so that the CPU defaults and checks under test are
+the ones that apply. A session of gpu tests alone on a machine without CUDA (`pytest -m gpu`, make test-gpu) fails
+in one line rather than pass by skipping them; in a session that also selects CPU tests they are skipped.
 """
 
 import io
@@ -31,9 +32,25 @@ TINY = ['--model_name', 'tiny', '--use_synth_data']
 LAUNCHER = str(Path(sys.executable).parent / 'composer')  # Composer's launcher, from this environment
 
 
+TIER_MARKERS = ('slow', 'stack')  # the markers a gpu test may carry besides gpu
+
+
+def selects_gpu_tests(markexpr: str) -> bool:
+    """Whether `-m markexpr` selects a test marked gpu (with or without the other tiers' markers)."""
+    import itertools
+
+    from _pytest.mark.expression import Expression
+
+    if not markexpr.strip():
+        return True
+    expression = Expression.compile(markexpr)
+    others = [set(combination) for n in range(3) for combination in itertools.combinations(TIER_MARKERS, n)]
+    return any(expression.evaluate(lambda name, marks=marks: name in marks | {'gpu'}) for marks in others)
+
+
 def pytest_configure(config):
     # Before any test module imports torch, which reads CUDA_VISIBLE_DEVICES when CUDA first initializes.
-    if config.option.markexpr.strip() != 'gpu':
+    if not selects_gpu_tests(config.option.markexpr):
         os.environ['CUDA_VISIBLE_DEVICES'] = ''
     # Streaming leaves its lock files (000105_barrier_filelock, ...) in the temporary folder, hundreds over the
     # suite: every test and the processes it starts use a folder of this session's, removed at its end.
@@ -45,11 +62,16 @@ def pytest_unconfigure(config):
     shutil.rmtree(getattr(config, 'session_tmp', ''), ignore_errors=True)
 
 
+@pytest.hookimpl(trylast=True)  # after -m has deselected
 def pytest_collection_modifyitems(config, items):
     import torch  # here: conftest is imported before pytest_configure hides CUDA
 
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() or not any('gpu' in item.keywords for item in items):
         return
+    if all('gpu' in item.keywords for item in items) and not config.option.collectonly:
+        raise pytest.UsageError(
+            f'no CUDA device: the {len(items)} selected test(s) of the gpu tier need one (run them on a GPU machine)'
+        )
     skip = pytest.mark.skip(reason='no CUDA device')
     for item in items:
         if 'gpu' in item.keywords:

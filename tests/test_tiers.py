@@ -1,0 +1,42 @@
+"""The gpu tier is honest: CUDA is hidden only from a session that leaves the gpu tests out, and a session of gpu
+tests alone on a machine without CUDA fails in one line instead of passing by skipping them."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, selects_gpu_tests
+
+
+@pytest.mark.parametrize(
+    ('markexpr', 'selects'),
+    [
+        ('gpu', True),
+        ('gpu and not slow', True),
+        ('slow and gpu', True),
+        ('', True),  # no -m: every tier
+        ('not gpu', False),
+        ('not slow and not gpu', False),
+        ('stack and not slow and not gpu', False),
+        ('slow', True),  # a gpu test may be slow too
+    ],
+)
+def test_cuda_is_hidden_only_where_the_selection_leaves_out_the_gpu_tests(markexpr, selects):
+    assert selects_gpu_tests(markexpr) is selects
+
+
+def pytest_in_a_machine_without_cuda(*args) -> subprocess.CompletedProcess:
+    env = {**os.environ, 'CUDA_VISIBLE_DEVICES': ''}
+    command = [sys.executable, '-m', 'pytest', '-p', 'no:cacheprovider', '-q', *args]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_the_gpu_tier_without_cuda_fails_saying_why_and_still_lists_its_tests():
+    run = pytest_in_a_machine_without_cuda('-m', 'gpu', 'tests/test_gpu.py')
+    assert run.returncode != 0, run.stdout[-2000:]
+    errors = [line for line in (run.stdout + run.stderr).splitlines() if line.startswith('ERROR:')]
+    assert len(errors) == 1 and errors[0].startswith('ERROR: no CUDA device: the ') and 'gpu tier' in errors[0]
+    listed = pytest_in_a_machine_without_cuda('-m', 'gpu', '--collect-only', 'tests/test_gpu.py')
+    assert listed.returncode == 0 and 'tests/test_gpu.py::test_' in listed.stdout
