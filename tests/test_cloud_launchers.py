@@ -18,7 +18,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import REPO, free_port, s3_client
+from conftest import REPO, free_port, s3_client, skip_unless_ci
 
 from settings.flags import parse_args
 
@@ -135,9 +135,9 @@ def mount_namespaces(request):
     try:
         allowed = subprocess.run(['unshare', '--mount', 'true'], capture_output=True, text=True)
     except FileNotFoundError as missing:
-        pytest.skip(f'no unshare here: {missing}')
+        skip_unless_ci(f'no unshare here: {missing}')
     if allowed.returncode:
-        pytest.skip(f'cannot make a mount namespace here: {allowed.stderr.strip()}')
+        skip_unless_ci(f'cannot make a mount namespace here: {allowed.stderr.strip()}')
 
 
 def finish(nodes: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:
