@@ -59,6 +59,9 @@ class Results:
     model_name: str | None = None
     config: dict = field(default_factory=dict)  # benchmark.py's RunConfig
     versions: dict = field(default_factory=dict)
+    # how the figures were made (runs/provenance.py): command, git commit, seconds to the first step's end and in
+    # all, the GPU's driver, CUDA, cuDNN and NCCL versions, clocks and power limit
+    provenance: dict = field(default_factory=dict)
     date: str | None = None  # ISO 8601, UTC
     schema: str = SCHEMA
 

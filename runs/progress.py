@@ -34,6 +34,7 @@ class ProgressLines(Callback):
         self.interval = max(1, min(MAX_INTERVAL, num_batches // LINES_PER_RUN))
         self.start = self.last = None
         self.first_end = None  # (time, batch) at the end of the run's first batch
+        self.first_end_wall_clock = None  # time.time() then, for the results' provenance
         self.evaluation_start, self.evaluating = None, 0.0  # seconds of evaluation since the last line
 
     def fit_start(self, state: State, logger) -> None:
@@ -51,7 +52,7 @@ class ProgressLines(Callback):
     def batch_end(self, state: State, logger) -> None:
         batch = int(state.timestamp.batch)
         if self.first_end is None:
-            self.first_end = (time.perf_counter(), batch)
+            self.first_end, self.first_end_wall_clock = (time.perf_counter(), batch), time.time()
         if dist.get_global_rank() != 0 or (batch % self.interval and batch != self.num_batches):
             return
         now, sample = time.perf_counter(), int(state.timestamp.sample)

@@ -46,6 +46,8 @@ from runs.checkpoints import (
 from runs.evaluation import ValidationReport
 from runs.export import SampleGrid, export_pipeline
 from runs.interrupts import StopOnSignal, Stopped
+from runs.progress import ProgressLines
+from runs.provenance import provenance
 from runs.start_lines import start_lines
 from runs.training import build_dataloader, build_trainer, log_summary_to_wandb
 from runs.versions import check_stack
@@ -348,8 +350,14 @@ def summarize(trainer: Trainer, config: RunConfig) -> Results:
         **validation_results(logged, trainer),
         config=config.as_dict(),
         versions=package_versions(),
+        provenance=provenance(first_step_end(trainer)),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
     )
+
+
+def first_step_end(trainer: Trainer) -> float | None:
+    progress = next((cb for cb in trainer.state.callbacks if isinstance(cb, ProgressLines)), None)
+    return None if progress is None else progress.first_end_wall_clock
 
 
 def validation_results(logged: dict, trainer: Trainer) -> dict:

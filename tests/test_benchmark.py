@@ -11,7 +11,7 @@ import pytest
 import torch
 from composer.core import Callback
 from composer.utils import reproducibility
-from conftest import TINY, free_port, run_cli
+from conftest import REPO, TINY, free_port, run_cli
 from diffusers import DDPMScheduler
 from diffusers.models.attention_processor import Attention
 from torch.utils.data import DataLoader, Dataset
@@ -580,3 +580,26 @@ def test_bad_input_exits_non_zero_with_a_message():
     run = run_cli(*TINY, '--batch_size', '10', '--device_train_microbatch_size', '4', launcher=('python',))
     assert run.returncode == 2
     assert 'error: --batch_size 10' in run.stderr and 'Traceback' not in run.stderr
+
+
+def test_a_results_file_says_how_it_was_made(tmp_path, monkeypatch):
+    """Its command line, the commit of the code and whether the tree held changes, the seconds to the first step's
+    end and in all (provenance.py); a copy without .git takes the commit from BENCHMARK_GIT_COMMIT."""
+    import json
+    import subprocess
+
+    from runs import provenance
+    from runs.run import main
+
+    results = tmp_path / 'r.json'
+    flags = [*TINY, '--image_size', '32', '--batch_size', '2', '--max_duration', '3ba', '--results_json', str(results)]
+    monkeypatch.setattr(sys, 'argv', ['benchmark.py', *flags])
+    main(parse_args(flags))
+    made = json.loads(results.read_text())['provenance']
+    assert made['command'].endswith(f'benchmark.py {" ".join(flags)}') and made['command'].startswith(sys.executable)
+    head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=REPO, capture_output=True, text=True)
+    assert made['git_commit'] == (head.stdout.strip() if head.returncode == 0 else None)
+    assert 0 < made['seconds_to_first_step_end'] <= made['seconds_in_all'] and made['gpu'] is None
+    monkeypatch.setattr(provenance, 'output_of', lambda command: None)  # no git here
+    monkeypatch.setenv('BENCHMARK_GIT_COMMIT', 'abc123')
+    assert provenance.git_state() == {'git_commit': 'abc123', 'git_dirty': None}
