@@ -5,22 +5,26 @@ runs it (docs/speed.md).
     python benchmarks/gpu_campaign.py                        # one slice of at most 7.5 minutes (3.5 on a CPU)
     python benchmarks/gpu_campaign.py --resume               # the next slice, keeping what was measured
 
-The steps (each row a process of its own: a failure is a row of the table, not the end of the campaign):
+The steps (each row a process of its own: a failure is a row of the table, not the end of the campaign). Every
+benchmark row past the headline is the README's headline recipe, the fast recipe compiled from precomputed latents
+at the planned microbatch, changed in the one thing it measures; each step stands alone (a row that needs the
+fastest microbatch takes the memory plan's where the sweep has not measured one, and says so):
 
 1. environment: the GPU, driver and versions; a bf16 matrix multiply's and a copy's measured ceilings;
 2. headline: SD2 base at 512px with the fast recipe at the planned microbatch, from precomputed latents and with
    the encoders online, eager, beside the published recipe at microbatch 4; then the two fast rows with --compile;
-3. gpu tests, first: a handful of the gpu tier's most telling tests, each its own row, counted by its outcome;
-4. sweep: precomputed, eager, at microbatch 4, 8, 16, 32, 64 (peak memory each; the planned one marked);
-5. paths: at the fastest microbatch, each speed path alone (the others off) and all together, fp16 against bf16,
-   --compile reduce-overhead, activation checkpointing;
-   kernels: the kernels past the fast recipe (--fused_groupnorm, --attention cudnn, --cudnn_benchmark), each over
-   the fast recipe and all three, eager and compiled, beside the fast recipe at the same microbatch;
-6. profile: at microbatch 4 and at the fastest (benchmarks/profile_summary.py: busy share, classes of work);
-7. transformers: SD3.5 medium and PixArt-Sigma at their presets' sizes, a few microbatches a step; Flux's
-   transformer forward and backward per image at 256px, compiled, in bf16 and with --fp8, and report.py --predict
-   from it (labelled: the transformer's forward and backward only);
-8. gpu tests, the rest; then max-autotune-no-cudagraphs (minutes of tuning: never in the first calls).
+3. channels_last: the headline recipe, and the same with --channels_last (the A/B, in one call);
+4. profile: the headline recipe's step under the profiler (benchmarks/profile_summary.py: busy share, classes of
+   work), summarized on the machine;
+5. kernels: the headline recipe with --fused_groupnorm, --attention cudnn, --cudnn_benchmark, each alone;
+6. transformers: SD3.5 medium and PixArt-Sigma at their presets' sizes, compiled at the planned microbatch, bf16
+   and --fp8; Flux's transformer forward and backward per image at 256px, compiled, in bf16 and with --fp8, and
+   report.py --predict from it (labelled: the transformer's forward and backward only);
+7. sweep: the headline recipe at microbatch 4 up to the planned one (out-of-memory rows recorded as such);
+8. paths: the headline recipe less one of its paths (fused AdamW, low-precision norms), fp16 for bf16,
+   reduce-overhead for default compiling, with activation checkpointing;
+9. gpu tests, first a handful of the gpu tier's most telling, then the rest, each its own row, counted by its
+   outcome; then max-autotune-no-cudagraphs (minutes of tuning: never in the first calls).
 
 A row starts only if its estimate (by kind: eager run, compiled run, profile, transformer, test, probe; the median
 of the rows of that kind this machine measured, else a default) fits the time left; the estimates are printed at
@@ -32,6 +36,7 @@ tiny twins' rows (the GPU-only ones skipped), which checks the campaign, not the
 """
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -50,41 +55,43 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')
 REPO = Path(__file__).resolve().parent.parent
 # Each row's process runs this interpreter with the same site setting (a rehearsal runs `python -S`).
 PYTHON = [sys.executable, *(['-S'] if sys.flags.no_site else [])]
+# In the order of their value per GPU minute (docs/speed.md, "Loans"): the first loan's rows, then the second's.
 STEPS = (
     'environment',
     'headline',
-    'tests_first',
+    'channels_last',
+    'profile',
+    'kernels',
+    'transformers',
     'sweep',
     'paths',
-    'kernels',
-    'profile',
-    'transformers',
+    'tests_first',
     'tests_rest',
     'late',
 )
-# The speed paths of step 5: each alone over a row with every path off, then together (the fast recipe's own).
-ALL_OFF = ('--no-channels_last', '--no-fused_adamw', '--no-low_precision_norm', '--no-encoders_bf16')
-PATHS = {
-    'all off': (),
-    'channels_last': ('--channels_last',),
-    'fused_adamw': ('--fused_adamw',),
-    'low_precision_norm': ('--low_precision_norm',),
-    'fp16': ('--precision', 'amp_fp16'),
-    'activation_checkpointing': ('--activation_checkpointing',),
-    'compile default': ('--compile',),
-    'compile reduce-overhead': ('--compile', 'reduce-overhead'),
-}
-# The kernels past the fast recipe (kernels.py), each over the fast recipe and all together, eager and compiled,
-# beside the fast recipe itself in the same call.
+# The headline recipe: the fast recipe from precomputed latents, compiled on a GPU (on a CPU, the rehearsal's tiny
+# rows run eager: Inductor there would measure the CPU's compiler, not the campaign).
+HEADLINE = ('--precomputed_latents',)
+# Step 5: the kernels past the fast recipe (models/kernels.py), each added to the headline recipe alone.
 KERNELS = {
-    'fast recipe': (),
     'fused_groupnorm': ('--fused_groupnorm',),
     'attention cudnn': ('--attention', 'cudnn'),
     'cudnn_benchmark': ('--cudnn_benchmark',),
-    'all three': ('--fused_groupnorm', '--attention', 'cudnn', '--cudnn_benchmark'),
 }
-LATE_PATHS = {'compile max-autotune-no-cudagraphs': ('--compile', 'max-autotune-no-cudagraphs')}
-GPU_ONLY = {name for name in {**PATHS, **LATE_PATHS} if name.startswith('compile')} | {'low_precision_norm', 'fp16'}
+# Step 8: the headline recipe changed in one thing: one of its paths taken out, or another put in.
+PATHS = {
+    'without fused_adamw': ('--no-fused_adamw',),
+    'without low_precision_norm': ('--no-low_precision_norm',),
+    'fp16 for bf16': ('--precision', 'amp_fp16'),
+    'reduce-overhead for default': ('--compile', 'reduce-overhead'),
+    'with activation_checkpointing': ('--activation_checkpointing',),
+}
+LATE_PATHS = {'max-autotune-no-cudagraphs for default': ('--compile', 'max-autotune-no-cudagraphs')}
+GPU_ONLY = {
+    'without low_precision_norm',
+    'fp16 for bf16',
+    *(name for name in {**PATHS, **LATE_PATHS} if 'for default' in name),
+}
 # The gpu tier's tests run first, at most 8: the defaults, bf16 training, compiled steps, FP8 and SD2 at full size.
 FIRST_TESTS = (
     'tests/test_gpu.py::test_gpu_defaults_are_the_fast_recipe_and_the_published_run_on_request',
@@ -152,13 +159,17 @@ def skipped_row(key: str, why: str, cost: str) -> dict:
 
 
 class Campaign:
-    """The rows of each step, built from the rows measured before them (the fastest microbatch, say)."""
+    """The rows of each step. A step stands alone: where it needs a microbatch the sweep has not measured, it takes
+    the memory plan's."""
 
     def __init__(self, args: argparse.Namespace, on_gpu: bool, work: Path):
         self.args, self.on_gpu, self.work = args, on_gpu, work
         self.model, self.size = ('sd2-base', 512) if on_gpu else ('tiny', 64)
         self.microbatches = (4, 8, 16, 32, 64) if on_gpu else (1, 2, 4, 8)
+        self.batch = 256 if on_gpu else 16  # the headline's: 8 microbatches of an H100's planned 32
+        self.compiled = ('--compile',) if on_gpu else ()
         self.batches = args.batches or (10 if on_gpu else 3)
+        self._planned = None
 
     def run(self, name: str, flags: tuple[str, ...], microbatch: int | None, batch: int, cost='eager') -> dict:
         """A benchmark.py row of this machine's SD2 (or its tiny twin); microbatch None: the run plans its own."""
@@ -168,78 +179,110 @@ class Campaign:
         sized = ('--model_name', self.model, '--image_size', str(self.size), '--batch_size', str(batch), *given)
         return benchmark_row(name, cost, (*sized, *flags), self.work / f'{slug(name)}.json', self.batches)
 
-    def rows(self, step: str, done: dict) -> list[dict] | None:
-        """The step's rows, or None while a step they depend on is unfinished."""
-        precomputed = ('--precomputed_latents', *ALL_OFF)
+    def headline_recipe(self, name: str, extra=(), microbatch: int | None = None, batch: int | None = None) -> dict:
+        """The headline recipe changed by `extra` (another --compile mode in it replaces the default)."""
+        compiled = () if '--compile' in extra else self.compiled
+        flags = (*HEADLINE, *compiled, *extra)
+        cost = 'compile' if self.on_gpu else 'eager'
+        return benchmark_row(
+            name,
+            cost,
+            ('--model_name', self.model, '--image_size', str(self.size), '--batch_size', str(batch or self.batch))
+            + (() if microbatch is None else ('--device_train_microbatch_size', str(microbatch)))
+            + flags,
+            self.work / f'{slug(name)}.json',
+            self.batches,
+        )
+
+    def planned(self) -> int:
+        """The microbatch memory_plan.py plans for the headline recipe on this machine (asked once)."""
+        if self._planned is None:
+            self._planned = planned_microbatch(self.model, self.size, self.batch)
+        return self._planned
+
+    def fastest(self, done: dict) -> tuple[int, str]:
+        """The sweep's fastest microbatch, or the memory plan's where the sweep has not measured every row."""
+        sweep = [done.get(f'sweep mb{m}') for m in self.microbatches if m <= self.planned()]
+        measured = [
+            (row['img_per_sec_per_device'], row['microbatch']) for row in sweep if row and row.get('microbatch')
+        ]
+        if sweep and all(row and not row.get('pending') for row in sweep) and measured:
+            return max(measured)[1], 'the sweep'
+        return self.planned(), 'the memory plan (no sweep measured yet)'
+
+    def rows(self, step: str, done: dict) -> list[dict]:
         if step == 'environment':
             return [probe_row('environment', 'probe', ['environment'])]
         if step == 'headline':
-            batch = 256 if self.on_gpu else 16  # 8 microbatches of an H100's planned 32, 4 of an H200's 64
-            published = ('--recipe', 'published', '--precomputed_latents')
-            return [
-                self.run('headline precomputed, fast', ('--precomputed_latents',), None, batch),
-                self.run('headline online, fast', (), None, batch),
-                self.run('headline precomputed, published mb4', published, 4 if self.on_gpu else 1, batch // 4),
-                self.run(
-                    'headline precomputed, fast, compiled',
-                    ('--precomputed_latents', '--compile'),
-                    None,
-                    batch,
-                    'compile',
-                ),
-                self.run('headline online, fast, compiled', ('--compile',), None, batch, 'compile'),
-            ]
+            return self.headline_rows()
         if step == 'tests_first':
             return [test_row(nodeid) for nodeid in FIRST_TESTS]
         if step == 'tests_rest':
             return [test_row(nodeid) for nodeid in gpu_tests() if nodeid not in FIRST_TESTS]
-        if step == 'sweep':
-            return [self.run(f'sweep mb{m}', precomputed, m, 2 * m) for m in self.microbatches]
-        fastest = self.fastest(done)
-        if fastest is None:
-            return None
+        if step == 'channels_last':
+            return [
+                self.headline_recipe('headline recipe (A)'),
+                self.headline_recipe('headline recipe with channels_last (B)', ('--channels_last',)),
+            ]
         if step == 'profile':
-            rows = []
-            for m in sorted({self.microbatches[0], fastest}):
-                trace = self.work / f'trace-mb{m}'
-                row = self.run(f'profile mb{m}', (*precomputed, '--profile', str(trace)), m, 2 * m, 'profile')
-                rows.append({**row, 'kind': 'profile', 'trace': str(trace)})
-            return rows
+            trace = self.work / 'trace'
+            row = self.headline_recipe('profile of the headline recipe', ('--profile', str(trace)))
+            return [{**row, 'kind': 'profile', 'cost': 'profile', 'trace': str(trace)}]
         if step == 'kernels':
-            sized = ['--model_name', self.model, '--image_size', str(self.size), '--microbatch', str(fastest)]
-            rows = [probe_row('kernel launches per microbatch', 'probe', ['launches', *sized])]
-            for compiled in (False, True):
-                for name, flags in KERNELS.items():
-                    key = f'kernel {name}' + (', compiled' if compiled else '')
-                    cost = 'compile' if compiled else 'eager'
-                    if not self.on_gpu:
-                        rows.append(skipped_row(key, 'GPU only', cost))
-                        continue
-                    flags = ('--precomputed_latents', *flags, *(('--compile',) if compiled else ()))
-                    rows.append(self.run(key, flags, fastest, 2 * fastest, cost))
-            return rows
+            return [self.headline_recipe(f'kernel {name}', flags) for name, flags in KERNELS.items()]
+        if step == 'sweep':
+            return [self.headline_recipe(f'sweep mb{m}', (), m) for m in self.microbatches if m <= self.planned()]
         if step in ('paths', 'late'):
-            paths = PATHS if step == 'paths' else LATE_PATHS
+            microbatch, source = self.fastest(done)
             rows = []
-            for name, flags in paths.items():
-                cost = 'compile' if name.startswith('compile') else 'eager'
+            for name, flags in (PATHS if step == 'paths' else LATE_PATHS).items():
                 if name in GPU_ONLY and not self.on_gpu:
-                    rows.append(skipped_row(f'path {name}', 'GPU only', cost))
+                    rows.append(skipped_row(f'path {name}', 'GPU only', 'eager'))
                     continue
-                # CUDA graphs replay one microbatch a step: reduce-overhead trains the fastest as the whole batch.
-                batch = fastest if name == 'compile reduce-overhead' else 2 * fastest
-                rows.append(self.run(f'path {name}', (*precomputed, *flags), fastest, batch, cost))
-            if step == 'paths':
-                rows.append(self.run('paths together (fast recipe)', ('--precomputed_latents',), fastest, 2 * fastest))
+                # CUDA graphs replay one microbatch a step: reduce-overhead trains the microbatch as the whole batch.
+                batch = microbatch if 'reduce-overhead' in flags else self.batch
+                row = self.headline_recipe(f'path {name}', flags, microbatch, batch)
+                rows.append({**row, 'record': {'microbatch_from': source}})
             return rows
         return self.transformer_rows()
+
+    def headline_rows(self) -> list[dict]:
+        published = ('--recipe', 'published', '--precomputed_latents')
+        return [
+            self.run('headline precomputed, fast', ('--precomputed_latents',), None, self.batch),
+            self.run('headline online, fast', (), None, self.batch),
+            self.run('headline precomputed, published mb4', published, 4 if self.on_gpu else 1, self.batch // 4),
+            self.run(
+                'headline precomputed, fast, compiled',
+                ('--precomputed_latents', '--compile'),
+                None,
+                self.batch,
+                'compile',
+            ),
+            self.run('headline online, fast, compiled', ('--compile',), None, self.batch, 'compile'),
+        ]
 
     def transformer_rows(self) -> list[dict]:
         rows = []
         for name in ('sd3.5-medium', 'pixart-sigma') if self.on_gpu else ('tiny-sd3.5-medium', 'tiny-pixart-sigma'):
             # A few planned microbatches a step, not the presets' global batch of 1,024 on one GPU.
-            flags = ('--model_name', name, '--precomputed_latents', '--batch_size', '64' if self.on_gpu else '4')
-            rows.append(benchmark_row(f'{name} preset', 'transformer', flags, self.work / f'{name}.json', self.batches))
+            flags = (
+                '--model_name',
+                name,
+                '--precomputed_latents',
+                *self.compiled,
+                '--batch_size',
+                '64' if self.on_gpu else '4',
+            )
+            for fp8 in (False, True):
+                key = f'{name} preset' + (', compiled' if self.on_gpu else '') + (', fp8' if fp8 else '')
+                if fp8 and not self.on_gpu:
+                    rows.append(skipped_row(key, 'GPU only (float8 needs an H100 or newer)', 'transformer'))
+                    continue
+                results = self.work / f'{slug(key)}.json'
+                rows.append(
+                    benchmark_row(key, 'transformer', (*flags, *(('--fp8',) if fp8 else ())), results, self.batches)
+                )
         flux = 'flux-schnell' if self.on_gpu else 'tiny-flux-schnell'
         size = '256' if self.on_gpu else '64'
         for fp8 in (False, True):
@@ -253,16 +296,19 @@ class Campaign:
         rows.append({'key': f'{flux} predicted', 'kind': 'predict', 'cost': 'predict', 'from': bf16})
         return rows
 
-    def fastest(self, done: dict) -> int | None:
-        sweep = [done.get(f'sweep mb{m}') for m in self.microbatches]
-        if any(row is None or row.get('pending') for row in sweep):
-            return None
-        measured = [
-            (row['img_per_sec_per_device'], row['microbatch']) for row in sweep if row.get('img_per_sec_per_device')
-        ]
-        return max(measured)[1] if measured else self.microbatches[0]
+
+def planned_microbatch(model: str, size: int, batch: int) -> int:
+    """What benchmark.py plans for the headline recipe here (memory_plan.py on a GPU; the preset's on a CPU)."""
+    probe = (
+        'from settings import config, flags; print(config.resolve_config(flags.parse_args(["--use_synth_data", '
+        f'"--precomputed_latents", "--model_name", "{model}", "--image_size", "{size}", "--batch_size", '
+        f'"{batch}"])).device_train_microbatch_size)'
+    )
+    planned = subprocess.run([*PYTHON, '-c', probe], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return int(planned) if planned.isdigit() else 4
 
 
+@functools.cache
 def gpu_tests() -> list[str]:
     """The gpu tier's test ids, as pytest collects them with -m gpu."""
     listed = subprocess.run(
@@ -472,6 +518,8 @@ def cells(key: str, row: dict) -> tuple:
         note = f'cut by the deadline {row["cuts"]} time(s): tried again next call'
     if row.get('planned'):
         note = 'planned microbatch ' + note
+    if row.get('microbatch_from'):
+        note = f'microbatch from {row["microbatch_from"]}' + (f'; {note}' if note else '')
     if 'outcome' in row:
         note = row['outcome'] + (f': {note}' if note else '')
     if 'matmul_tflops' in row:
@@ -503,6 +551,23 @@ def estimates(rows: dict, on_gpu: bool) -> dict[str, float]:
         if seconds:
             expected[cost] = statistics.median(seconds)
     return expected
+
+
+LOAN_SECONDS = 2 * 9 * 60  # a loan: two calls of at most 9 minutes
+
+
+def loans_left(campaign: Campaign, steps: list[str], done: dict, expected: dict[str, float]) -> str:
+    """The minutes the rows not yet measured in these steps are estimated at, and the loans they need."""
+    todo = [
+        row
+        for step in steps
+        for row in campaign.rows(step, done)
+        if row['kind'] != 'skipped' and (done.get(row['key']) is None or done[row['key']].get('pending'))
+    ]
+    seconds = sum(expected[row['cost']] for row in todo)
+    loans = -(-seconds // LOAN_SECONDS)
+    minutes = f'about {seconds / 60:.0f} minutes'
+    return f'{len(todo)} row(s) left in these steps, {minutes}: {loans:.0f} loan(s) of two 9-minute calls'
 
 
 def load_state(out: Path, resume: bool) -> dict:
@@ -540,16 +605,13 @@ def main(argv=None) -> dict:
         flush=True,
     )
     campaign = Campaign(args, on_gpu, work)
+    print(loans_left(campaign, args.steps, rows, expected), flush=True)
     left = 0
     for step in args.steps:
         if limit - (time.perf_counter() - started) < min(expected.values()):
             left += 1  # no row of any kind fits: the step's rows are not even listed
             continue
-        planned = campaign.rows(step, rows)
-        if planned is None:
-            left += 1
-            continue
-        for row in planned:
+        for row in campaign.rows(step, rows):
             kept = rows.get(row['key'])
             if kept is not None and not kept.get('pending'):
                 continue
@@ -569,25 +631,19 @@ def main(argv=None) -> dict:
                 left += 1
             elif measured.get('cut'):
                 measured = {'error': 'cut by the deadline twice: passed over', 'cuts': cuts}
-            rows[row['key']] = {'step': step, 'cost': row['cost'], **measured}
+            rows[row['key']] = {'step': step, 'cost': row['cost'], **row.get('record', {}), **measured}
             state['left'] = left
             write_folder(out, work, state)
     state['left'] = left
-    mark_planned(rows, campaign)
+    if on_gpu:
+        mark_planned(rows, campaign.planned())
     write_folder(out, work, state)
     print(table(state))
     return state
 
 
-def mark_planned(rows: dict, campaign: Campaign) -> None:
-    """Marks the sweep row at the microbatch memory_plan.py plans for this GPU (SD2 base, precomputed, no EMA)."""
-    if not campaign.on_gpu:
-        return
-    probe = (
-        'from settings import config, flags; print(config.resolve_config(flags.parse_args(["--use_synth_data", '
-        '"--precomputed_latents"])).device_train_microbatch_size)'
-    )
-    planned = subprocess.run([*PYTHON, '-c', probe], cwd=REPO, capture_output=True, text=True).stdout.strip()
+def mark_planned(rows: dict, planned: int) -> None:
+    """Marks the sweep row at the microbatch memory_plan.py plans for this GPU."""
     if f'sweep mb{planned}' in rows:
         rows[f'sweep mb{planned}']['planned'] = True
 
