@@ -10,8 +10,8 @@
 # CPU) into $OUT/gpu-campaign (OUT defaults to results/gpu-slice): at most 8 files, one folder down, also when a
 # row fails or the slice ends early. Given back as results/gpu-campaign (a carried folder), the next call resumes
 # from it: rows measured are kept, rows cut by the deadline are tried again. GPU_SLICE_STEPS names the campaign's
-# steps to run (default: all, in order), e.g. GPU_SLICE_STEPS='environment channels_last profile kernels' where an earlier loan
-# measured the headline.
+# steps to run (default: all, in order), e.g. GPU_SLICE_STEPS='environment channels_last profile kernels' where an
+# earlier loan measured the headline.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu-slice}
