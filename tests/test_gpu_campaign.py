@@ -216,3 +216,30 @@ def test_a_slice_runs_only_the_steps_it_is_given(tmp_path):
     )
     assert sliced.returncode == 0, sliced.stdout[-3000:] + sliced.stderr[-3000:]
     assert list(campaign_rows(tmp_path)) == ['environment']
+
+
+def test_the_compile_cache_goes_back_with_the_folder_and_is_unpacked_by_the_next_call(tmp_path, monkeypatch):
+    """Inductor's and Triton's caches, packed into --out at a call's end and unpacked before the next call's rows,
+    which the environment points at them; a cache too large to carry is not kept, and says so."""
+    cache, out = tmp_path / 'cache', tmp_path / 'out'
+    (cache / 'inductor' / 'fxgraph').mkdir(parents=True)
+    (cache / 'inductor' / 'fxgraph' / 'entry').write_bytes(b'compiled graph')
+    (cache / 'triton' / 'kernel.cubin').parent.mkdir(parents=True)
+    (cache / 'triton' / 'kernel.cubin').write_bytes(b'kernel')
+    out.mkdir()
+    assert gpu_campaign.keep_compile_cache(out, cache).startswith('compile cache: 2 files kept in ')
+    fresh = tmp_path / 'next-call-cache'
+    monkeypatch.delenv('TORCHINDUCTOR_CACHE_DIR', raising=False)
+    monkeypatch.delenv('TRITON_CACHE_DIR', raising=False)
+    assert (
+        gpu_campaign.use_compile_cache(out, fresh) == f'compile cache: {out}/compile-cache.tar.gz unpacked into {fresh}'
+    )
+    assert (fresh / 'inductor' / 'fxgraph' / 'entry').read_bytes() == b'compiled graph'
+    assert (fresh / 'triton' / 'kernel.cubin').read_bytes() == b'kernel'
+    assert os.environ['TORCHINDUCTOR_CACHE_DIR'] == str(fresh / 'inductor')
+    assert os.environ['TRITON_CACHE_DIR'] == str(fresh / 'triton')
+    assert gpu_campaign.use_compile_cache(out, fresh) is None  # already there: not unpacked over it
+    monkeypatch.setattr(gpu_campaign, 'COMPILE_CACHE_LIMIT', 10)
+    (out / 'compile-cache.tar.gz').unlink()
+    assert 'over 0 MiB: not kept' in gpu_campaign.keep_compile_cache(out, cache)
+    assert not list(out.iterdir())
