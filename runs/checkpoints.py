@@ -83,13 +83,13 @@ def load_checkpoint_file(path, *, trust=False, mmap=False, map_location='cpu', w
         with torch.serialization.safe_globals(CHECKPOINT_TYPES):
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as error:
-        if 'Weights only load failed' not in str(error):
+        # A name beyond the allowed types is refused as code; any other failure (a damaged pickle) goes on as it is.
+        named = re.search(r'Unsupported global: GLOBAL ([\w.]+)', str(error))
+        if named is None:
             raise
-        named = re.search(r'(?:GLOBAL|global) ([\w.]+)', str(error))
-        needs = f'{named.group(1)}, ' if named else ''
         raise ConfigError(
-            f'{what} {path}: refused, it names code that loading would run ({needs}not a type a checkpoint of '
-            f'benchmark.py holds); pass {TRUST_FLAG} only if you trust whoever wrote it'
+            f'{what} {path}: refused, it names code that loading would run ({named.group(1)}, not a type a '
+            f'checkpoint of benchmark.py holds); pass {TRUST_FLAG} only if you trust whoever wrote it'
         ) from None
 
 

@@ -462,15 +462,15 @@ def main_reporting_errors(
         lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
         reason = ' '.join(lines[:2]) if lines[0].endswith(':') else lines[0]  # "backend='inductor' raised:", why
         stop(1, f'--compile {args.compile}: {reason}; run without --compile, or with another mode')
-    except RuntimeError as error:
-        if (line := loader_failure(error, loader_timeout())) is None:
-            raise
-        stop(1, line)
     except (DataError, TokenizerError) as error:  # found while training, e.g. a dataset of mostly bad samples
         # Raised in a dataloader worker, the message carries the worker's traceback: its last line is the reason.
         last_line = str(error).strip().splitlines()[-1]
         names = '|'.join(re.escape(f'{kind.__module__}.{kind.__name__}') for kind in (DataError, TokenizerError))
         stop(1, re.sub(rf'^({names}): ', '', last_line))
+    except RuntimeError as error:
+        if (line := loader_failure(error, loader_timeout())) is None:
+            raise
+        stop(1, line)
 
 
 def after_failed_checkpoint(file: Path) -> str:

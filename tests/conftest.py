@@ -194,24 +194,27 @@ def s3_client(endpoint: str):
 
 
 def start_s3_server() -> tuple[subprocess.Popen, str]:
-    """A real S3-compatible server (moto) on 127.0.0.1 with a bucket 'bucket': its process and endpoint."""
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, '-m', 'moto.server', '-H', '127.0.0.1', '-p', str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f'http://127.0.0.1:{port}'
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            s3_client(endpoint).create_bucket(Bucket='bucket')
-            return server, endpoint
-        except Exception:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                raise RuntimeError('the moto S3 server did not start')
-            time.sleep(0.3)
+    """A real S3-compatible server (moto) on 127.0.0.1 with a bucket 'bucket': its process and endpoint. The server
+    binds a port the OS assigns (port 0) and holds it, and says which on its log, read from a file (its request log
+    would fill a pipe nobody reads): no port picked here that another process could take first."""
+    import re
+
+    log = Path(tempfile.mkstemp(prefix='moto-', suffix='.log')[1])
+    with open(log, 'wb') as output:
+        server = subprocess.Popen(
+            [sys.executable, '-u', '-m', 'moto.server', '-H', '127.0.0.1', '-p', '0'],
+            stdout=output,
+            stderr=output,
+        )
+    deadline = time.monotonic() + 120
+    while (listening := re.search(rb'Running on http://127\.0\.0\.1:(\d+)', log.read_bytes())) is None:
+        if time.monotonic() > deadline or server.poll() is not None:
+            server.kill()
+            raise RuntimeError(f'the moto S3 server did not start: {log.read_text()[-500:]}')
+        time.sleep(0.05)
+    endpoint = f'http://127.0.0.1:{int(listening.group(1))}'
+    s3_client(endpoint).create_bucket(Bucket='bucket')
+    return server, endpoint
 
 
 @pytest.fixture(scope='module')

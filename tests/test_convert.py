@@ -525,14 +525,13 @@ def test_a_killed_run_does_not_block_the_next(s3, tmp_path):
     remote = upload(s3, tmp_path, 'killed')
     cache = tmp_path / 'cache'
     env = {**os.environ, 'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
-    before = shared_memory()
     victim = subprocess.Popen(
         [
             sys.executable,
             '-c',
             'import sys, time; from data import StreamingLAIONDataset; '
             f'd = StreamingLAIONDataset(remote="{remote}", local="{cache}", image_size=32, batch_size=4); '
-            'next(iter(d)); print("streaming", flush=True); time.sleep(600)',
+            'next(iter(d)); print("streaming", d._shm_prefix_int, flush=True); time.sleep(600)',
         ],
         cwd=REPO,
         env=env,
@@ -542,14 +541,14 @@ def test_a_killed_run_does_not_block_the_next(s3, tmp_path):
         start_new_session=True,
     )
     try:
-        started = victim.stdout.readline().strip()
+        started, prefix = victim.stdout.readline().split()
     finally:
         # Under the machine's prefix lock: no other job's cleaner removes the victim's segments before they are seen.
         with prefix_lock():
             os.killpg(victim.pid, signal.SIGKILL)
             victim.wait()
-            time.sleep(0.5)
-            left_behind = shared_memory() - before
+            # The victim's segments alone, by the prefix Streaming names them with: another test's are not its.
+            left_behind = {name for name in shared_memory() if name.startswith(f'{int(prefix):06}_')}
     assert started == 'streaming'
     assert (cache / 'index.json').is_file()
     results = tmp_path / 'results.json'

@@ -373,15 +373,17 @@ def test_cleaning_shared_memory_leaves_a_live_jobs_alone():
 
     from datapath.streaming_fixes import clean_stale_shared_memory
 
-    live = shared_memory.SharedMemory('999998_locals', create=True, size=64)  # mapped by this process
+    # Prefixes of this process's own (as Streaming names segments: six digits), not another test's or machine-wide.
+    live_prefix, stale_prefix = (f'{900000 + 2 * (os.getpid() % 49999) + k:06}' for k in (0, 1))
+    live = shared_memory.SharedMemory(f'{live_prefix}_locals', create=True, size=64)  # mapped by this process
     # A live job's segment created a moment ago and not mapped yet: its prefix's _locals is mapped, so it stays.
-    starting = Path('/dev/shm/999998_barrier')
+    starting = Path(f'/dev/shm/{live_prefix}_barrier')
     starting.write_bytes(b'\0' * 64)
-    stale = Path('/dev/shm/999999_locals')
+    stale = Path(f'/dev/shm/{stale_prefix}_locals')
     stale.write_bytes(b'\0' * 64)  # left by a killed run: mapped by no one
     try:
         clean_stale_shared_memory()
-        assert Path('/dev/shm/999998_locals').exists() and starting.exists() and not stale.exists()
+        assert Path(f'/dev/shm/{live_prefix}_locals').exists() and starting.exists() and not stale.exists()
     finally:
         live.close()
         live.unlink()

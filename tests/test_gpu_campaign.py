@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from benchmarks import gpu_campaign
+from benchmarks import compile_cache, gpu_campaign
 
 
 def files_that_travel(tree):
@@ -227,19 +227,20 @@ def test_the_compile_cache_goes_back_with_the_folder_and_is_unpacked_by_the_next
     (cache / 'triton' / 'kernel.cubin').parent.mkdir(parents=True)
     (cache / 'triton' / 'kernel.cubin').write_bytes(b'kernel')
     out.mkdir()
-    assert gpu_campaign.keep_compile_cache(out, cache).startswith('compile cache: 2 files kept in ')
+    assert compile_cache.keep_compile_cache(out, cache).startswith('compile cache: 2 files kept in ')
     fresh = tmp_path / 'next-call-cache'
     monkeypatch.delenv('TORCHINDUCTOR_CACHE_DIR', raising=False)
     monkeypatch.delenv('TRITON_CACHE_DIR', raising=False)
     assert (
-        gpu_campaign.use_compile_cache(out, fresh) == f'compile cache: {out}/compile-cache.tar.gz unpacked into {fresh}'
+        compile_cache.use_compile_cache(out, fresh)
+        == f'compile cache: {out}/compile-cache.tar.gz unpacked into {fresh}'
     )
     assert (fresh / 'inductor' / 'fxgraph' / 'entry').read_bytes() == b'compiled graph'
     assert (fresh / 'triton' / 'kernel.cubin').read_bytes() == b'kernel'
     assert os.environ['TORCHINDUCTOR_CACHE_DIR'] == str(fresh / 'inductor')
     assert os.environ['TRITON_CACHE_DIR'] == str(fresh / 'triton')
-    assert gpu_campaign.use_compile_cache(out, fresh) is None  # already there: not unpacked over it
-    monkeypatch.setattr(gpu_campaign, 'COMPILE_CACHE_LIMIT', 10)
+    assert compile_cache.use_compile_cache(out, fresh) is None  # already there: not unpacked over it
+    monkeypatch.setattr(compile_cache, 'COMPILE_CACHE_LIMIT', 10)
     (out / 'compile-cache.tar.gz').unlink()
-    assert 'over 0 MiB: not kept' in gpu_campaign.keep_compile_cache(out, cache)
+    assert 'over 0 MiB: not kept' in compile_cache.keep_compile_cache(out, cache)
     assert not list(out.iterdir())

@@ -220,34 +220,64 @@ def test_the_gpu_tiers_runs_settle_on_a_faked_gpu(monkeypatch):
     assert reduce_overhead.device_train_microbatch_size == reduce_overhead.device_batch_size  # one microbatch a step
 
 
-def test_the_campaigns_kernel_rows_settle_on_a_faked_gpu(monkeypatch, tmp_path):
-    """The kernels step (benchmarks/gpu_campaign.py): each kernel over the fast recipe and all three, eager and
-    compiled, beside the fast recipe at the fastest microbatch; every row's flags settle on an H100."""
+# What a campaign row may change of the headline recipe, and what each row past the headline changes.
+SETTLED = (
+    'model_name',
+    'image_size',
+    'precomputed_latents',
+    'compile',
+    'device_train_microbatch_size',
+    'precision',
+    'channels_last',
+    'fused_adamw',
+    'low_precision_norm',
+    'fused_groupnorm',
+    'attention',
+    'cudnn_benchmark',
+    'activation_checkpointing',
+    'profile',
+)
+CHANGED = {
+    'headline recipe (A)': set(),
+    'headline recipe with channels_last (B)': {'channels_last'},
+    'profile of the headline recipe': {'profile'},
+    'kernel fused_groupnorm': {'fused_groupnorm'},
+    'kernel attention cudnn': {'attention'},
+    'kernel cudnn_benchmark': {'cudnn_benchmark'},
+    'path without fused_adamw': {'fused_adamw'},
+    'path without low_precision_norm': {'low_precision_norm'},
+    'path fp16 for bf16': {'precision'},
+    'path reduce-overhead for default': {'compile'},
+    'path with activation_checkpointing': {'activation_checkpointing'},
+    **{f'sweep mb{m}': {'device_train_microbatch_size'} for m in (4, 8, 16)},
+    'sweep mb32': set(),
+}
+
+
+def test_the_campaigns_rows_are_the_headline_recipe_changed_in_one_thing_on_a_faked_gpu(monkeypatch, tmp_path):
+    """Each row past the headline (benchmarks/campaign_rows.py) settles on an H100 as the README's headline row,
+    the fast recipe compiled from precomputed latents at the planned microbatch, but for the one thing it measures;
+    a step stands alone, the paths taking the plan's microbatch before the sweep is measured and its fastest after."""
     import argparse
 
-    from benchmarks import gpu_campaign
+    from benchmarks import campaign_rows
 
-    campaign = gpu_campaign.Campaign(argparse.Namespace(batches=None), True, tmp_path)
-    sweep = {f'sweep mb{m}': {'microbatch': m, 'img_per_sec_per_device': 100 + m % 48} for m in campaign.microbatches}
-    launches, *rows = campaign.rows('kernels', sweep)  # fastest: microbatch 32
-    assert launches['argv'][-7:] == [
-        'launches',
-        '--model_name',
-        'sd2-base',
-        '--image_size',
-        '512',
-        '--microbatch',
-        '32',
-    ]
-    assert [row['key'] for row in rows[:5]] == [f'kernel {name}' for name in gpu_campaign.KERNELS]
-    assert [row['cost'] for row in rows] == ['eager'] * 5 + ['compile'] * 5
-    for row in rows:
-        flags = row['argv'][1:]
-        settled = settle(monkeypatch, *flags)
-        assert settled.device_train_microbatch_size == 32 and settled.precomputed_latents, row['key']
-        assert settled.fused_groupnorm == ('fused_groupnorm' in row['key'] or 'all three' in row['key'])
-        assert (settled.compile == 'default') == row['key'].endswith(', compiled')
-    cpu = gpu_campaign.Campaign(argparse.Namespace(batches=None), False, tmp_path)
-    cpu_sweep = {f'sweep mb{m}': {'microbatch': m, 'img_per_sec_per_device': m} for m in cpu.microbatches}
-    cpu_launches, *cpu_rows = cpu.rows('kernels', cpu_sweep)
-    assert cpu_launches['kind'] == 'probe' and all(row['kind'] == 'skipped' for row in cpu_rows)
+    campaign = campaign_rows.Campaign(argparse.Namespace(batches=None), True, tmp_path)
+    campaign._planned = 32  # what memory_plan.py plans for it on an H100 (asked in a process of its own)
+    headline = settle(monkeypatch, '--precomputed_latents', '--compile', '--batch_size', '256')
+    assert headline.device_train_microbatch_size == 32 and headline.compile == 'default' and headline.fused_adamw
+    seen = set()
+    for step in ('channels_last', 'profile', 'kernels', 'sweep', 'paths'):
+        for row in campaign.rows(step, {}):
+            settled = settle(monkeypatch, *row['argv'][1:])
+            changed = {name for name in SETTLED if getattr(settled, name) != getattr(headline, name)}
+            assert changed == CHANGED[row['key']], row['key']
+            assert row.get('record', {}).get('microbatch_from', 'the memory plan').startswith('the memory plan')
+            seen.add(row['key'])
+    assert seen == set(CHANGED)
+    sweep = {f'sweep mb{m}': {'microbatch': m, 'img_per_sec_per_device': 100 + m % 32} for m in (4, 8, 16, 32)}
+    paths = campaign.rows('paths', sweep)  # fastest: microbatch 16
+    assert all(row['record'] == {'microbatch_from': 'the sweep'} for row in paths)
+    assert all(settle(monkeypatch, *row['argv'][1:]).device_train_microbatch_size == 16 for row in paths)
+    cpu = campaign_rows.Campaign(argparse.Namespace(batches=None), False, tmp_path)
+    assert all(row['kind'] == 'skipped' for row in cpu.rows('kernels', {}))  # CUDA kernels
