@@ -40,6 +40,12 @@ def check_outputs(draft: argparse.Namespace) -> None:
         raise ConfigError('--wandb_project needs the wandb package: pip install wandb (it leaves torch as it is)')
     if draft.autoresume and not (draft.save_folder and draft.run_name):
         raise ConfigError('--autoresume needs --save_folder and --run_name (Composer finds the checkpoint by both)')
+    if draft.autoresume and draft.fsdp_state_dict_type == 'sharded' and not draft.trust_checkpoint:
+        raise ConfigError(
+            '--autoresume with --fsdp_state_dict_type sharded: torch.distributed.checkpoint reads a sharded '
+            'checkpoint by unpickling its metadata, which runs any code the files name; pass --trust_checkpoint to '
+            'resume from one whose writer you trust (full checkpoints are read weights-only)'
+        )
     check_save_folder(draft)
     if draft.results_json:
         check_writable_file('--results_json', draft.results_json)

@@ -283,7 +283,16 @@ def test_fsdp_checkpoint_resumes_to_the_weights_and_average_of_an_uninterrupted_
     assert (sorted(path.name for path in saved[0].iterdir()) if saved[0].is_dir() else [saved[0].name]) == written
 
     run, resumed = launch(
-        tmp_path, 'resumed', *flags, '--max_duration', '5ba', '--save_interval', '5ba', '--autoresume', cpu_fsdp=True
+        tmp_path,
+        'resumed',
+        *flags,
+        '--max_duration',
+        '5ba',
+        '--save_interval',
+        '5ba',
+        '--autoresume',
+        *(['--trust_checkpoint'] if state_dict_type == 'sharded' else []),  # read by unpickling: trusted on purpose
+        cpu_fsdp=True,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     straight, straight_weights = fsdp_straight_run
@@ -295,6 +304,18 @@ def test_fsdp_checkpoint_resumes_to_the_weights_and_average_of_an_uninterrupted_
             assert weights[kind].keys() == straight_weights[rank][kind].keys()
             for name, tensor in straight_weights[rank][kind].items():
                 assert torch.equal(weights[kind][name], tensor), f'rank {rank} {kind} {name}'
+
+
+def test_resuming_a_sharded_checkpoint_needs_it_trusted(monkeypatch):
+    from test_memory_plan import H100
+
+    from settings import hardware
+
+    monkeypatch.setattr(hardware, 'gpu', lambda: H100)  # FSDP: a GPU's
+    flags = [*SMALL_RUN, '--fsdp', 'full_shard', '--fsdp_state_dict_type', 'sharded', '--autoresume']
+    flags += ['--save_folder', 'ckpt', '--run_name', 'r']
+    with pytest.raises(ConfigError, match='unpickling its metadata, which runs any code the files name; pass --trust'):
+        resolve_config(parse_args(flags))
 
 
 def test_fsdp_needs_a_gpu():
