@@ -159,6 +159,8 @@ def expand_inputs(inputs: list[str]) -> list[tuple[str, Path]]:
             sources += [('tar', tar) for tar in sorted(path.glob('*.tar'))]
         elif path.is_dir():
             sources.append(('folder', path))
+        elif not path.exists():
+            raise ConvertError(f'{name}: no such file or folder')
         else:
             raise ConvertError(f'{name}: not a .tar file or a folder')
     return sources

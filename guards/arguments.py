@@ -7,6 +7,7 @@ status 2, so argparse's are too, pointing to --help for the usage.
 """
 
 import argparse
+import difflib
 import os
 import sys
 from pathlib import Path
@@ -36,11 +37,21 @@ class ArgumentParser(argparse.ArgumentParser):
             known = self._option_string_actions
             unknown = [arg for arg in argv if arg.startswith('--') and arg.split('=')[0] not in known]
             if unknown:
-                self.error(f'unrecognized arguments: {" ".join(unknown)}')
+                self.error(f'unrecognized arguments: {" ".join(unknown)}{did_you_mean(unknown[0], known)}')
         return super().parse_args(argv, namespace)
 
     def error(self, message: str):
         stop(2, f'{message} (see {self.prog} --help)')
+
+
+def did_you_mean(given: str, known) -> str:
+    """'; did you mean --model_name?' for a flag close to a known one (a typo, or - for _), else ''."""
+    flag = given.split('=')[0]
+    close = difflib.get_close_matches(flag.replace('-', '_'), [name.replace('-', '_') for name in known], n=1)
+    if not close:
+        return ''
+    match = next(name for name in known if name.replace('-', '_') == close[0])
+    return f'; did you mean {match}?'
 
 
 def stop(status: int, message: str):

@@ -273,3 +273,15 @@ def test_a_clip_tokenizer_for_a_t5_model_is_refused(tmp_path):
     clip = str(clip_tokenizer_folder())
     with pytest.raises(ConfigError, match=r"not T5's \(below 32128, ending in </s> = 1\)"):
         resolve_config(parse_args(['--model_name', 'tiny-pixart-sigma', '--use_synth_data', '--tokenizer', clip]))
+
+
+@pytest.mark.parametrize(
+    ('given', 'meant'), [('--max-duration', '--max_duration'), ('--model_nam', '--model_name'), ('--zzzz', None)]
+)
+def test_a_mistyped_flag_is_named_with_the_flag_it_resembles(given, meant, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        parse_args([given, '3ba'])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip()
+    hint = f'; did you mean {meant}?' if meant else ''
+    assert err == f'error: unrecognized arguments: {given}{hint} (see {Path(sys.argv[0]).name} --help)'
