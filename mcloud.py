@@ -115,8 +115,13 @@ def main(argv=None) -> int:
         print(f'{config.name}: {config.compute["gpus"]} x {config.compute.get("gpu_type")}')
         if args.submit:
             from mcli import create_run
+            from mcli.api.exceptions import MCLIException
 
-            run = create_run(config)
+            try:
+                run = create_run(config)
+            except MCLIException as error:  # no API key (mcli init not run), a refused run, the platform unreachable
+                reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                arguments.stop(1, f'submitting {config.name} failed: {reason}')
             print(f'  submitted as {run.name}')
     if not args.submit:
         print('(not submitted: add --submit)')

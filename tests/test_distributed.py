@@ -372,3 +372,14 @@ def test_mcloud_sweep_makes_one_run_per_gpu_count():
         'sd2-benchmark-16xh100-80gb',
         'sd2-benchmark-128xh100-80gb',
     ]
+
+
+def test_submitting_without_mcli_set_up_is_one_line(tmp_path, monkeypatch, capsys):
+    """`mcloud.py sweep --submit` before `mcli init` (no API key): one line naming the run, not mcli's traceback."""
+    monkeypatch.setenv('HOME', str(tmp_path))  # no ~/.mosaic: no API key
+    monkeypatch.delenv('MOSAICML_API_KEY', raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        mcloud.main(['sweep', '--gpus', '8', '--submit'])
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith('error: submitting sd2-benchmark-8x') and 'API key' in err and '\n' not in err
