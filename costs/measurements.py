@@ -152,7 +152,30 @@ def collect_points(args):
             raise ReportError(
                 f'{gpu}: results mix training from precomputed latents with encoders online; report one at a time'
             )
+        refuse_averaging_other_settings(gpu, pts)
     return groups
+
+
+# The settings a results file records that change its throughput: runs at one GPU count are averaged into one row
+# only where they agree on these.
+AVERAGED_ALIKE = ('device_train_microbatch_size', 'compile', 'run_recipe', 'precision', 'batch_size')
+
+
+def refuse_averaging_other_settings(gpu: str, points: list) -> None:
+    by_count = {}
+    for p in points:
+        if p.run:
+            by_count.setdefault(p.gpus, []).append(p)
+    for count, runs in by_count.items():
+        for name in AVERAGED_ALIKE:
+            values = {str(p.run.get(name)) for p in runs}
+            if len(values) > 1:
+                sources = ', '.join(p.source for p in runs)
+                raise ReportError(
+                    f'{gpu}: {sources}: runs at {count} GPU(s) with other {name} ({", ".join(sorted(values))}), '
+                    'which a table would average into one row; report one setting at a time (a microbatch curve: '
+                    '--microbatch_curve FILE ...)'
+                )
 
 
 def microbatch_curve(paths, points) -> tuple:
