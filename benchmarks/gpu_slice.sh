@@ -36,9 +36,10 @@ else
 fi
 
 mkdir -p "$OUT/gpu-campaign"
-if [ -f results/gpu-campaign/campaign.json ] && [ ! -f "$OUT/gpu-campaign/campaign.json" ]; then
-    cp results/gpu-campaign/* "$OUT/gpu-campaign/"
-    echo "gpu_slice: resuming from results/gpu-campaign"
+RESUME=${GPU_SLICE_RESUME:-results/gpu-campaign}  # the folder a call carries back
+if [ -f "$RESUME/campaign.json" ] && [ ! -f "$OUT/gpu-campaign/campaign.json" ]; then
+    cp "$RESUME"/* "$OUT/gpu-campaign/"
+    echo "gpu_slice: resuming from $RESUME"
 fi
 work=$(mktemp -d)
 # shellcheck disable=SC2086  # the steps are words

@@ -209,6 +209,7 @@ def test_a_slice_runs_only_the_steps_it_is_given(tmp_path):
     """GPU_SLICE_STEPS: a loan whose headline an earlier one measured begins past it."""
     env = {**os.environ, 'OUT': str(tmp_path), 'GPU_SLICE_WHEELS': str(tmp_path / 'none'), 'GPU_SLICE_MINUTES': '1'}
     env['GPU_SLICE_STEPS'] = 'environment'
+    env['GPU_SLICE_RESUME'] = str(tmp_path / 'nothing-to-resume')  # not the repo's results/gpu-campaign, if any
     env['PYTHONPATH'] = ''  # the slice puts the repo on the path itself
     env['PATH'] = f'{Path(sys.executable).parent}:{env["PATH"]}'  # its python3: this one, which has the packages
     sliced = subprocess.run(
