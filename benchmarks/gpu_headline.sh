@@ -31,6 +31,11 @@ else
     echo "no wheels in $WHEELS/: using what $(command -v python3) has"
     export PYTHONPATH=$PWD
 fi
+# SD2 base at 512px and batch 256: hours on a CPU, for figures of nothing this script is for.
+if ! python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo 'gpu_headline: no CUDA GPU here: these rows measure a GPU (on a CPU: make bench, or bash benchmarks/gpu_slice.sh to rehearse)' >&2
+    exit 2
+fi
 
 {
     date -u +%FT%TZ

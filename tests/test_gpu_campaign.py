@@ -245,3 +245,14 @@ def test_the_compile_cache_goes_back_with_the_folder_and_is_unpacked_by_the_next
     (out / 'compile-cache.tar.gz').unlink()
     assert 'over 0 MiB: not kept' in compile_cache.keep_compile_cache(out, cache)
     assert not list(out.iterdir())
+
+
+def test_the_headline_script_refuses_a_machine_without_a_gpu(tmp_path):
+    """SD2 base at 512px and batch 256 would run for hours on a CPU, measuring nothing the script is for."""
+    env = {**os.environ, 'OUT': str(tmp_path), 'HEADLINE_WHEELS': str(tmp_path / 'none'), 'CUDA_VISIBLE_DEVICES': ''}
+    env['PATH'] = f'{Path(sys.executable).parent}:{env["PATH"]}'  # its python3: this one, which has torch
+    run = subprocess.run(
+        ['bash', 'benchmarks/gpu_headline.sh'], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 2 and run.stderr.startswith('gpu_headline: no CUDA GPU here')
+    assert not list(tmp_path.iterdir())  # no row started
