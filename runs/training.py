@@ -4,6 +4,7 @@ ask for, FSDP units, the profiler, and the random state of a checkpoint resumed 
 benchmarks/framework_overhead.py times it against a bare loop.
 """
 
+import os
 import urllib.parse
 import warnings
 from collections import deque
@@ -391,6 +392,10 @@ def composer_folder(folder: str | None) -> str | None:
 
 def build_profiler(config: RunConfig) -> Profiler:
     """PyTorch's profiler on the last batch (the one before it warms the profiler up), traces kept locally."""
+    if not torch.cuda.is_available():
+        # Kineto, PyTorch's tracer, asks for GPUs on a CPU-only machine too, and logs `ERROR: ... gpuGetDeviceCount
+        # failed` in a run that goes on fine: its own logging, quietened to fatal errors (read when it starts).
+        os.environ.setdefault('KINETO_LOG_LEVEL', '5')
     return Profiler(
         schedule=cyclic_schedule(skip_first=config.num_batches - 2, wait=0, warmup=1, active=1, repeat=1),
         trace_handlers=[],

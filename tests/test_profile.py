@@ -17,7 +17,9 @@ def test_profile_records_the_last_batch_and_the_summary_breaks_it_down(tmp_path,
     folder = tmp_path / 'profile'
     main(parse_args(PROFILED_RUN + ['--max_duration', '3ba', '--profile', str(folder)]))
     assert [path.name for path in folder.iterdir()] == ['rank0.3.pt.trace.json']  # batch 3 of 3
-    assert f'profiler traces: {folder / "rank0.3.pt.trace.json"}' in capfd.readouterr().out
+    captured = capfd.readouterr()
+    assert f'profiler traces: {folder / "rank0.3.pt.trace.json"}' in captured.out
+    assert 'gpuGetDeviceCount' not in captured.err  # Kineto's error about GPUs a CPU run never asked for
 
     summary = profile_summary.summarize(profile_summary.load_trace(folder / 'rank0.3.pt.trace.json'))
     assert summary['steps'] == 1 and summary['gpu_by_class'] == {}
