@@ -297,7 +297,7 @@ def fill_defaults(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
         draft.notes.append(published_on_a_cpu(draft, from_preset, from_recipe))
     draft.cpu_threads_given = draft.cpu_threads is not None
     if draft.cpu_threads is None and not has_gpu:
-        draft.cpu_threads, draft.cpu_threads_given, why = hardware.cpu_threads(draft.num_workers)
+        draft.cpu_threads, draft.cpu_threads_given, why = hardware.cpu_threads()
         draft.notes.append(f'cpu threads: {draft.cpu_threads} ({why}; --cpu_threads N sets it)')
 
 

@@ -36,37 +36,25 @@ def world_size() -> int:
     return int(os.environ.get('WORLD_SIZE', '1'))
 
 
-def cpu_threads(loader_workers: int) -> tuple[int, bool, str]:
-    """PyTorch's threads for a run on the CPU, whether they were given (OMP_NUM_THREADS) rather than chosen, and
-    why. Chosen from what this process is given and nothing else: the cores of its affinity (shared by the
-    launcher's processes on this machine) less one per loader worker, at least one. Never from the machine's load:
-    the thread count changes how sums are split, so the weights a run trains; one command must train the same
-    weights on a busy machine and a quiet one. A busy machine gets a hint instead, as more threads than free cores
-    wait for each other at every operation (the tiny model on two busy cores: 18 to 28 img/s with two threads, 56
-    with one; benchmarks/results.md)."""
+# PyTorch's threads on a CPU where none are given: one. The count changes how sums are split, so the weights a run
+# trains: one thread trains the same weights on every machine, and never waits for cores that other work holds.
+# The tiny model's `make bench` on a 2-core EPYC (docs/speed.md): idle, 92-101 img/s with 1 thread and 112-121 with 2;
+# beside two busy processes, 61 with 1 and 21 with 2.
+DEFAULT_CPU_THREADS = 1
+
+
+def cpu_threads() -> tuple[int, bool, str]:
+    """PyTorch's threads for a run on the CPU, whether they were given (OMP_NUM_THREADS) rather than the default,
+    and why."""
     given = os.environ.get('OMP_NUM_THREADS', '')
     if given.isdigit() and int(given) > 0:
         return int(given), True, f'OMP_NUM_THREADS={given}'
-    cores = process_cores()
-    processes = int(os.environ.get('LOCAL_WORLD_SIZE', '1'))
-    threads = max(1, cores // processes - loader_workers)
-    shared = f' shared by {processes} processes' if processes > 1 else ''
-    why = f'{cores} cores for this process{shared}, {loader_workers} loader worker(s)'
-    load = load_average()
-    free = max(1, cores - int(load))
-    if free < threads:
-        why += (
-            f'; load average {load:.2f}: other work holds {cores - free} of the cores, and fewer threads may run '
-            f'faster here (--cpu_threads {free}), with other numerics'
-        )
-    return threads, False, why
+    why = 'the default on a CPU: the same weights on every machine, and no waiting on a busy one'
+    if process_cores() > DEFAULT_CPU_THREADS:
+        why += f'; on an idle machine of {process_cores()} cores more may run faster, with other numerics'
+    return DEFAULT_CPU_THREADS, False, why
 
 
 def process_cores() -> int:
     """The cores this process may run on (its affinity, as taskset or a container's cpuset sets it)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
-
-
-def load_average() -> float:
-    """The machine's load average over the last minute: runnable processes, this one's own included."""
-    return os.getloadavg()[0] if hasattr(os, 'getloadavg') else 0.0
