@@ -173,9 +173,9 @@ def stopped_line(signum: int, args: argparse.Namespace) -> str:
     )
 
 
-if __name__ == '__main__':
+def cli(argv=None) -> None:
     try:
-        main()
+        main(argv)
     except ConfigError as error:
         print(f'error: {error}', file=sys.stderr)
         sys.exit(2)
@@ -185,3 +185,14 @@ if __name__ == '__main__':
     except OSError as error:  # a write that failed while encoding (a full disk): the parts finished are kept
         print(f'error: {one_line(error)}', file=sys.stderr)
         sys.exit(1)
+    except RuntimeError as error:  # a loader worker that died or stopped for good: PyTorch's error, made one line
+        from datapath.loaders import loader_failure, loader_timeout
+
+        if (line := loader_failure(error, loader_timeout())) is None:
+            raise
+        print(f'error: {line}; the parts finished are kept: the same command finishes the rest', file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == '__main__':
+    cli()

@@ -27,7 +27,8 @@ class SignalAWorker(Callback):
 
     def batch_end(self, state, logger):
         if int(state.timestamp.batch) == 1:
-            workers = psutil.Process().children()
+            # PyTorch names its loader workers' processes: no other child of this test process is one.
+            workers = [child for child in psutil.Process().children() if child.name() == 'pt_data_worker']
             self.pids.append(workers[-1].pid)
             os.kill(workers[-1].pid, self.signum)
 

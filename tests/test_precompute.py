@@ -415,3 +415,31 @@ def test_encoders_bf16_keeps_encoders_in_bf16_and_trains():
     latents, conditioning = model.encode(batch)
     assert latents.dtype == conditioning['encoder_hidden_states'].dtype == torch.float32
     assert torch.isfinite(latents).all()
+
+
+@pytest.mark.slow
+def test_a_loader_worker_killed_mid_precompute_ends_it_in_one_line(source, tmp_path, monkeypatch, capsys):
+    """A worker killed as the kernel's out-of-memory killer does: one line, the parts finished kept."""
+    import os
+    import signal
+
+    import psutil
+
+    encode, killed = precomputing.encode, []
+
+    def encode_then_kill_a_worker(*args, **kwargs):
+        if not killed:
+            # PyTorch names its loader workers' processes: no other child of this test process is one.
+            worker = [child for child in psutil.Process().children() if child.name() == 'pt_data_worker'][-1]
+            killed.append(worker.pid)
+            os.kill(worker.pid, signal.SIGKILL)
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(precomputing, 'encode', encode_then_kill_a_worker)
+    flags = ['--local', str(source), '--out', str(tmp_path / 'latents'), '--model_name', 'tiny']
+    with pytest.raises(SystemExit) as stopped:
+        precompute.cli([*flags, '--image_size', '32', '--part_size', '16', '--num_workers', '2', '--batch_size', '2'])
+    assert stopped.value.code == 1 and killed
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f'error: a loader worker (pid {killed[0]}) ') and 'the parts finished are kept' in err[-1]
+    assert not any('Traceback' in line for line in err)
