@@ -7,10 +7,10 @@ A worker that dies or stops for good ends the run in one line (loader_failure) w
 
 import os
 import re
+import signal
 import threading
 import time
 
-import psutil
 from torch.utils.data import DataLoader
 
 from guards.stopping import quiet_loader_worker, stops_held
@@ -25,20 +25,15 @@ def loader_timeout() -> float:
     return float(os.environ.get('LOADER_TIMEOUT_SECONDS') or LOADER_TIMEOUT_SECONDS)
 
 
-# The workers a watchdog killed because they were stopped (SIGSTOP, a debugger), by pid: their end reads as a
-# kill in PyTorch's error, and loader_failure says what happened instead.
-stopped_workers_killed: set[int] = set()
+# The workers the watchdog killed for sending nothing (silent_worker_watchdog), by pid: their end reads as a death
+# in PyTorch's error, and loader_failure says what happened instead.
+silent_workers_killed: set[int] = set()
 
 
 def loader_failure(error: RuntimeError, timeout: float) -> str | None:
     """One line for PyTorch's RuntimeError of a loader worker that died or went silent (its message holds a
     worker's traceback or a paragraph of advice), None for any other error."""
     text = str(error)
-    if 'DataLoader timed out' in text:
-        return (
-            f'a loader worker sent no batch in {timeout:.0f} s (stopped, or hung on a filesystem or a remote): the run '
-            'ends rather than wait for it; LOADER_TIMEOUT_SECONDS sets the wait'
-        )
     if 'out of shared memory' in text or 'Bus error' in text:
         return (
             'a loader worker ran out of shared memory (/dev/shm) for its batches: give the container more (docker '
@@ -50,10 +45,10 @@ def loader_failure(error: RuntimeError, timeout: float) -> str | None:
     if not named:
         return None
     pids = named.group(1)
-    if any(int(pid) in stopped_workers_killed for pid in pids.split(',')):
+    if any(int(pid) in silent_workers_killed for pid in pids.split(',')):
         return (
-            f'a loader worker (pid {pids}) was stopped (SIGSTOP?) and sent no batch in {timeout:.0f} s: killed, '
-            'and the run ends rather than wait for it; LOADER_TIMEOUT_SECONDS sets the wait'
+            f'a loader worker (pid {pids}) sent no batch in {timeout:.0f} s (stopped, or hung on a filesystem or a '
+            'remote): killed, and the run ends rather than wait for it; LOADER_TIMEOUT_SECONDS sets the wait'
         )
     if named.group(3):
         return (
@@ -64,52 +59,80 @@ def loader_failure(error: RuntimeError, timeout: float) -> str | None:
 
 
 class StoppableDataLoader(DataLoader):
-    """Also waits at most loader_timeout() for a worker's batch (PyTorch waits forever on a stopped worker by
-    default); its error, and that of a worker that died, raised anywhere in the main process by PyTorch's SIGCHLD
-    handler, is made one line by loader_failure where the run reports its errors."""
+    """Also ends, in a RuntimeError that loader_failure makes one line, a run whose worker died or sent nothing for
+    loader_timeout() while the run waited for it, and raises it where the run asks for a batch. PyTorch's own
+    handler of a worker's death (SIGCHLD) raises wherever the main thread happens to be, mid-step or mid-way
+    through reporting another error, and its own timeout covers the queue of batches, not a batch taken from it:
+    unpickling a batch asks the worker that made it for its shared memory, and against a stopped worker that wait
+    has no end (seen: the run hung at 0% CPU). Here PyTorch's check of its workers every few seconds, and a watchdog
+    that kills a worker the run has waited on too long, raise in the main thread as it waits."""
 
     def __init__(self, *args, **kwargs):
-        if kwargs.get('num_workers', 0) > 0:
-            kwargs.setdefault('timeout', loader_timeout())
         super().__init__(*args, worker_init_fn=quiet_loader_worker, **kwargs)
 
     def _get_iterator(self):
         with stops_held():
-            return super()._get_iterator()
+            iterator = super()._get_iterator()
+        if self.num_workers and signal.getsignal(signal.SIGCHLD) not in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # PyTorch's handler, set once per process
+        return iterator
 
     def __iter__(self):
         batches = super().__iter__()
         if not self.num_workers:
             yield from batches
             return
-        fed, done = threading.Event(), threading.Event()
-        watchdog = threading.Thread(target=kill_stopped_workers, args=(batches, self.timeout, fed, done), daemon=True)
+        waiting, done = [None], threading.Event()  # since when the run has waited for a batch (monotonic)
+        watchdog = threading.Thread(
+            target=silent_worker_watchdog, args=(batches, loader_timeout(), waiting, done), daemon=True
+        )
         watchdog.start()
         try:
-            for batch in batches:
-                fed.set()
+            while True:
+                waiting[0] = time.monotonic()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                except (OSError, EOFError) as error:  # a batch's transfer cut by its worker's death
+                    raise dead_workers_error(batches) or error
+                except RuntimeError as error:  # PyTorch's check found one dead: say how it ended, where it can
+                    if 'exited unexpectedly' not in str(error):
+                        raise
+                    raise dead_workers_error(batches) or error from None
+                finally:
+                    waiting[0] = None
                 yield batch
         finally:
             done.set()
 
 
-def kill_stopped_workers(batches, timeout: float, fed: threading.Event, done: threading.Event) -> None:
-    """Each time `timeout` passes without a batch, kills the loader's workers that are stopped. PyTorch's own
-    timeout covers a wait on the queue of batches, not a batch already taken from it: unpickling its tensors asks
-    the worker that made them for their shared memory, and against a stopped worker that wait has no end (seen:
-    the run hung at 0% CPU)."""
-    last_batch = time.monotonic()
+def dead_workers_error(batches, wait: float = 5.0) -> RuntimeError | None:
+    """PyTorch's words for the loader's workers that have ended, None where all are still alive after `wait`
+    seconds: a worker's connections close as it dies, a moment before it can be seen to have ended."""
+    deadline = time.monotonic() + wait
+    while not (dead := [worker for worker in getattr(batches, '_workers', []) if not worker.is_alive()]):
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+    if len(dead) == 1 and dead[0].exitcode is not None and dead[0].exitcode < 0:
+        return RuntimeError(
+            f'DataLoader worker (pid {dead[0].pid}) is killed by signal: {signal.strsignal(-dead[0].exitcode)}.'
+        )
+    return RuntimeError(
+        f'DataLoader worker (pid(s) {", ".join(str(worker.pid) for worker in dead)}) exited unexpectedly'
+    )
+
+
+def silent_worker_watchdog(batches, timeout: float, waiting: list, done: threading.Event) -> None:
+    """Kills the loader's live workers once the run has waited `timeout` seconds for a batch: PyTorch then finds
+    them dead at its next check, and the run ends in a line naming the wait."""
     while not done.wait(1.0):
-        if fed.is_set():
-            fed.clear()
-            last_batch = time.monotonic()
-        if time.monotonic() - last_batch < timeout:
+        since = waiting[0]
+        if since is None or time.monotonic() - since < timeout:
             continue
-        last_batch = time.monotonic()
         for worker in getattr(batches, '_workers', []):
-            try:
-                if psutil.Process(worker.pid).status() == psutil.STATUS_STOPPED:
-                    stopped_workers_killed.add(worker.pid)
-                    worker.kill()
-            except (psutil.Error, ValueError):  # gone already
-                pass
+            if worker.is_alive():
+                silent_workers_killed.add(worker.pid)
+                worker.kill()
+        waiting[0] = None

@@ -33,6 +33,7 @@ from models.diffusion_transformer import convert_to_float8
 from models.kernels import attention_backends, use_kernels
 from models.stable_diffusion import DiffusionModel, build_model, describe_weights
 from runs.checkpoints import (
+    CHECKPOINT_FILE,
     LATEST_LINK,
     CheckpointWriteError,
     check_resumable,
@@ -112,7 +113,12 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
     with attention_backends(config.attention):
         if trainer.state.evaluators:
             trainer.eval()  # the start of the learning curve, and the untrained model's samples
-        trainer.fit()
+        try:
+            trainer.fit()
+        except RuntimeError as error:  # a loader worker that died or went silent: the batch reached checkpointed
+            if (line := loader_failure(error, loader_timeout())) is None:
+                raise
+            raise IncompleteRun(line + checkpoint_of_batch_reached(trainer, config, stop_on_signal)) from None
     check_finished(trainer, config)
     warn_of_cuda_graphs_skipped(config)
     report(trainer, config, resumed_at)
@@ -244,6 +250,26 @@ def warn_of_cuda_graphs_skipped(config: RunConfig) -> None:
             f'warning: --compile reduce-overhead: Inductor ran {skipped} graph(s) without CUDA graphs (its log line '
             '"skipping cudagraphs due to ..." says why); the throughput is of that run'
         )
+
+
+def checkpoint_of_batch_reached(trainer: Trainer, config: RunConfig, stop_on_signal: StopOnSignal) -> str:
+    """Where the run writes checkpoints (one process, as a signal's stop does), one of the last batch trained, and
+    the words saying so. The batch in progress stops before its optimizer step, so the weights, the optimizer and
+    the EMA are those of the batch reached."""
+    batch = int(trainer.state.timestamp.batch)
+    if not stop_on_signal.writes_checkpoint or batch == 0:
+        return ''
+    local = '://' not in config.save_folder
+    written = local and any(
+        int(CHECKPOINT_FILE.match(path.name).group(2)) == batch for path in checkpoint_files(Path(config.save_folder))
+    )
+    if not written:
+        stop_on_signal.save_checkpoint()
+        if not local:
+            stop_on_signal.finish_uploads()
+    return (
+        f'; batch {batch} is checkpointed in {config.save_folder}: rerun the same command with --autoresume to continue'
+    )
 
 
 class IncompleteRun(RuntimeError):
