@@ -23,7 +23,7 @@ from guards.arguments import ConfigError
 from guards.outputs import one_line
 from guards.stopping import SIGNALS, Stopped, stop_on_signals
 from settings import hardware
-from settings.dataset_checks import is_remote
+from settings.dataset_checks import DataError, is_remote
 from settings.model_folder import caption_inputs, is_transformer_folder, resolve_model_dir, t5_tokenizer_needed
 from settings.presets import PRESETS, SAMPLE_DATASET, SD2_BASE
 from settings.tokenizer import check_tokenizer
@@ -173,6 +173,9 @@ def stopped_line(signum: int, args: argparse.Namespace) -> str:
     )
 
 
+DATA_ERROR = f'{DataError.__module__}.{DataError.__name__}: '  # how a loader worker's error begins its last line
+
+
 def cli(argv=None) -> None:
     try:
         main(argv)
@@ -185,12 +188,9 @@ def cli(argv=None) -> None:
     except OSError as error:  # a write that failed while encoding (a full disk): the parts finished are kept
         print(f'error: {one_line(error)}', file=sys.stderr)
         sys.exit(1)
-    except RuntimeError as error:  # a loader worker that died or stopped for good: PyTorch's error, made one line
-        from datapath.loaders import loader_failure, loader_timeout
-
-        if (line := loader_failure(error, loader_timeout())) is None:
-            raise
-        print(f'error: {line}; the parts finished are kept: the same command finishes the rest', file=sys.stderr)
+    except DataError as error:  # found while encoding: a damaged shard, a dead loader worker; a worker's carries
+        # its traceback, whose last line is the reason
+        print(f'error: {str(error).strip().splitlines()[-1].removeprefix(DATA_ERROR)}', file=sys.stderr)
         sys.exit(1)
 
 

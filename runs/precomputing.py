@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from data import StreamingLAIONDataset, collate
 from datapath.images import unit_range
-from datapath.loaders import StoppableDataLoader
+from datapath.loaders import StoppableDataLoader, loader_failure, loader_timeout
 from datapath.sample_dataset import ensure_sample_dataset
 from datapath.streaming_fixes import clean_stale_shared_memory
 from guards.arguments import ConfigError
@@ -217,6 +217,18 @@ def precompute_part(dataset, indices: range, out: str, vae, text_encoders, devic
 
 
 @contextlib.contextmanager
+def loader_failures():
+    """A loader worker that died or went silent (loaders.loader_failure): a DataError, its line, once
+    precompute_part has removed the part in progress."""
+    try:
+        yield
+    except RuntimeError as error:
+        if (line := loader_failure(error, loader_timeout())) is None:
+            raise
+        raise DataError(f'{line}; the parts finished are kept: the same command finishes the rest') from None
+
+
+@contextlib.contextmanager
 def part_write_failures(out: str, part: int):
     """A full disk (or another failed write) under a part: one line, WriteFailed, once precompute_part has removed
     the part's shards; the parts finished stay, and the same command redoes the rest."""
@@ -331,7 +343,7 @@ def precompute_into_locked_output(args: argparse.Namespace, device) -> dict:
     with tqdm(total=remaining, unit='img', desc='precompute', disable=rank != 0) as progress:
         for part in todo:
             indices = range(part * args.part_size, min((part + 1) * args.part_size, num_samples))
-            with part_write_failures(args.out, part):
+            with part_write_failures(args.out, part), loader_failures():
                 part_written, part_bad = precompute_part(
                     dataset, indices, part_out(args.out, part), vae, text_encoders, device._device, args, progress
                 )

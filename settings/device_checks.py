@@ -145,13 +145,11 @@ BATCHES_AHEAD_PER_WORKER = 2
 
 
 def shared_memory_needed(draft: argparse.Namespace) -> int:
-    """Bytes of the batches in flight from the loader workers: images as uint8 (random tensors: float32), or
-    precomputed latents and text embeddings (at most 16 latent channels and 77 tokens of 4,096 fp16 values)."""
-    size = draft.image_size
+    """Bytes of the image batches in flight from the loader workers: uint8 images (random tensors: float32). Batches
+    of precomputed latents, a fraction of their images' size, are not counted."""
     if draft.precomputed_latents:
-        per_sample = 2 * 16 * (size // 8) ** 2 * 2 + 77 * 4096 * 2
-    else:
-        per_sample = 3 * size * size * (4 if draft.use_synth_data else 1)
+        return 0
+    per_sample = 3 * draft.image_size**2 * (4 if draft.use_synth_data else 1)
     return draft.num_workers * BATCHES_AHEAD_PER_WORKER * draft.device_batch_size * per_sample
 
 

@@ -168,6 +168,18 @@ def write_t5_tokenizer(folder) -> str:
     return str(folder)
 
 
+# ------------------------------------------------------------------------------------- a faked GPU
+
+
+def fake_gpu(monkeypatch, gpu) -> None:
+    """Settles a run's flags as on a machine with `gpu` (a hardware.Gpu, or None for none). That machine's shared
+    memory is not this one's: its check (device_checks.check_shared_memory) is left out."""
+    from settings import device_checks, hardware
+
+    monkeypatch.setattr(hardware, 'gpu', lambda: gpu)
+    monkeypatch.setattr(device_checks, 'SHARED_MEMORY', '/nonexistent/shm')
+
+
 # ------------------------------------------------------------------------------------- processes
 
 

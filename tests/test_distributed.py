@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import LAUNCHER, REPO, TINY, free_port, good_samples, write_dataset
+from conftest import LAUNCHER, REPO, TINY, fake_gpu, free_port, good_samples, write_dataset
 
 import mcloud
 from guards.arguments import ConfigError
@@ -309,9 +309,7 @@ def test_fsdp_checkpoint_resumes_to_the_weights_and_average_of_an_uninterrupted_
 def test_resuming_a_sharded_checkpoint_needs_it_trusted(monkeypatch):
     from test_memory_plan import H100
 
-    from settings import hardware
-
-    monkeypatch.setattr(hardware, 'gpu', lambda: H100)  # FSDP: a GPU's
+    fake_gpu(monkeypatch, H100)  # FSDP: a GPU's
     flags = [*SMALL_RUN, '--fsdp', 'full_shard', '--fsdp_state_dict_type', 'sharded', '--autoresume']
     flags += ['--save_folder', 'ckpt', '--run_name', 'r']
     with pytest.raises(ConfigError, match='unpickling its metadata, which runs any code the files name; pass --trust'):

@@ -25,6 +25,7 @@ from conftest import (
     REPO,
     S3_CREDENTIALS,
     TINY,
+    fake_gpu,
     final_weights,
     good_samples,
     jpeg,
@@ -628,7 +629,7 @@ def test_out_of_memory_names_the_plan_and_the_peaks_on_a_gpu(monkeypatch):
     from settings import hardware
 
     h200 = hardware.Gpu('NVIDIA H200', 150_079_209_472, True, (9, 0))
-    monkeypatch.setattr(hardware, 'gpu', lambda: h200)
+    fake_gpu(monkeypatch, h200)
     config = resolve_config(parse_args(['--use_synth_data', '--precomputed_latents']))  # sd2-base, planned
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'max_memory_allocated', lambda: 139.04e9)

@@ -6,6 +6,7 @@ import importlib.util
 
 import pytest
 import torch
+from conftest import fake_gpu
 
 from guards.arguments import ConfigError
 from models.stable_diffusion import build_model
@@ -110,7 +111,7 @@ def test_nothing_fits_an_unsharded_flux():
 
 
 def settle(monkeypatch, *flags):
-    monkeypatch.setattr(hardware, 'gpu', lambda: H100)
+    fake_gpu(monkeypatch, H100)
     return resolve_config(parse_args(['--use_synth_data', *flags]))
 
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import good_samples, write_dataset, write_t5_tokenizer
+from conftest import fake_gpu, good_samples, write_dataset, write_t5_tokenizer
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
 from torch.utils.data import default_collate
@@ -590,10 +590,10 @@ def test_fp8_is_refused_where_it_cannot_run(monkeypatch):
         (h100, ['--model_name', 'tiny'], 'tiny is a UNet'),
         (h100, ['--precision', 'amp_fp16'], 'leave --precision amp_fp16 out'),
     ):
-        monkeypatch.setattr(hardware, 'gpu', lambda gpu=gpu: gpu)
+        fake_gpu(monkeypatch, gpu)
         with pytest.raises(ConfigError, match=message):
             resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--fp8', *flags]))
-    monkeypatch.setattr(hardware, 'gpu', lambda: h100)
+    fake_gpu(monkeypatch, h100)
     assert resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--fp8'])).fp8
 
 
