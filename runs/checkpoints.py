@@ -48,15 +48,16 @@ from settings.dataset_checks import s3_client, s3_folder, s3_folder_names
 
 # What a Composer checkpoint of this repo holds besides tensors and plain values: the timestamp's total wall-clock
 # time, NumPy's random state (an array and its dtypes), and the torch version it was saved with. NumPy 2 moved
-# _reconstruct to numpy._core: a checkpoint pickled under either name loads under both.
+# _reconstruct to numpy._core (numpy.core, deprecated, warns): a checkpoint pickled under either name loads.
+NUMPY_RECONSTRUCT = (getattr(np, '_core', None) or np.core).multiarray._reconstruct
 CHECKPOINT_TYPES = [
     datetime.timedelta,
     torch.torch_version.TorchVersion,
     np.ndarray,
     np.dtype,
     *{type(np.dtype(name)) for name in ('uint32', 'int64', 'float64')},
-    (np.core.multiarray._reconstruct, 'numpy.core.multiarray._reconstruct'),
-    (np.core.multiarray._reconstruct, 'numpy._core.multiarray._reconstruct'),
+    (NUMPY_RECONSTRUCT, 'numpy.core.multiarray._reconstruct'),
+    (NUMPY_RECONSTRUCT, 'numpy._core.multiarray._reconstruct'),
 ]
 TRUST_FLAG = '--trust_checkpoint'
 RESUMED = '--autoresume: the checkpoint'
@@ -84,7 +85,7 @@ def load_checkpoint_file(path, *, trust=False, mmap=False, map_location='cpu', w
             return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as error:
         # A name beyond the allowed types is refused as code; any other failure (a damaged pickle) goes on as it is.
-        named = re.search(r'Unsupported global: GLOBAL ([\w.]+)', str(error))
+        named = re.search(r'\bGLOBAL ([\w.]+)', str(error))
         if named is None:
             raise
         raise ConfigError(

@@ -443,25 +443,21 @@ def test_a_streaming_dataset_keeps_one_descriptor_per_shared_memory_block(tmp_pa
 @pytest.mark.parametrize('workers, ema', [(0, False), (2, True)], ids=['0 workers', '2 workers, EMA'])
 def test_mid_epoch_resumption_is_exact(workers, ema, tmp_path, monkeypatch, capfd):
     """Stopped after batch 2 of 6 and resumed: the same remaining batches, and bitwise the same weights (and
-    average) as an uninterrupted run: the noise and timesteps continue where the checkpoint left them, whatever
-    the machine: the uninterrupted and the stopped run on 2 cores, the resumed one on 1."""
-    from settings import hardware
-
+    average) as an uninterrupted run: the noise and timesteps continue where the checkpoint left them. The first
+    two runs are given 2 CPU threads; the resumed one, given none, takes its checkpoint's count."""
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
-    monkeypatch.setattr(hardware, 'process_cores', lambda: 2)
     location = write_dataset(tmp_path / 'mds', good_samples(24))
     flags = TINY + ['--local', location, '--batch_size', '4', '--max_duration', '1ep', '--num_workers', str(workers)]
     flags += ['--use_ema'] if ema else []
     uninterrupted = RecordSamples()
-    expected = final_weights(main(parse_args(flags), (uninterrupted,)))
+    expected = final_weights(main(parse_args([*flags, '--cpu_threads', '2']), (uninterrupted,)))
     assert len(uninterrupted.batches) == 6
     assert sorted(i for batch in uninterrupted.batches for i in batch) == list(range(24))
 
     checkpoints = [*flags, '--run_name', 'resume', '--save_folder', str(tmp_path / 'ckpt'), '--save_interval', '2ba']
     crashed = RecordSamples(stop_after=2)
     with pytest.raises(RuntimeError, match='simulated crash'):
-        main(parse_args(checkpoints), (crashed,))
-    monkeypatch.setattr(hardware, 'process_cores', lambda: 1)
+        main(parse_args([*checkpoints, '--cpu_threads', '2']), (crashed,))
     capfd.readouterr()
     resumed = RecordSamples()
     trainer = main(parse_args([*checkpoints, '--autoresume']), (resumed,))
@@ -472,7 +468,7 @@ def test_mid_epoch_resumption_is_exact(workers, ema, tmp_path, monkeypatch, capf
     assert weights.keys() == expected.keys() and any(name.startswith('ema.') for name in weights) == ema
     different = [name for name in expected if not torch.equal(weights[name], expected[name])]
     assert different == []
-    if workers == 0:  # 2 threads chosen on 2 cores; this process, on 1, would choose 1
+    if workers == 0:  # the checkpoint's 2 threads, where this process would take the default 1
         assert "cpu threads: 2, the checkpoint's (this process would choose 1)" in capfd.readouterr().out
         assert torch.get_num_threads() == 2
 
