@@ -73,7 +73,8 @@ class StoppableDataLoader(DataLoader):
     def _get_iterator(self):
         with stops_held():
             iterator = super()._get_iterator()
-        if self.num_workers and signal.getsignal(signal.SIGCHLD) not in (signal.SIG_DFL, None):
+        main_thread = threading.current_thread() is threading.main_thread()  # where signal handlers are set
+        if self.num_workers and main_thread and signal.getsignal(signal.SIGCHLD) not in (signal.SIG_DFL, None):
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # PyTorch's handler, set once per process
         return iterator
 
