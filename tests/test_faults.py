@@ -836,13 +836,27 @@ def test_autoresume_over_checkpoints_without_a_description_compares_the_unet(tmp
         main(parse_args([*flags, '--save_folder', str(folder), '--run_name', 'r', '--autoresume']))
 
 
+def run_with_checkpoint_writer(tmp_path, monkeypatch, write) -> tuple:
+    """benchmark.py on the tiny model for 4 batches, a checkpoint every 2, Composer's checkpoint writer replaced by
+    `write`: the run must end with exit status 1; returns its save folder and flags."""
+    from composer.utils import checkpoint
+
+    import benchmark
+
+    monkeypatch.setattr(checkpoint, '_write_checkpoint_file', write)
+    folder = tmp_path / 'ckpt'
+    flags = [*TINY, '--max_duration', '4ba', '--save_folder', str(folder), '--run_name', 'r', '--save_interval', '2ba']
+    with pytest.raises(SystemExit) as stopped:
+        benchmark.cli(flags)
+    assert stopped.value.code == 1
+    return folder, flags
+
+
 def test_a_checkpoint_that_does_not_fit_is_one_line_set_aside_and_resumed_from_the_one_before(
     tmp_path, monkeypatch, capfd
 ):
     """The disk fills during the second checkpoint: torch.save's zip writer fails as on a full disk, halfway."""
     import io
-
-    from composer.utils import checkpoint
 
     import benchmark
 
@@ -860,12 +874,7 @@ def test_a_checkpoint_that_does_not_fit_is_one_line_set_aside_and_resumed_from_t
                 'file write failed'
             )
 
-    monkeypatch.setattr(checkpoint, '_write_checkpoint_file', write_half_then_fail)
-    folder = tmp_path / 'ckpt'
-    flags = [*TINY, '--max_duration', '4ba', '--save_folder', str(folder), '--run_name', 'r', '--save_interval', '2ba']
-    with pytest.raises(SystemExit) as stopped:
-        benchmark.cli(flags)
-    assert stopped.value.code == 1
+    folder, flags = run_with_checkpoint_writer(tmp_path, monkeypatch, write_half_then_fail)
     err = capfd.readouterr().err.strip()
     assert err.endswith(' newest complete checkpoint, ep0-ba2-rank0.pt') and err.count('error:') == 1, err
     assert f'error: --save_folder {folder}: checkpoint ep0-ba4-rank0.pt did not fit (' in err
@@ -896,12 +905,7 @@ def test_a_save_folder_turned_read_only_mid_run_names_the_last_whole_checkpoint(
             raise OSError(30, 'Read-only file system', filename)
         write(state_dict, filename)
 
-    monkeypatch.setattr(checkpoint, '_write_checkpoint_file', refuse_after_the_first)
-    folder = tmp_path / 'ckpt'
-    flags = [*TINY, '--max_duration', '4ba', '--save_folder', str(folder), '--run_name', 'r', '--save_interval', '2ba']
-    with pytest.raises(SystemExit) as stopped:
-        benchmark.cli(flags)
-    assert stopped.value.code == 1
+    folder, flags = run_with_checkpoint_writer(tmp_path, monkeypatch, refuse_after_the_first)
     assert capfd.readouterr().err.strip().splitlines()[-1] == (
         f'error: --save_folder {folder}: checkpoint ep0-ba4-rank0.pt could not be written (Read-only file system); '
         'nothing of it was left, and --autoresume continues from the newest complete checkpoint, ep0-ba2-rank0.pt'
