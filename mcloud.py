@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from guards import arguments
+from guards.stopping import SIGNALS, Stopped, stop_on_signals
 
 if TYPE_CHECKING:  # mcli takes half a second to import: loaded where it is used, so --help answers at once
     from mcli import RunConfig
@@ -128,5 +129,19 @@ def main(argv=None) -> int:
     return 0
 
 
+def stopped_line(signum: int) -> str:
+    """Ctrl-C or SIGTERM: the runs printed as submitted were; one being submitted may have reached the platform."""
+    return (
+        f'{SIGNALS[signum]}: mcloud.py stopped; runs printed as submitted above were submitted, and one being '
+        'submitted when it stopped may have been: `mcli get runs` lists them'
+    )
+
+
 if __name__ == '__main__':
-    sys.exit(main())
+    try:
+        with stop_on_signals(stopped_line):
+            status = main()
+    except Stopped as stopped:
+        print(f'error: {stopped}', file=sys.stderr)
+        sys.exit(stopped.exit_status)
+    sys.exit(status)

@@ -31,6 +31,7 @@ from costs.sections import build_section, model_names, report_blocks
 from costs.tables import phase_order, write_csv
 from guards import arguments
 from guards.outputs import one_line, staged_file
+from guards.stopping import SIGNALS, Stopped, stop_on_signals
 
 
 def parse_args(argv=None):
@@ -295,9 +296,18 @@ def write_outputs(args, tables, groups):
         print(f'wrote {args.plot}', file=sys.stderr)
 
 
+def stopped_line(signum: int) -> str:
+    """Ctrl-C or SIGTERM: --csv and --plot are each written whole or not at all (staged_file)."""
+    return f'{SIGNALS[signum]}: report stopped; --csv and --plot files are left as they were'
+
+
 if __name__ == '__main__':
     try:
-        main(parse_args())
+        with stop_on_signals(stopped_line):
+            main(parse_args())
+    except Stopped as stopped:
+        print(f'error: {stopped}', file=sys.stderr)
+        sys.exit(stopped.exit_status)
     except ReportError as error:
         print(f'error: {error}', file=sys.stderr)
         sys.exit(2)

@@ -520,3 +520,65 @@ def test_generate_stopped_by_a_signal_says_so_and_writes_nothing(tmp_path):
     assert run.returncode == 143, err[-3000:]
     assert_one_line(err, f'SIGTERM: generate stopped; nothing was written to {out}')
     assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------ report.py, mcloud.py
+
+
+def wait_for_a_reader(fifo: Path) -> int:
+    """Opens a FIFO for writing once a process has opened it for reading (O_NONBLOCK: ENXIO until then), so the
+    reader is known to be blocked reading it."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f'no process opened {fifo} for reading within 120 s')
+            time.sleep(0.02)
+
+
+@pytest.mark.parametrize('signum, status', [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=['SIGTERM', 'SIGINT'])
+def test_report_stopped_by_a_signal_ends_in_one_line_and_writes_nothing(tmp_path, signum, status):
+    """report.py stopped while it reads its inputs (a results file that is a pipe no one writes yet)."""
+    fifo, csv = tmp_path / 'results.json', tmp_path / 'report.csv'
+    os.mkfifo(fifo)
+    run = start([sys.executable, 'report.py', str(fifo), '--csv', str(csv)], REPO)
+    writer = wait_for_a_reader(fifo)
+    try:
+        os.killpg(run.pid, signum)
+        _, err = run.communicate(timeout=120)
+    finally:
+        os.close(writer)
+    assert run.returncode == status, err[-3000:]
+    assert_one_line(err, f'{NAMES[signum]}: report stopped; --csv and --plot files are left as they were')
+    assert not csv.exists()
+
+
+SUBMIT_UNTIL_STOPPED = """
+import runpy, sys, threading
+import mcli
+
+def create_run(config):  # the platform taking its time: the test signals once this line is out
+    print(f'submitting {config.name}', flush=True)
+    threading.Event().wait()
+
+mcli.create_run = create_run
+sys.argv = ['mcloud.py', 'sweep', '--gpus', '8', '16', '--submit']
+runpy.run_path('mcloud.py', run_name='__main__')
+"""
+
+
+def test_mcloud_stopped_while_submitting_ends_in_one_line(tmp_path):
+    run = start([sys.executable, '-c', SUBMIT_UNTIL_STOPPED], REPO)
+    lines = iter(run.stdout.readline, '')
+    assert any(line.startswith('submitting sd2-benchmark-8x') for line in lines), run.stderr.read()[-3000:]
+    os.killpg(run.pid, signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 143, err[-3000:]
+    assert_one_line(
+        err,
+        'SIGTERM: mcloud.py stopped; runs printed as submitted above were submitted, and one being submitted when '
+        'it stopped may have been: `mcli get runs` lists them',
+    )
+    assert 'submitting sd2-benchmark-16x' not in out
