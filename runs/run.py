@@ -40,6 +40,7 @@ from runs.checkpoints import (
     checkpoint_files,
     finish_uploads,
     point_s3_link_at_newest,
+    remote_checkpoint_savers,
     remove_s3_resume_copy,
     resumed_cpu_threads,
     set_aside_incomplete,
@@ -51,6 +52,7 @@ from runs.progress import ProgressLines
 from runs.provenance import provenance
 from runs.start_lines import start_lines
 from runs.training import build_dataloader, build_trainer, log_summary_to_wandb
+from runs.uploads import UploadFailed, keep_failed_uploads, settle_failed_uploads
 from runs.versions import check_stack
 from settings.config import RunConfig, resolve_config
 from settings.dataset_checks import DataError
@@ -91,6 +93,8 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
     config = prepare_resumption(config, model)
     write_sample_datasets(config)
     sample_grids = (SampleGrid(config),) if config.sample_interval else ()
+    if '://' in config.save_folder:
+        keep_failed_uploads(not_uploaded_folder(config))
     trainer = build_trainer(config, model, build_dataloader(config, model), (*sample_grids, *callbacks))
     if config.autoresume and config.save_folder.startswith('s3://'):
         dist.barrier()  # every rank of the node has loaded the copy Composer downloaded
@@ -119,6 +123,8 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
             if (line := loader_failure(error, loader_timeout())) is None:
                 raise
             raise IncompleteRun(line + checkpoint_of_batch_reached(trainer, config, stop_on_signal)) from None
+        except UploadFailed as error:  # the bucket refused a checkpoint for good: it and the batch reached kept here
+            raise IncompleteRun(f'--save_folder {config.save_folder}: {error}; {keep_batch_reached(trainer, config)}')
     check_finished(trainer, config)
     warn_of_cuda_graphs_skipped(config)
     report(trainer, config, resumed_at)
@@ -269,6 +275,27 @@ def checkpoint_of_batch_reached(trainer: Trainer, config: RunConfig, stop_on_sig
             stop_on_signal.finish_uploads()
     return (
         f'; batch {batch} is checkpointed in {config.save_folder}: rerun the same command with --autoresume to continue'
+    )
+
+
+def not_uploaded_folder(config: RunConfig) -> Path:
+    """Where checkpoints that a remote --save_folder refused for good are kept, under their names there."""
+    return Path('results', 'not-uploaded', config.run_name).resolve()
+
+
+def keep_batch_reached(trainer: Trainer, config: RunConfig) -> str:
+    """The checkpoint of the batch reached, written beside the files not uploaded (unless one of them is it), and
+    the words saying how to continue."""
+    for saver in remote_checkpoint_savers(trainer):
+        settle_failed_uploads(saver.remote_uploader)
+    batch, rank = int(trainer.state.timestamp.batch), dist.get_global_rank()
+    folder = not_uploaded_folder(config) / config.save_folder.split('://', 1)[1].partition('/')[2]
+    name = f'ep{int(trainer.state.timestamp.epoch)}-ba{batch}-rank{rank}.pt'  # Composer's checkpoint name
+    if not any(int(CHECKPOINT_FILE.match(path.name).group(2)) == batch for path in checkpoint_files(folder)):
+        trainer.save_checkpoint(str(folder / name))
+    return (
+        f'batch {batch} is checkpointed in {folder}: copy its files to {config.save_folder} once it answers, then '
+        'rerun the same command with --autoresume to continue'
     )
 
 

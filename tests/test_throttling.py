@@ -93,3 +93,46 @@ def test_a_run_through_a_throttling_bucket_reads_every_shard_and_uploads_every_c
     assert {'throttled-ckpt/ep0-ba2-rank0.pt', 'throttled-ckpt/ep0-ba4-rank0.pt'} <= names
     link = client.get_object(Bucket='bucket', Key='throttled-ckpt/latest-rank0.pt.symlink')['Body'].read().decode()
     assert link.strip() == 'throttled-ckpt/ep0-ba4-rank0.pt'
+
+
+@pytest.mark.slow
+def test_a_bucket_that_refuses_checkpoints_for_good_ends_in_one_line_and_loses_none(s3, tmp_path):
+    """Every upload to the save folder answered 503 SlowDown, every retry too: the run ends in one line naming the
+    file and the answer, keeps every checkpoint it could not upload (and the batch reached) on local disk, and once
+    they are copied to the bucket --autoresume continues from the newest. Before: the worker's traceback, and the
+    checkpoints deleted with Composer's staging folder."""
+    proxy = ThrottlingProxy(s3, refuse='refused-ckpt')
+    flags = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '4', '--use_synth_data', '--run_name', 'r']
+    flags += ['--save_folder', 's3://bucket/refused-ckpt', '--save_interval', '2ba']
+    env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
+
+    def run(endpoint: str, *more: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(REPO / 'benchmark.py'), *flags, *more]
+        env['S3_ENDPOINT_URL'] = endpoint
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+    env['AWS_MAX_ATTEMPTS'] = '2'  # fewer of botocore's retries (the proxy throttles every first try): quicker
+    try:
+        refused = run(proxy.endpoint, '--max_duration', '5ba')
+    finally:
+        proxy.close()
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    kept = tmp_path / 'results' / 'not-uploaded' / 'r' / 'refused-ckpt'
+    errors = [line for line in refused.stderr.splitlines() if line.startswith('error:')]
+    assert errors == [refused.stderr.strip().splitlines()[-1]] and 'Traceback' not in refused.stderr, refused.stderr
+    assert errors[0].startswith(
+        'error: --save_folder s3://bucket/refused-ckpt: uploading refused-ckpt/ep0-ba2-rank0.pt failed after its '
+        'retries (SlowDown: Please reduce your request rate.)'
+    ) and errors[0].endswith(
+        f'batch 5 is checkpointed in {kept}: copy its files to s3://bucket/refused-ckpt once it answers, then rerun '
+        'the same command with --autoresume to continue'
+    )
+    assert sorted(path.name for path in kept.glob('ep*.pt')) == [f'ep0-ba{n}-rank0.pt' for n in (2, 4, 5)]
+    client = s3_client(s3)
+    assert 'Contents' not in client.list_objects_v2(Bucket='bucket', Prefix='refused-ckpt/')
+    for path in kept.glob('ep*.pt'):
+        client.upload_file(str(path), 'bucket', f'refused-ckpt/{path.name}')
+    del env['AWS_MAX_ATTEMPTS']
+    resumed = run(s3, '--max_duration', '6ba', '--autoresume')
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed run 'r' from the latest in s3://bucket/refused-ckpt (batch 5 of 6)" in resumed.stdout

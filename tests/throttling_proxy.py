@@ -1,7 +1,8 @@
 """An HTTP proxy to an S3 server that throttles as a busy bucket does: the first try of each request (by method,
 path and query) is answered 503 SlowDown, every later try of it is passed on; `ThrottlingProxy(endpoint)` serves
 on a port the OS assigns, in a thread, until closed. A client without retries fails at once; one with them gets
-through on its second try, however the requests of its threads and processes interleave."""
+through on its second try, however the requests of its threads and processes interleave. With `refuse` (a part
+of a path), every try of a PUT or POST to such a path is throttled: a failure that persists."""
 
 import collections
 import http.client
@@ -16,7 +17,7 @@ SLOW_DOWN = (
 
 
 class ThrottlingProxy:
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, refuse: str | None = None):
         upstream = urllib.parse.urlparse(upstream)
         tries = collections.Counter()
         lock = threading.Lock()
@@ -34,7 +35,9 @@ class ThrottlingProxy:
                 body = self.rfile.read(int(self.headers.get('Content-Length') or 0))
                 with lock:
                     tries[self.command, self.path] += 1
-                    throttle = tries[self.command, self.path] == 1
+                    throttle = tries[self.command, self.path] == 1 or (
+                        refuse is not None and refuse in self.path and self.command in ('PUT', 'POST')
+                    )
                     proxy.throttled += throttle
                 if throttle:
                     self.send_response(503)
