@@ -52,13 +52,14 @@ def check_data_flags(draft: argparse.Namespace) -> None:
         )
 
 
-def settle_data(draft: argparse.Namespace) -> None:
+def settle_data(draft: argparse.Namespace) -> int | None:
     """Which dataset, and what it implies: the sample dataset's epoch (the dataset the run writes on first use), the
-    batches of an epoch of real data, and the image size precomputed latents were made at."""
+    batches of an epoch of real data, and the image size precomputed latents were made at. Returns the samples of
+    an epoch (None for random tensors)."""
     draft.sample_data = not (draft.use_synth_data or draft.remote or draft.local)
     draft.epoch_size = draft.dataset_identity = None
     if draft.use_synth_data:
-        return
+        return None
     duration = parse_duration(draft.max_duration)
     if draft.sample_data:
         # Ours, and written by the run before it builds its datasets (run.write_sample_datasets): its size is known.
@@ -90,6 +91,7 @@ def settle_data(draft: argparse.Namespace) -> None:
         draft.num_batches = duration.value * batches_per_epoch
     if draft.precomputed_latents:
         settle_precomputed_shapes(draft, dataset)
+    return num_samples
 
 
 def settle_precomputed_shapes(draft: argparse.Namespace, dataset: DatasetDescription) -> None:

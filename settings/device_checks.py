@@ -142,6 +142,12 @@ def check_fp8(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
 # (Docker's default 64 MB), and which each worker fills with up to 2 batches ahead (the loader's prefetch_factor).
 SHARED_MEMORY = '/dev/shm'
 BATCHES_AHEAD_PER_WORKER = 2
+# Streaming keeps each epoch's sample order there too, as int64 ids (StreamingDataset._share_work), on every node.
+STREAMING_BYTES_PER_SAMPLE = 8
+MORE_SHARED_MEMORY = (
+    'give the container more shared memory (docker run --shm-size 8g; on Kubernetes an emptyDir of medium Memory on '
+    '/dev/shm)'
+)
 
 
 def shared_memory_needed(draft: argparse.Namespace) -> int:
@@ -153,17 +159,23 @@ def shared_memory_needed(draft: argparse.Namespace) -> int:
     return draft.num_workers * BATCHES_AHEAD_PER_WORKER * draft.device_batch_size * per_sample
 
 
-def check_shared_memory(draft: argparse.Namespace) -> None:
-    """A /dev/shm too small for the loader workers' batches ends the run at its first batch with a bus error (the
-    worker's traceback, or a line that does not say shared memory): found at start, the fix named."""
-    if not draft.num_workers or not os.path.isdir(SHARED_MEMORY):
+def check_shared_memory(draft: argparse.Namespace, epoch_samples: int | None) -> None:
+    """A /dev/shm too small for Streaming's epoch (its sample order, STREAMING_BYTES_PER_SAMPLE a sample of the
+    `epoch_samples`, None for random tensors) and the loader workers' batches ends the run at its first batch with a
+    bus error (the worker's traceback, or a line that does not say shared memory): found at start, the fix named."""
+    if not os.path.isdir(SHARED_MEMORY):
         return
-    needed, total = shared_memory_needed(draft), shutil.disk_usage(SHARED_MEMORY).total
-    if needed > total:
+    total, fix = shutil.disk_usage(SHARED_MEMORY).total, MORE_SHARED_MEMORY
+    order, batches = (epoch_samples or 0) * STREAMING_BYTES_PER_SAMPLE, shared_memory_needed(draft)
+    if order > total:
+        raise ConfigError(
+            f'{draft.remote or draft.local}: {SHARED_MEMORY} holds {total / 1e6:.0f} MB, and Streaming keeps the '
+            f"epoch's order of its {epoch_samples:,} samples there ({order / 1e6:.0f} MB): {fix}"
+        )
+    if order + batches > total:
+        order_too = f", beside Streaming's {order / 1e6:.0f} MB of sample order" if order >= 1e6 else ''
         raise ConfigError(
             f'--num_workers {draft.num_workers}: {SHARED_MEMORY} holds {total / 1e6:.0f} MB, and the loader workers '
-            f'hand over up to {needed / 1e6:.0f} MB of batches there ({BATCHES_AHEAD_PER_WORKER} batches of '
-            f'{draft.device_batch_size} at {draft.image_size}px each): give the container more shared memory '
-            '(docker run --shm-size 8g; on Kubernetes an emptyDir of medium Memory on /dev/shm), or pass fewer '
-            '--num_workers'
+            f'hand over up to {batches / 1e6:.0f} MB of batches there ({BATCHES_AHEAD_PER_WORKER} batches of '
+            f'{draft.device_batch_size} at {draft.image_size}px each{order_too}): {fix}, or pass fewer --num_workers'
         )

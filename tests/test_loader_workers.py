@@ -9,7 +9,7 @@ import signal
 import psutil
 import pytest
 from composer.core import Callback
-from conftest import TINY
+from conftest import TINY, good_samples, write_dataset
 
 from datapath import loaders
 from guards.arguments import ConfigError
@@ -94,6 +94,37 @@ def test_a_shared_memory_too_small_for_the_workers_batches_is_refused_at_start(m
     )
     assert resolve_config(parse_args([*flags, '--num_workers', '2'])).num_workers == 2  # 50 MB: fits
     assert resolve_config(parse_args([*flags, '--num_workers', '0'])).num_workers == 0  # no workers, no handing over
+
+
+def test_a_shared_memory_too_small_for_streamings_sample_order_is_refused_at_start(monkeypatch, tmp_path):
+    """Streaming keeps an epoch's sample order in /dev/shm, 8 bytes a sample, even without workers: 2.3 billion
+    samples take 18 GB. Here 40 samples (320 bytes) against a /dev/shm of 256 bytes, then of 4 kB beside the workers'
+    batches."""
+    from settings import device_checks
+    from settings.config import resolve_config
+
+    folder = write_dataset(tmp_path / 'mds', good_samples(40))
+    real = device_checks.shutil.disk_usage
+    limit = {'bytes': 256}
+
+    def disk_usage(path):
+        return real('/').__class__(limit['bytes'], 0, limit['bytes']) if path == '/dev/shm' else real(path)
+
+    monkeypatch.setattr(device_checks.shutil, 'disk_usage', disk_usage)
+    flags = ['--model_name', 'tiny', '--image_size', '8', '--batch_size', '4', '--max_duration', '1ba']
+    flags += ['--local', folder, '--num_workers', '0']
+    with pytest.raises(ConfigError) as refused:
+        resolve_config(parse_args(flags))
+    assert str(refused.value).startswith(
+        f"{folder}: /dev/shm holds 0 MB, and Streaming keeps the epoch's order of its 40 samples there (0 MB): "
+        'give the container more shared memory'
+    )
+    limit['bytes'] = 4096  # the order fits; 2 batches of 4 images of 8x8 from each of 2 workers (3,072 bytes) too
+    assert resolve_config(parse_args(flags)).num_workers == 0
+    assert resolve_config(parse_args([*flags[:-1], '2'])).num_workers == 2
+    limit['bytes'] = 3300  # the order and the batches do not
+    with pytest.raises(ConfigError, match=r'^--num_workers 2: /dev/shm holds 0 MB, and the loader workers hand over'):
+        resolve_config(parse_args([*flags[:-1], '2']))
 
 
 @pytest.mark.slow
