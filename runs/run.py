@@ -93,7 +93,7 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
     config = prepare_resumption(config, model)
     write_sample_datasets(config)
     sample_grids = (SampleGrid(config),) if config.sample_interval else ()
-    if '://' in config.save_folder:
+    if config.save_folder and '://' in config.save_folder:
         keep_failed_uploads(not_uploaded_folder(config))
     trainer = build_trainer(config, model, build_dataloader(config, model), (*sample_grids, *callbacks))
     if config.autoresume and config.save_folder.startswith('s3://'):

@@ -183,10 +183,28 @@ def fake_gpu(monkeypatch, gpu) -> None:
 # ------------------------------------------------------------------------------------- processes
 
 
+# Ports for child processes to listen on (master ports, servers that must not answer): each pytest-xdist worker
+# takes the next free one of a range of its own, below the ephemeral ports the OS hands out (bind to port 0, a
+# client's connect), so no other socket of this run is given it between the check and the child's bind.
+PORTS_PER_WORKER = 500
+PORTS_START = 20000
+_ports_taken = 0
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
+    global _ports_taken
+    worker = int(os.environ.get('PYTEST_XDIST_WORKER', 'gw0').removeprefix('gw') or 0)
+    first = PORTS_START + worker * PORTS_PER_WORKER
+    for _ in range(PORTS_PER_WORKER):
+        port = first + _ports_taken % PORTS_PER_WORKER
+        _ports_taken += 1
+        with socket.socket() as sock:
+            try:
+                sock.bind(('127.0.0.1', port))
+            except OSError:
+                continue  # in use by something else on the machine, or still closing
+            return port
+    raise RuntimeError(f'no free port in {first}-{first + PORTS_PER_WORKER - 1}')
 
 
 S3_CREDENTIALS = {'AWS_ACCESS_KEY_ID': 'testing', 'AWS_SECRET_ACCESS_KEY': 'testing', 'AWS_DEFAULT_REGION': 'us-east-1'}

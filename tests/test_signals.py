@@ -60,6 +60,13 @@ def wait_until(condition, timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
+def signals_pending(pid: int) -> bool:
+    """Whether a signal sent to the process waits to be taken (its shared pending set, /proc's ShdPnd); one it
+    ignores is dropped when sent, and one a thread takes with sigtimedwait leaves the set as it is taken."""
+    status = Path(f'/proc/{pid}/status').read_text()
+    return int(re.search(r'^ShdPnd:\s*([0-9a-f]+)', status, re.MULTILINE).group(1), 16) != 0
+
+
 def assert_one_line(err: str, line: str) -> None:
     """The signal's line is the one error, and the last line; no process printed a traceback."""
     assert 'Traceback' not in err and 'killed by signal' not in err, err[-3000:]
@@ -277,7 +284,7 @@ def test_a_loader_worker_leaves_a_job_wide_signal_to_the_main_process_and_ends_o
         assert ready.wait(30)
         for name in ('TERM', 'INT'):
             subprocess.run(['kill', f'-{name}', str(worker.pid)], check=True)  # sent by another process
-        time.sleep(0.5)
+        wait_until(lambda: not signals_pending(worker.pid), 30, 'the worker took the signals')
         assert worker.is_alive()
         worker.terminate()
         worker.join(30)
@@ -312,9 +319,9 @@ def test_a_child_that_leaves_signals_to_its_parent_ends_once_its_parent_is_kille
     script.write_text(PARENT_OF_A_QUIET_CHILD)
     parent = start([sys.executable, str(script), str(REPO)], tmp_path)
     child = int(parent.stdout.readline())
-    time.sleep(1)  # the child's thread has started
+    wait_until(lambda: len(os.listdir(f'/proc/{child}/task')) == 2, 30, "the child's thread started")
     os.kill(child, signal.SIGTERM)  # from another process: left to the parent
-    time.sleep(0.5)
+    wait_until(lambda: not signals_pending(child), 30, 'the child took the signal')
     assert Path(f'/proc/{child}').exists()
     parent.kill()
     parent.communicate(timeout=30)
