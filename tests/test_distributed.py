@@ -153,11 +153,20 @@ def run_benchmark(command, tmp_path, env=None, timeout=300):
 
 
 @pytest.mark.slow
-def test_torchrun_launches_the_script(tmp_path):
-    summary = run_benchmark(
-        [sys.executable, '-m', 'runs.torchrun', '--nproc_per_node', '2', '--', 'benchmark.py'], tmp_path
-    )
-    assert summary['world_size'] == 2 and summary['img_per_sec'] > 0
+def test_torchrun_launches_two_ranks_that_train_one_model_on_disjoint_halves(tmp_path):
+    """Through torchrun (runs.torchrun) rather than Composer's launcher: one world of two ranks, as DDP trains it:
+    each rank a different half of every global batch, the same weights on both, the global samples counted."""
+    probe = tmp_path / 'probe'
+    probe.mkdir()
+    env = {'PROBE_DIR': str(probe)}
+    command = [sys.executable, '-m', 'runs.torchrun', '--nproc_per_node', '2', '--', 'tests/two_rank_probe.py']
+    summary = run_benchmark(command, tmp_path, env)
+    ranks = [json.loads(path.read_text()) for path in sorted(probe.glob('rank*.json'))]
+    assert summary['world_size'] == 2 and [rank['world_size'] for rank in ranks] == [2, 2]
+    assert ranks[0]['unet'] == ranks[1]['unet']
+    for batch0, batch1 in zip(ranks[0]['batches'], ranks[1]['batches'], strict=True):
+        assert len(batch0) == len(batch1) == 4 and not set(batch0) & set(batch1)
+    assert [rank['samples'] for rank in ranks] == [2 * 8, 2 * 8]
 
 
 FAKE_SRUN = """#!/bin/bash

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from composer.core import Callback
 from conftest import fake_gpu, good_samples, write_dataset, write_t5_tokenizer
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
@@ -293,9 +294,17 @@ def test_the_recipe_sets_the_defaults_and_flags_override_it():
 @pytest.mark.parametrize('precomputed', [False, True])
 @pytest.mark.stack
 def test_each_twin_trains(name, precomputed):
+    """Three steps move every weight of the transformer that a gradient reaches (nearly all), and no other weight:
+    none of a frozen encoder's."""
     flags = ['--model_name', name, '--use_synth_data', '--max_duration', '3ba', '--batch_size', '4']
-    trainer = main(parse_args([*flags, *(['--precomputed_latents'] if precomputed else [])]))
+    start = WeightsAtStart()
+    trainer = main(parse_args([*flags, *(['--precomputed_latents'] if precomputed else [])]), (start,))
     model = trainer.state.model
+    moved = {key: not torch.equal(value, start.weights[key]) for key, value in weights(model).items()}
+    assert not any(moved[key] for key in moved if not key.startswith('transformer.'))
+    reached = {f'transformer.{key}' for key in start.reached}  # SD3's last block leaves its caption query unused
+    assert len(reached) > 0.9 * sum(key.startswith('transformer.') for key in moved)
+    assert {key for key, went in moved.items() if went} == reached
     assert trainer.state.timestamp.batch.value == 3
     assert (model.vae is None) == precomputed and len(model.text_encoders) == (
         0 if precomputed else len(TRANSFORMER_TEXT_ENCODERS[type(model.transformer).__name__])
@@ -305,6 +314,27 @@ def test_each_twin_trains(name, precomputed):
     assert optimized == {id(p) for p in model.transformer.parameters()}
     assert math.isfinite(float(trainer.state.loss))
     assert model.flops_per_image(64, 64) > model.trained_flops_per_image(64, 64) or precomputed
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    """The transformer's parameters and every frozen encoder's, by name."""
+    named = {f'transformer.{key}': p for key, p in model.transformer.named_parameters()}
+    for number, encoder in enumerate(model.frozen_encoders()):
+        named.update({f'encoder{number}.{key}': p for key, p in encoder.named_parameters()})
+    return named
+
+
+class WeightsAtStart(Callback):
+    """The weights before training, and the transformer's parameters that a gradient reached."""
+
+    def fit_start(self, state, logger):
+        self.weights = {key: p.detach().clone() for key, p in weights(state.model).items()}
+        self.reached = set()
+
+    def after_backward(self, state, logger):
+        self.reached |= {
+            key for key, p in state.model.transformer.named_parameters() if p.grad is not None and p.grad.any()
+        }
 
 
 def test_families_are_told_apart_by_their_transformer_class():
