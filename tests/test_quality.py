@@ -3,6 +3,7 @@ windows), sample grids, the exported pipeline and generate.py, the learning curv
 
 import json
 import logging
+import re
 import time
 from types import SimpleNamespace
 
@@ -506,3 +507,24 @@ def test_a_run_description_that_is_not_a_json_object_is_one_line(tmp_path):
         record.write_text(text)
         with pytest.raises(ConfigError, match='not the JSON object of a run description; pass --image_size$'):
             recorded_description(record)
+
+
+def test_the_clip_score_is_clips_cosine_of_image_and_prompt_times_100(tmp_path):
+    """runs.generation.clip_score (torchmetrics') against the score computed from the CLIP model itself: 100 times
+    the cosine of the image's and the prompt's embeddings, at least 0, averaged."""
+    from transformers import CLIPModel, CLIPProcessor
+
+    from runs.generation import clip_score
+
+    folder = tiny_clip_folder(tmp_path / 'clip')
+    images = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    prompts = ['a red circle', 'a blue square on grass', 'two cats']
+    printed = float(re.match(r'CLIP score: ([\d.]+) ', clip_score(images, prompts, folder)).group(1))
+    model, processor = CLIPModel.from_pretrained(folder), CLIPProcessor.from_pretrained(folder)
+    pixels = [(image * 255).round().byte() for image in images]
+    inputs = processor(text=prompts, images=pixels, return_tensors='pt', padding=True)
+    with torch.no_grad():
+        seen = torch.nn.functional.normalize(model.get_image_features(pixel_values=inputs['pixel_values']), dim=-1)
+        read = model.get_text_features(input_ids=inputs['input_ids'], attention_mask=inputs['attention_mask'])
+    expected = (100 * (seen * torch.nn.functional.normalize(read, dim=-1)).sum(-1)).clamp(min=0).mean()
+    assert printed == pytest.approx(float(expected), abs=1e-3)
