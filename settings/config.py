@@ -18,7 +18,7 @@ from pathlib import Path
 
 from guards.arguments import ConfigError
 from settings import hardware
-from settings.datasets import check_data_flags, held_out_prompts, settle_data, settle_validation_split
+from settings.datasets import check_data_flags, held_out_prompts, read_data, settle_epoch, settle_validation_split
 from settings.device_checks import check_device, check_shared_memory
 from settings.durations import Duration, parse_half_life, parse_interval, parse_time
 from settings.memory_plan import Plan, plan, plans_for
@@ -158,20 +158,21 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     """The frozen configuration of parsed flags; raises ConfigError naming the first bad flag. A check_ step only
     checks; a settle_ step also derives values. The flags' own values are checked before the GPU is asked about.
     The steps of other modules: device_checks.py (what this machine runs), output_paths.py (where the run writes),
-    datasets.py (the data it reads)."""
+    datasets.py (the data it reads). The data is read before the batch is planned, in the order the data flows."""
     draft = argparse.Namespace(**vars(args), notes=[])  # the caller's args stay as they were
     check_values(draft)
     gpu = hardware.gpu()
     fill_defaults(draft, gpu)
     settle_recipe(draft)
+    check_data_flags(draft)
+    dataset = read_data(draft)  # before the batch: precomputed latents fix the image size the plan is for
     settle_batch(draft, gpu)
     check_device(draft, gpu)
     check_ema(draft)
     check_outputs(draft)
     settle_duration(draft)
-    check_data_flags(draft)
     check_tokenizer_given(draft)
-    epoch_samples = settle_data(draft)
+    epoch_samples = settle_epoch(draft, dataset)
     check_shared_memory(draft, epoch_samples)
     settle_validation_split(draft)
     settle_samples(draft)
@@ -486,8 +487,8 @@ def check_tokenizer_given(draft: argparse.Namespace) -> None:
 
 
 def settle_duration(draft: argparse.Namespace) -> None:
-    """The run's length in batches (epochs of real data are settled in datasets.settle_data, which reads the
-    dataset), and the checkpoint interval."""
+    """The run's length in batches (epochs of real data are settled in datasets.settle_epoch, from the dataset
+    read), and the checkpoint interval."""
     duration = parse_time('--max_duration', draft.max_duration)
     if duration.unit == 'ba':
         draft.num_batches = duration.value

@@ -52,17 +52,31 @@ def check_data_flags(draft: argparse.Namespace) -> None:
         )
 
 
-def settle_data(draft: argparse.Namespace) -> int | None:
-    """Which dataset, and what it implies: the sample dataset's epoch (the dataset the run writes on first use), the
-    batches of an epoch of real data, and the image size precomputed latents were made at. Returns the samples of
-    an epoch (None for random tensors)."""
+def read_data(draft: argparse.Namespace) -> DatasetDescription | None:
+    """Which dataset, read before the batch is planned: a dataset's description (its samples, where it is, what
+    identifies it), and for precomputed latents the image size they were made at, which the run trains at and the
+    microbatch is planned for. None for random tensors and the sample dataset (the run writes it on first use)."""
     draft.sample_data = not (draft.use_synth_data or draft.remote or draft.local)
     draft.epoch_size = draft.dataset_identity = None
+    if draft.use_synth_data or draft.sample_data:
+        return None
+    try:
+        dataset = describe_dataset(draft.remote, draft.local, precomputed=draft.precomputed_latents)
+    except DataError as error:
+        raise ConfigError(str(error))
+    draft.dataset_identity = dataset.identity
+    if draft.precomputed_latents:
+        settle_precomputed_shapes(draft, dataset)
+    return dataset
+
+
+def settle_epoch(draft: argparse.Namespace, dataset: DatasetDescription | None) -> int | None:
+    """Once the batch is settled: the sample dataset's epoch, and the batches of an epoch of real data. Returns the
+    samples of an epoch (None for random tensors)."""
     if draft.use_synth_data:
         return None
     duration = parse_duration(draft.max_duration)
     if draft.sample_data:
-        # Ours, and written by the run before it builds its datasets (run.write_sample_datasets): its size is known.
         draft.local = str(SAMPLE_DATASET)
         draft.notes.append(
             f'no --remote/--local given: training on the sample dataset {draft.local} ({SAMPLE_SIZE} '
@@ -74,11 +88,7 @@ def settle_data(draft: argparse.Namespace) -> int | None:
         draft.epoch_size = -(-max(wanted, SAMPLE_SIZE) // draft.batch_size) * draft.batch_size
         num_samples, location = draft.epoch_size, draft.local
     else:
-        try:
-            dataset = describe_dataset(draft.remote, draft.local, precomputed=draft.precomputed_latents)
-        except DataError as error:
-            raise ConfigError(str(error))
-        num_samples, location, draft.dataset_identity = dataset.num_samples, dataset.location, dataset.identity
+        num_samples, location = dataset.num_samples, dataset.location
     # Streaming gives each rank ceil(epoch / ranks) samples; the loader drops a last partial batch.
     samples_per_device = -(-num_samples // draft.world_size)
     batches_per_epoch = samples_per_device // draft.device_batch_size
@@ -89,8 +99,6 @@ def settle_data(draft: argparse.Namespace) -> int | None:
         )
     if duration.unit == 'ep':
         draft.num_batches = duration.value * batches_per_epoch
-    if draft.precomputed_latents:
-        settle_precomputed_shapes(draft, dataset)
     return num_samples
 
 

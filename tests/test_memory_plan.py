@@ -115,6 +115,28 @@ def settle(monkeypatch, *flags):
     return resolve_config(parse_args(['--use_synth_data', *flags]))
 
 
+def test_latents_precomputed_at_256px_are_planned_for_256px_without_image_size(monkeypatch, tmp_path):
+    """The data is read before the batch is planned: SD2 base latents of 256px (32x32), trained without
+    --image_size, get the plan of 256px, not of the preset's 512px (a quarter of the microbatch)."""
+    import numpy as np
+    from streaming import MDSWriter
+
+    from settings.dataset_checks import PRECOMPUTED_COLUMNS
+
+    folder = tmp_path / 'latents'
+    with MDSWriter(out=str(folder), columns=PRECOMPUTED_COLUMNS, compression='zstd') as writer:  # zeros: small
+        for i in range(256):
+            latent = np.zeros((4, 32, 32), np.float16)
+            text = np.zeros((77, 1024), np.float16)
+            writer.write({'latent_mean': latent, 'latent_logvar': latent, 'text_embedding': text, 'caption': f'{i}'})
+    fake_gpu(monkeypatch, H100)
+    flags = ['--model_name', 'sd2-base', '--precomputed_latents', '--local', str(folder), '--batch_size', '256']
+    read = resolve_config(parse_args(flags))
+    given = resolve_config(parse_args([*flags, '--image_size', '256']))
+    assert read.image_size == given.image_size == 256
+    assert read.device_train_microbatch_size == given.device_train_microbatch_size == 128
+
+
 def test_the_fast_recipe_on_a_gpu_plans_the_microbatch_and_turns_the_speed_paths_on(monkeypatch):
     config = settle(monkeypatch, '--precomputed_latents')
     assert config.model_name == 'sd2-base' and config.run_recipe == 'fast'
