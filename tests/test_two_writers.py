@@ -154,10 +154,12 @@ def test_a_second_run_on_a_save_folder_is_refused_while_the_first_trains(tmp_pat
     """Two runs on one --save_folder and --run_name, both started before either checkpoints (different seeds):
     the second is refused before it builds its model, and the folder holds the first run's checkpoints alone."""
     folder = tmp_path / 'ckpt'
-    flags = [*RUN, '--max_duration', '400ba', '--save_folder', str(folder)]
+    # Far more batches than the test takes, and no periodic checkpoint: the first run is still training at the end.
+    flags = [*RUN, '--max_duration', '1000000ba', '--save_interval', '1000000ba', '--save_folder', str(folder)]
     first = start([sys.executable, str(REPO / 'benchmark.py'), *flags, '--seed', '1'], tmp_path)
     try:
         wait_until(lambda: (folder / LOCK_FILE).is_file(), 180, 'the first run holds the folder')
+        assert any(re.match(r'batch \d+ of 1000000 ', line) for line in first.stdout), 'the first run never trained'
         second = subprocess.run(
             [sys.executable, str(REPO / 'benchmark.py'), *flags, '--seed', '2'],
             cwd=tmp_path,
