@@ -1,6 +1,7 @@
 """Write LAION-style Streaming (MDS) shards: `jpg` (the image file's bytes, never re-encoded) and `caption`.
 
     python convert.py photos/ out/mds                  # images with same-name .txt captions, any depth
+    python convert.py my_images/ out/mds               # a Hugging Face image folder: metadata.jsonl or .csv captions
     python convert.py laion/00000.tar laion/00001.tar out/mds   # img2dataset webdataset output
     python convert.py laion/ s3://bucket/laion/mds     # a folder of .tar shards, uploaded as written
     python convert.py photos/ out/mds --validation_fraction 0.05   # 5% held out in out/mds/validation
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from datapath.caption_metadata import CaptionMetadataError, metadata_captions
 from datapath.images import BadSample, decode_image
 from guards import arguments
 from guards.outputs import WriteFailed, free_space_fix, one_line, system_reason, write_failure
@@ -75,8 +77,11 @@ def describe_skipped(skipped: dict[str, int]) -> str:
 # reason, and named with the detail (the caption file looked for).
 
 
-def folder_samples(folder: Path, caption_from_filename: bool = False):
+def folder_samples(folder: Path, caption_from_filename: bool = False, listed: dict[Path, str] | None = None):
+    """An image's caption: its same-name .txt file, else its row in a metadata file (`listed`, caption_metadata.py),
+    else with caption_from_filename its file name."""
     images, repeats = image_files(folder)
+    listed = listed or {}
     for path in repeats:
         yield str(path), None, None, 'linked folder already read (a loop or a second link)'
     for path in images:
@@ -84,11 +89,14 @@ def folder_samples(folder: Path, caption_from_filename: bool = False):
         if not path.is_file():
             yield str(path), None, None, 'broken link'
             continue
-        if not caption_file.is_file() and not caption_from_filename:
+        if not caption_file.is_file() and path not in listed and not caption_from_filename:
             yield str(path), None, None, (NO_CAPTION_FILE, caption_file.name)
             continue
         try:
-            caption = caption_file.read_bytes() if caption_file.is_file() else caption_from_name(path)
+            if caption_file.is_file():
+                caption = caption_file.read_bytes()
+            else:
+                caption = listed[path] if path in listed else caption_from_name(path)
             yield str(path), path.read_bytes(), caption, None
         except OSError as error:
             yield str(path), None, None, f'unreadable ({error.strerror})'
@@ -341,9 +349,14 @@ def convert(
     progress: bool = True,
     validation_fraction: float = 0.0,
     caption_from_filename: bool = False,
+    caption_column: str | None = None,
 ) -> dict:
     sources = expand_inputs(inputs)
     check_output(out, overwrite, inputs)
+    try:  # read whole before anything is written: a bad row is named at once
+        listed = {path: metadata_captions(path, caption_column) for kind, path in sources if kind == 'folder'}
+    except CaptionMetadataError as error:
+        raise ConvertError(str(error))
     total = None
     if all(kind == 'folder' for kind, _ in sources):
         total = sum(sum(map(len, image_files(folder))) for _, folder in sources)
@@ -355,7 +368,7 @@ def convert(
 
     def samples():
         for kind, path in sources:
-            read = folder_samples(path, caption_from_filename) if kind == 'folder' else tar_samples(path)
+            read = folder_samples(path, caption_from_filename, listed[path]) if kind == 'folder' else tar_samples(path)
             base = path if kind == 'folder' else path.parent
             for name, image, caption, reason in read:
                 yield name, image, caption, reason, split_position(split_name(name, base)) < validation_fraction
@@ -387,7 +400,8 @@ def main(argv=None) -> dict:
     parser.add_argument(
         'inputs',
         nargs='+',
-        help='folders of images with same-name .txt captions, img2dataset .tar shards, or folders of .tar shards',
+        help='folders of images with same-name .txt captions (or a metadata.jsonl / metadata.csv of file_name and '
+        'caption, as Hugging Face image folders keep them), img2dataset .tar shards, or folders of .tar shards',
     )
     parser.add_argument('out', help='output folder, or a remote such as s3://bucket/laion/mds (uploaded as written)')
     parser.add_argument(
@@ -410,6 +424,11 @@ def main(argv=None) -> dict:
         help="caption an image that has no .txt caption file by its file name ('red_barn-at-dusk.jpg': "
         "'red barn at dusk'); for folders of images",
     )
+    parser.add_argument(
+        '--caption_column',
+        metavar='NAME',
+        help='the caption column of metadata.jsonl / metadata.csv files (default: the first of text, caption, prompt)',
+    )
     args = parser.parse_args(argv)
     if not re.fullmatch(r'\d+(kb|mb|gb|tb|b)?', args.size_limit.strip().lower()):
         raise ConvertError(f"--size_limit {args.size_limit!r}: a byte count, optionally with kb, mb, gb (e.g. '64mb')")
@@ -429,6 +448,7 @@ def main(argv=None) -> dict:
                 progress=True,
                 validation_fraction=args.validation_fraction,
                 caption_from_filename=args.caption_from_filename,
+                caption_column=args.caption_column,
             )
     except NothingWritten as error:
         print_skipped(error.stats)
@@ -483,7 +503,10 @@ def warn_if_mostly_skipped(stats: dict) -> None:
         return
     fix = ''
     if max(stats['skipped'], key=stats['skipped'].get) == NO_CAPTION_FILE:
-        fix = "; each image needs a caption file of its name ('a.jpg': 'a.txt'), or pass --caption_from_filename"
+        fix = (
+            "; each image needs a caption file of its name ('a.jpg': 'a.txt') or a row in a metadata.jsonl or "
+            'metadata.csv, or pass --caption_from_filename'
+        )
     print(
         f'warning: {skipped} of {skipped + kept} inputs skipped, more than half '
         f'({describe_skipped(stats["skipped"])}){fix}',

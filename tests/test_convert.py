@@ -68,6 +68,60 @@ def test_image_folder_round_trip(tmp_path):
     assert read_mds(tmp_path / 'out') == expected  # bytes exactly as in the files: nothing re-encoded
 
 
+def test_captions_kept_in_a_hugging_face_image_folders_metadata(tmp_path):
+    """metadata.jsonl (Diffusers' 'text' column, a file_name in a subfolder) and metadata.csv ('caption', in a
+    subfolder of its own): each image takes its row; a same-name .txt file still wins; one listed nowhere is skipped."""
+    photos = tmp_path / 'photos'
+    (photos / 'train' / 'more').mkdir(parents=True)
+    for number, name in enumerate(['train/a.jpg', 'train/more/b.jpg', 'train/c.jpg', 'train/d.jpg', 'other/e.jpg']):
+        (photos / name).parent.mkdir(parents=True, exist_ok=True)
+        (photos / name).write_bytes(jpeg(number))
+    rows = [{'file_name': 'a.jpg', 'text': 'a red barn'}, {'file_name': 'more/b.jpg', 'text': 'two "cats", 猫'}]
+    rows.append({'file_name': 'c.jpg', 'text': 'from the metadata'})
+    (photos / 'train' / 'metadata.jsonl').write_text('\n'.join(json.dumps(row) for row in rows) + '\n')
+    (photos / 'train' / 'c.txt').write_text('from its caption file')
+    (photos / 'other' / 'metadata.csv').write_text('file_name,caption,width\ne.jpg,"a quay, at dusk",64\n')
+    stats = convert.convert([str(photos)], str(tmp_path / 'out'), progress=False)
+    assert stats['written'] == 4 and stats['skipped'] == {'no caption file': 1}  # train/d.jpg
+    assert read_mds(tmp_path / 'out') == [
+        (jpeg(4), 'a quay, at dusk'),
+        (jpeg(0), 'a red barn'),
+        (jpeg(2), 'from its caption file'),
+        (jpeg(1), 'two "cats", 猫'),
+    ]
+
+
+@pytest.mark.parametrize(
+    'file, text, line',
+    [
+        (
+            'metadata.jsonl',
+            '{"file_name": "a.jpg", "text": "ok"}\n{"file_name": "b.jpg", "text": }\n',
+            'line 2 is not JSON (Expecting value at column 32)',
+        ),
+        (
+            'metadata.jsonl',
+            '{"file_name": "a.jpg", "alt": "a barn"}\n',
+            'no caption column (text, caption, prompt) among file_name, alt; name it with --caption_column',
+        ),
+        ('metadata.csv', 'name,text\na.jpg,a barn\n', 'row 2 has no file_name (the image it captions)'),
+    ],
+    ids=['not JSON', 'no caption column', 'no file_name'],
+)
+def test_metadata_that_cannot_give_captions_is_one_line_before_anything_is_written(tmp_path, file, text, line):
+    photos = tmp_path / 'photos'
+    photos.mkdir()
+    (photos / 'a.jpg').write_bytes(jpeg(0))
+    (photos / file).write_text(text)
+    with pytest.raises(convert.ConvertError) as refused:
+        convert.main([str(photos), str(tmp_path / 'out')])
+    assert str(refused.value) == f'{photos / file}: {line}'
+    assert not (tmp_path / 'out').exists()
+    if 'caption_column' in line:  # named, it is read
+        convert.main([str(photos), str(tmp_path / 'out'), '--caption_column', 'alt'])
+        assert read_mds(tmp_path / 'out') == [(jpeg(0), 'a barn')]
+
+
 def write_tar(path: Path, members: list[tuple[str, bytes]], truncate: int | None = None) -> None:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode='w') as tar:
@@ -228,7 +282,7 @@ def test_caption_files_are_named_and_file_names_can_caption(tmp_path, capsys):
     # More than half the inputs skipped: said, with the fix; still written, and no error (exit status 0).
     assert err[-1] == (
         'warning: 2 of 3 inputs skipped, more than half (2 no caption file); each image needs a caption file of its '
-        "name ('a.jpg': 'a.txt'), or pass --caption_from_filename"
+        "name ('a.jpg': 'a.txt') or a row in a metadata.jsonl or metadata.csv, or pass --caption_from_filename"
     )
     assert read_mds(tmp_path / 'out') == [(jpeg(2), 'a caption file')]
 
