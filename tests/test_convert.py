@@ -313,10 +313,14 @@ def test_validation_fraction_holds_out_the_same_files_on_every_conversion(tmp_pa
     assert sorted(training + held_out) == sorted(f'photo {i}' for i in range(40))  # each once, on one side
     assert held_out != [f'photo {i}' for i in range(6)]  # by name, not the first ones
     # 6 of 40 where a quarter was asked for: said, with why.
-    assert capsys.readouterr().out.splitlines()[-1].startswith(
-        f'wrote 34 training samples in 1 shard(s) to {out}, 6 held out for validation in {split} (15% of 40, where '
-        '--validation_fraction 0.25 asked for about 10: images are held out by a hash of their names, which only a '
-        'large folder splits evenly), in '
+    assert (
+        capsys.readouterr()
+        .out.splitlines()[-1]
+        .startswith(
+            f'wrote 34 training samples in 1 shard(s) to {out}, 6 held out for validation in {split} (15% of 40, where '
+            '--validation_fraction 0.25 asked for about 10: images are held out by a hash of their names, which only a '
+            'large folder splits evenly), in '
+        )
     )
     # By each file's name within its input folder: the same split from a copy elsewhere, and a larger fraction only
     # adds to it.
