@@ -44,11 +44,15 @@ from settings.dataset_checks import (
     is_remote,
     s3_client,
 )
+from settings.datasets import CONVERTED_VALIDATION_SPLIT
 from settings.model_folder import caption_inputs, text_encoder_folders, transformer_family
 from settings.recipes import PIXART
 from settings.tokenizer import TokenizerError
 
 SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun never mixes two settings
+# The held-out split convert.py --validation_fraction writes in its output folder (convert.VALIDATION_SPLIT), and
+# where a run looks for one beside its training data (settings.datasets).
+VALIDATION_SPLIT = CONVERTED_VALIDATION_SPLIT
 
 
 # ------------------------------------------------------------------------------------ output folder
@@ -242,13 +246,15 @@ def part_write_failures(out: str, part: int):
         raise WriteFailed(f'--out {out}', system_reason(error), left, fix) from error
 
 
-def merge_parts(out: str) -> None:
+def merge_parts(out: str, num_parts: int) -> None:
     """The parts' indexes merged into the output's index.json, each shard named by its part's folder, as Streaming's
-    merge_index does. A local output is merged here: merge_index reads its path as a URL, so a '#', '?' or ';' in it
-    ended the path early, and the indexes of the folder above were merged in (seen: twice the samples)."""
+    merge_index does. A remote output's parts are named to merge_index one by one (given the folder, it merges
+    every index.json a level below, the validation split's too). A local output is merged here: merge_index reads
+    its path as a URL, so a '#', '?' or ';' in it ended the path early, and the indexes of the folder above were
+    merged in (seen: twice the samples)."""
     if is_remote(out):
         with without_streaming_notices():
-            merge_index(out, keep_local=True)
+            merge_index([f'{part_out(out, part)}/index.json' for part in range(num_parts)], out, keep_local=True)
         return
     shards = []
     for index in sorted(Path(out).glob('part-*/index.json')):
@@ -296,11 +302,29 @@ def output_lock(out: str):
 
 
 def precompute_into_locked_output(args: argparse.Namespace, device) -> dict:
-    """precompute(), with the output this job's alone."""
-    rank, world_size = dist.get_global_rank(), dist.get_world_size()
+    """precompute(), with the output this job's alone: the dataset, then the held-out split convert.py
+    --validation_fraction wrote beside it (a local input's validation/), into the output's own validation/, where a
+    run with --precomputed_latents --local OUT finds it."""
     if args.sample_data:
         ensure_sample_dataset(Path(args.local))
     clean_stale_shared_memory()  # every rank calls it: local rank 0 cleans while the others wait at its barrier
+    reproducibility.seed_all(args.seed)  # every rank, and every rerun, gets the same encoders
+    # The encoders alone: the denoiser's weights (3.5 GB for SD2 base, 48 GB for Flux) are never read.
+    vae, text_encoders, loaded = build_frozen_encoders(args.model_dir, init_device=device._device)
+    dtype = torch.bfloat16 if args.precision == 'bf16' else torch.float32
+    encoders = vae.to(device._device, dtype), [encoder.to(device._device, dtype) for encoder in text_encoders], loaded
+    done = precompute_split(args, device, encoders)
+    split = None if is_remote(args.local or '') or args.remote else Path(args.local) / VALIDATION_SPLIT
+    if split is not None and (split / 'index.json').is_file():
+        out = f'{args.out.rstrip("/")}/{VALIDATION_SPLIT}'  # emptied with the output where --overwrite is given
+        held_out = argparse.Namespace(**{**vars(args), 'local': str(split), 'out': out, 'overwrite': False})
+        done['validation'] = precompute_split(held_out, device, encoders)
+    return done
+
+
+def precompute_split(args: argparse.Namespace, device, encoders: tuple) -> dict:
+    """One MDS dataset (args.remote or args.local) encoded into args.out, part by part over the ranks, then merged."""
+    rank, world_size = dist.get_global_rank(), dist.get_world_size()
     try:
         describe_dataset(args.remote, args.local)  # a damaged dataset is named now, before any encoder runs
         dataset = StreamingLAIONDataset(
@@ -319,12 +343,7 @@ def precompute_into_locked_output(args: argparse.Namespace, device) -> dict:
         check_settings(args, num_samples)
     dist.barrier()
 
-    reproducibility.seed_all(args.seed)  # every rank, and every rerun, gets the same encoders
-    # The encoders alone: the denoiser's weights (3.5 GB for SD2 base, 48 GB for Flux) are never read.
-    vae, text_encoders, loaded = build_frozen_encoders(args.model_dir, init_device=device._device)
-    dtype = torch.bfloat16 if args.precision == 'bf16' else torch.float32
-    vae = vae.to(device._device, dtype)
-    text_encoders = [encoder.to(device._device, dtype) for encoder in text_encoders]
+    vae, text_encoders, loaded = encoders
     num_parts = -(-num_samples // args.part_size)
     mine = [part for part in range(rank, num_parts, world_size)]
     todo = [part for part in mine if args.overwrite or read_text(part_out(args.out, part), 'index.json') is None]
@@ -355,7 +374,7 @@ def precompute_into_locked_output(args: argparse.Namespace, device) -> dict:
         if not is_remote(args.out):  # Streaming's merge will not replace the index of an earlier run
             (Path(args.out) / 'index.json').unlink(missing_ok=True)
         with merge_write_failures(args.out):
-            merge_parts(args.out)
+            merge_parts(args.out, num_parts)
         index = json.loads(read_text(args.out, 'index.json'))
         total = sum(shard['samples'] for shard in index['shards'])
         print(

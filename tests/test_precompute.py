@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 from composer.utils import reproducibility
-from conftest import LAUNCHER, REPO, fixed_batch
+from conftest import LAUNCHER, REPO, fixed_batch, good_samples, write_dataset
 from streaming import StreamingDataset
 from torch.utils.data import default_collate
 
@@ -443,3 +443,19 @@ def test_a_loader_worker_killed_mid_precompute_ends_it_in_one_line(source, tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f'error: a loader worker (pid {killed[0]}) ') and 'the parts finished are kept' in err[-1]
     assert not any('Traceback' in line for line in err)
+
+
+def test_the_held_out_split_beside_the_input_is_precomputed_beside_the_output(source, tmp_path):
+    """convert.py --validation_fraction writes a split in its output's validation/: precompute.py encodes it into its
+    own output's validation/, where a run from the latents finds it."""
+    data = shutil.copytree(source, tmp_path / 'mds')
+    write_dataset(data / 'validation', good_samples(6))
+    out = tmp_path / 'latents'
+    done = run_precompute(data, out)
+    assert (done['encoded'], done['validation']['encoded'], done['validation']['bad']) == (38, 6, 0)
+    assert len(read_all(out)) == 38 and len(read_all(out / 'validation')) == 6
+    again = run_precompute(data, out)  # finished: nothing to redo, in either
+    assert (again['skipped_parts'], again['validation']['skipped_parts']) == (3, 1)
+    flags = ['--model_name', 'tiny', '--precomputed_latents', '--local', str(out), '--batch_size', '8']
+    config = resolve_config(parse_args([*flags, '--max_duration', '2ba', '--eval_interval', '1ba']))
+    assert config.eval_local == str(out / 'validation')
