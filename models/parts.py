@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from composer.models import ComposerModel
 from diffusers import AutoencoderKL, UNet2DConditionModel
+from diffusers.utils import is_accelerate_available
 from torchmetrics import Metric
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
@@ -68,7 +69,12 @@ def build_part(
     config on init_device (default: torch's default device, the CPU unless a caller set another)."""
     model_class = part_class(model_dir, part)
     if has_weights(model_dir, part):
-        return model_class.from_pretrained(model_dir, subfolder=part), True
+        # Diffusers' default low_cpu_mem_usage needs the accelerate package, which this stack does not install, and
+        # warns once per part that it falls back to False.
+        options = (
+            {'low_cpu_mem_usage': is_accelerate_available()} if model_class.__module__.startswith('diffusers') else {}
+        )
+        return model_class.from_pretrained(model_dir, subfolder=part, **options), True
     # SD2 base's 1.3B parameters take about 20 s of CPU time and 5 GB of host memory per rank to initialize
     # (measured on 2 cores); built on the GPU the Trainer would move them to anyway, well under a second.
     with contextlib.nullcontext() if init_device is None else torch.device(init_device):

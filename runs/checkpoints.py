@@ -294,12 +294,14 @@ def drawing_settings(config: RunConfig) -> dict:
 class RunDescription(Callback):
     """Saves run_description() in every checkpoint (Composer keeps each callback's state_dict there), and what is
     recorded but not compared: the CPU thread count the weights were trained with, which a resumed run takes
-    (resumed_cpu_threads), and drawing_settings(), which generate.py takes."""
+    (resumed_cpu_threads), the microbatch, which a run on an exported folder takes, and drawing_settings(), which
+    generate.py takes."""
 
     def __init__(self, config: RunConfig):
         self.description = {
             **run_description(config),
             'cpu_threads': config.cpu_threads,
+            'device_train_microbatch_size': config.device_train_microbatch_size,
             **drawing_settings(config),
         }
 

@@ -37,6 +37,8 @@ from runs.checkpoints import RunDescription
 from settings.model_folder import (
     CAPTION_LENGTH,
     CLIP_PAD_ID,
+    LATENT_DOWNSAMPLE,
+    RUN_DESCRIPTION_FILE,
     T5_CAPTION_LENGTH,
     TRANSFORMER_PIPELINE_NAMES,
     caption_pad_ids,
@@ -51,9 +53,6 @@ SCHEDULERS = {name: getattr(diffusers, scheduler) for name, scheduler in SAMPLER
 TRANSFORMER_PIPELINES = {
     family: getattr(diffusers, pipeline) for family, pipeline in TRANSFORMER_PIPELINE_NAMES.items()
 }
-# The exported folder's record of its run (checkpoints.run_description: the image size it trained at, ...), beside
-# the pipeline's own files, which Diffusers loads without reading it.
-RUN_DESCRIPTION_FILE = 'run_description.json'
 # White pixels between and around a grid's images.
 GRID_SPACING = 2
 
@@ -229,6 +228,10 @@ def export_pipeline(
         denoiser = full_unet(model.denoiser)  # a collective under FSDP
         if denoiser is not None:
             pipeline = build_pipeline(model, scheduler, tokenizer, denoiser)
+            if isinstance(pipeline, StableDiffusionPipeline) and description is not None:
+                # The size the pipeline draws when called without one: the run's, not the config's. Only a UNet's
+                # sample_size is that alone (a transformer's also sets its position embedding's scale).
+                denoiser.register_to_config(sample_size=description['image_size'] // LATENT_DOWNSAMPLE)
             with staged_folder(out_dir, f'--export_pipeline {out_dir}', again) as partial:
                 pipeline.save_pretrained(partial, safe_serialization=True)
                 if description is not None:

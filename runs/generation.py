@@ -5,7 +5,6 @@ and their CLIP score and FID where the local weights are given.
 """
 
 import argparse
-import json
 import pickle
 from pathlib import Path
 
@@ -22,8 +21,8 @@ from models.diffusion_transformer import DiffusionTransformer
 from models.stable_diffusion import build_model
 from runs.checkpoints import RunDescription, load_checkpoint_file
 from runs.evaluation import ValidationSplit
-from runs.export import RUN_DESCRIPTION_FILE, SCHEDULERS, build_pipeline, generate, labeled_grid
-from settings.model_folder import caption_pad_ids, is_transformer_folder
+from runs.export import SCHEDULERS, build_pipeline, generate, labeled_grid
+from settings.model_folder import RUN_DESCRIPTION_FILE, caption_pad_ids, exported_run, is_transformer_folder
 from settings.recipes import is_flow_matching
 from settings.tokenizer import CaptionTokenizer
 
@@ -149,16 +148,8 @@ def load_checkpoint_state(checkpoint: str, trust: bool = False) -> dict:
 
 
 def recorded_description(record: Path) -> dict:
-    """An exported pipeline's run description (export.RUN_DESCRIPTION_FILE), if it has one."""
-    if not record.is_file():
-        return {}
-    try:
-        description = json.loads(record.read_text())
-    except ValueError:
-        description = None
-    if not isinstance(description, dict):
-        raise ConfigError(f'{record}: not the JSON object of a run description; pass --image_size')
-    return description
+    """An exported pipeline's run description (model_folder.RUN_DESCRIPTION_FILE), if it has one."""
+    return exported_run(record.parent, 'pass --image_size')
 
 
 def default_image_size(pipeline: DiffusionPipeline) -> int:

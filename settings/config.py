@@ -25,17 +25,19 @@ from settings.memory_plan import Plan, plan, plans_for
 from settings.memory_plan import Run as PlannedRun
 from settings.model_folder import (
     LATENT_DOWNSAMPLE,
+    RUN_DESCRIPTION_FILE,
     CaptionInputs,
     caption_inputs,
     check_training_fields,
     denoiser_config,
     embeds_guidance,
+    exported_run,
     is_transformer_folder,
     resolve_model_dir,
     t5_tokenizer_needed,
 )
 from settings.output_paths import check_outputs, settle_sample_and_export_folders
-from settings.presets import PRESETS, SAMPLE_PROMPTS, SD2_BASE, SYNTHETIC_SAMPLES
+from settings.presets import PRESETS, SAMPLE_PROMPTS, SD2_BASE, SYNTHETIC_SAMPLES, Preset
 from settings.recipes import FLUX_GUIDANCE, RECIPES, Recipe, is_flow_matching
 from settings.tokenizer import check_tokenizer
 
@@ -268,7 +270,13 @@ def fill_defaults(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
             'transformer: leave out --recipe'
         )
     from_preset, from_recipe = {}, {}
-    preset = PRESETS.get(draft.model_name, SD2_BASE)  # a model folder: the published run's values
+    exported = {} if draft.model_name in PRESETS else exported_run(draft.model_dir, EXPORTED_RUN_FIX)
+    # A model folder: the values of the run that exported it, else the published run's.
+    preset = PRESETS.get(draft.model_name) or exported_preset(exported)
+    for flag in ('prediction_type', 'tokenizer'):  # what the exported run trained with (None: the model's own)
+        if getattr(draft, flag) is None and exported.get(flag) is not None:
+            setattr(draft, flag, exported[flag])
+            from_preset[flag] = exported[flag]
     # The fast recipe on a GPU plans the microbatch from memory (settle_batch), where the model's counts are known.
     planned = has_gpu and not published and plans_for(draft.model_name)
     for flag, value in dataclasses.asdict(preset).items():
@@ -302,6 +310,27 @@ def fill_defaults(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
         draft.notes.append(f'cpu threads: {draft.cpu_threads} ({why}; --cpu_threads N sets it)')
 
 
+EXPORTED_RUN_FIX = 'export the folder again, or remove that file to train with the published preset'
+
+
+def exported_preset(exported: dict) -> Preset:
+    """The preset of a folder benchmark.py --export_pipeline wrote: the size, batch and microbatch of its run (the
+    published run's where one is not recorded); SD2_BASE for another folder."""
+
+    def recorded(flag: str, default):
+        value = exported.get(flag)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+    return Preset(
+        image_size=recorded('image_size', SD2_BASE.image_size),
+        batch_size=recorded('batch_size', SD2_BASE.batch_size),
+        device_train_microbatch_size=recorded('device_train_microbatch_size', None)
+        if exported
+        else SD2_BASE.device_train_microbatch_size,
+        max_duration=SD2_BASE.max_duration,
+    )
+
+
 def describe_defaults(draft: argparse.Namespace, from_preset: dict, from_recipe: dict, has_gpu: bool) -> str:
     """One line: the flags left unset and where their values come from, e.g. 'defaults: image_size 512, ... from
     the sd2-base preset; precision amp_bf16, ...; on: fused_adamw, ...; off: ... from the 'fast' recipe on a GPU'."""
@@ -315,7 +344,12 @@ def describe_defaults(draft: argparse.Namespace, from_preset: dict, from_recipe:
     switched = {flag: value for flag, value in from_recipe.items() if isinstance(value, bool)}
     on = [flag for flag, value in switched.items() if value]
     off = [flag for flag, value in switched.items() if not value]
-    preset = draft.model_name if draft.model_name in PRESETS else 'published (a model folder)'
+    if draft.model_name in PRESETS:
+        preset = draft.model_name
+    elif (draft.model_dir / RUN_DESCRIPTION_FILE).is_file():
+        preset = f"exported run's ({draft.model_dir / RUN_DESCRIPTION_FILE})"
+    else:
+        preset = 'published (a model folder)'
     recipe = ', '.join(
         part
         for part in (listed(settings), f'on: {", ".join(on)}' if on else '', f'off: {", ".join(off)}' if off else '')

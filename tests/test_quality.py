@@ -528,3 +528,32 @@ def test_the_clip_score_is_clips_cosine_of_image_and_prompt_times_100(tmp_path):
         read = model.get_text_features(input_ids=inputs['input_ids'], attention_mask=inputs['attention_mask'])
     expected = (100 * (seen * torch.nn.functional.normalize(read, dim=-1)).sum(-1)).clamp(min=0).mean()
     assert printed == pytest.approx(float(expected), abs=1e-3)
+
+
+def test_a_run_on_an_exported_folder_takes_what_its_run_trained_with(tmp_path, capfd):
+    """A folder --export_pipeline wrote describes its run: a run on it leaves the published preset (512px, batch
+    2048) for the exported run's size, batch, microbatch and prediction type, a flag given still winning; the
+    pipeline draws at that size when given none; its parts load without Diffusers' accelerate warning."""
+    from diffusers import StableDiffusionPipeline
+
+    from models.parts import build_part
+
+    pipe = tmp_path / 'pipe'
+    flags = ['--model_name', 'tiny', '--use_synth_data', '--image_size', '32', '--batch_size', '6']
+    flags += ['--device_train_microbatch_size', '3', '--prediction_type', 'v_prediction', '--max_duration', '1ba']
+    main(parse_args([*flags, '--export_pipeline', str(pipe)]))
+    config = resolve_config(parse_args(['--model_name', str(pipe), '--use_synth_data']))
+    assert (config.image_size, config.batch_size, config.device_train_microbatch_size) == (32, 6, 3)
+    assert config.prediction_type == 'v_prediction'
+    assert f"from the exported run's ({pipe / 'run_description.json'}) preset" in config.notes[0]
+    given = resolve_config(parse_args(['--model_name', str(pipe), '--use_synth_data', '--image_size', '64']))
+    assert given.image_size == 64 and given.batch_size == 6
+    pipeline = StableDiffusionPipeline.from_pretrained(pipe, local_files_only=True)
+    assert pipeline.unet.config.sample_size * pipeline.vae_scale_factor == 32
+    capfd.readouterr()
+    build_part(pipe, 'unet')
+    build_part(pipe, 'vae')
+    assert 'accelerate' not in capfd.readouterr().err
+    (pipe / 'run_description.json').write_text('[32]')
+    with pytest.raises(ConfigError, match=r'run_description.json: not the JSON object of a run description; export '):
+        resolve_config(parse_args(['--model_name', str(pipe), '--use_synth_data']))
