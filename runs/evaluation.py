@@ -199,11 +199,20 @@ def build_evaluators(config, latent_shape: tuple[int, int, int]) -> list[Evaluat
 
 
 class ValidationReport(Callback):
-    """Prints each validation loss (rank 0) and times every evaluator, for the share of the run they took."""
+    """Prints each validation loss (rank 0), keeps the learning curves, and times every evaluator, for the share of
+    the run they took. The curves are saved in every checkpoint (Composer keeps each callback's state_dict there), so
+    a resumed run's results hold the points from before its resumption too."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
         self._started = None
+        self.curves: dict[str, list[list]] = {}  # by evaluator label ('val', 'val_ema'): [samples seen, loss], ...
+
+    def state_dict(self) -> dict:
+        return {'curves': self.curves}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.curves = {label: [list(point) for point in points] for label, points in state.get('curves', {}).items()}
 
     def eval_start(self, state: State, logger: Logger) -> None:
         self._started = time.perf_counter()
@@ -212,8 +221,13 @@ class ValidationReport(Callback):
         label = str(state.dataloader_label)
         kind = 'samples' if label.startswith('samples') else 'validation'
         self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - self._started
-        if kind == 'validation' and dist.get_global_rank() == 0:
-            loss = float(state.eval_metric_values['ValidationLoss'])
+        if kind != 'validation':
+            return
+        loss, samples = float(state.eval_metric_values['ValidationLoss']), int(state.timestamp.sample)
+        # One point per sample count: a resumed run validates again where its checkpoint was written.
+        points = [point for point in self.curves.get(label, []) if point[0] != samples]
+        self.curves[label] = sorted([*points, [samples, loss]])
+        if dist.get_global_rank() == 0:
             weights = ' (EMA weights)' if label.endswith('_ema') else ''
             print(
                 f'validation loss{weights}: {loss:.5f} after {int(state.timestamp.sample)} samples '

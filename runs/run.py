@@ -400,7 +400,7 @@ def summarize(trainer: Trainer, config: RunConfig) -> Results:
         world_size=config.world_size,
         image_size=config.image_size,
         model_name=config.model_name,
-        **validation_results(logged, trainer),
+        **validation_results(trainer),
         config=config.as_dict(),
         versions=package_versions(),
         provenance=provenance(first_step_end(trainer)),
@@ -413,15 +413,15 @@ def first_step_end(trainer: Trainer) -> float | None:
     return None if progress is None else progress.first_end_wall_clock
 
 
-def validation_results(logged: dict, trainer: Trainer) -> dict:
+def validation_results(trainer: Trainer) -> dict:
     """The validation losses (final, and against samples seen) and the seconds evaluation took beside training's."""
     fields = {}
-    for weights, suffix in (('', ''), ('_ema', '_ema')):
-        curve = [[int(ts.sample), float(v)] for ts, v in logged.get(f'metrics/val{weights}/ValidationLoss', [])]
-        if curve:
-            fields[f'val_loss{suffix}'] = curve[-1][1]
-            fields[f'val_loss{suffix}_curve'] = curve
     report = next((cb for cb in trainer.state.callbacks if isinstance(cb, ValidationReport)), None)
+    for weights in ('', '_ema'):
+        curve = report.curves.get(f'val{weights}', []) if report is not None else []
+        if curve:
+            fields[f'val_loss{weights}'] = curve[-1][1]
+            fields[f'val_loss{weights}_curve'] = curve
     if report is not None:
         fields['train_seconds'] = trainer.state.timestamp.total_wct.total_seconds()
         fields['eval_seconds'] = report.seconds.get('validation', 0.0)

@@ -557,3 +557,18 @@ def test_a_run_on_an_exported_folder_takes_what_its_run_trained_with(tmp_path, c
     (pipe / 'run_description.json').write_text('[32]')
     with pytest.raises(ConfigError, match=r'run_description.json: not the JSON object of a run description; export '):
         resolve_config(parse_args(['--model_name', str(pipe), '--use_synth_data']))
+
+
+def test_a_resumed_runs_learning_curve_holds_the_points_before_its_resumption(split, tmp_path):
+    """The curve is kept in the checkpoints: a run resumed at batch 2 reports the points of 0 and 2 (as validated
+    before the stop) and 4, with the EMA's curve the same way, not only the points after it resumed."""
+    flags = [*SMALL, '--eval_local', split, '--eval_interval', '2ba', '--use_ema', '--ema_half_life', '2ba']
+    flags += ['--save_folder', str(tmp_path / 'ckpt'), '--save_interval', '2ba', '--run_name', 'curve']
+    first, resumed = tmp_path / 'first.json', tmp_path / 'resumed.json'
+    main(parse_args([*flags, '--max_duration', '2ba', '--results_json', str(first)]))
+    main(parse_args([*flags, '--max_duration', '4ba', '--autoresume', '--results_json', str(resumed)]))
+    before, after = json.loads(first.read_text()), json.loads(resumed.read_text())
+    for curve in ('val_loss_curve', 'val_loss_ema_curve'):
+        assert [samples for samples, _ in after[curve]] == [0, 8, 16]
+        assert after[curve][:2] == before[curve]
+    assert after['val_loss'] == after['val_loss_curve'][-1][1] != before['val_loss']
