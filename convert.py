@@ -16,6 +16,7 @@ A dataset appears only once it is whole and holds a sample: with none written (a
 skipped) or an error on the way, the output is left as it was and the exit status is 2.
 """
 
+import argparse
 import contextlib
 import hashlib
 import json
@@ -392,7 +393,8 @@ def split_position(name: str) -> float:
 # --------------------------------------------------------------------------------------------- main
 
 
-def main(argv=None) -> dict:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The flags, each value checked; ConvertError names a bad one."""
     parser = arguments.ArgumentParser(
         description='Convert images with captions to Streaming MDS shards '
         '(columns jpg: image bytes as they are, caption: text).'
@@ -437,6 +439,11 @@ def main(argv=None) -> dict:
             f'--validation_fraction {args.validation_fraction}: the fraction of images held out, '
             'at least 0 and below 1 (e.g. 0.05)'
         )
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     start = time.perf_counter()
     try:
         with stop_on_signals(lambda signum: stopped_line(signum, args.out)), output_lock(args.out):

@@ -91,7 +91,7 @@ def sweep_configs(path: Path, gpu_counts: list[int], gpu_type: str | None) -> li
     return configs
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = arguments.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest='command', required=True)
     check_parser = commands.add_parser('check', help='validate a run YAML offline')
@@ -104,6 +104,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == 'sweep' and any(gpus <= 0 for gpus in args.gpus):
         parser.error(f'--gpus {args.gpus}: GPU counts must be positive')
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
 
     problems = check(Path(args.yaml))
     if problems:
