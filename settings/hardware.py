@@ -15,9 +15,16 @@ class Gpu:
     capability: tuple[int, int] = (0, 0)  # CUDA compute capability: (8, 0) A100, (9, 0) H100 and H200
 
 
+# The device files a GPU driver makes (NVIDIA's, AMD's for ROCm builds of torch), container runtimes included: where
+# none exists there is no GPU, known without loading torch (seconds), so that a bad flag is answered at once.
+GPU_DEVICE_FILES = ('/dev/nvidiactl', '/dev/kfd')
+
+
 @functools.cache
 def gpu() -> Gpu | None:
     """This process's CUDA device (the first visible one), or None on a machine without one."""
+    if not any(os.path.exists(path) for path in GPU_DEVICE_FILES):
+        return None
     import torch  # the one heavy import of the settling step; see the module docstring
 
     if not torch.cuda.is_available():

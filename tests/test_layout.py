@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, skip_unless_ci
 
+from settings import hardware
+
 # The folders of modules (each one's rule in its __init__.py and docs/architecture.md); the command lines and the
 # design card's modules stay at the top.
 FOLDERS = ['costs', 'datapath', 'guards', 'models', 'runs', 'settings']
@@ -249,6 +251,25 @@ def test_help_and_bad_flags_answer_before_any_heavy_library_loads(script, tmp_pa
         assert run.stderr.splitlines()[-1] == 'loaded: []', (flags, run.stderr[-2000:])
         if expected:
             assert run.stderr.splitlines()[-2].startswith(('error: ', f'{Path(script).name}: error: ')), run.stderr
+
+
+@pytest.mark.skipif(
+    any(os.path.exists(path) for path in hardware.GPU_DEVICE_FILES), reason='a GPU driver is here: torch is asked'
+)
+def test_a_batch_the_microbatch_does_not_divide_is_answered_without_torch_where_no_gpu_driver_is(tmp_path):
+    """Without a GPU driver's device files there is no GPU to ask torch about: the flags that need the machine (the
+    batch's split) are settled without loading it, and an error comes at once."""
+    flags = ['--use_synth_data', '--batch_size', '6', '--device_train_microbatch_size', '4']
+    code = LOADED.format(heavy=sorted(HEAVY))
+    run = subprocess.run(
+        [sys.executable, '-c', code, str(REPO / 'benchmark.py'), *flags],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2 and 'is not divisible by --device_train_microbatch_size 4' in run.stderr, run.stderr
+    assert run.stderr.splitlines()[-1] == 'loaded: []', run.stderr
 
 
 @pytest.fixture
