@@ -335,4 +335,6 @@ class SampleGrid(Callback):
         with staged_file(path, f'--sample_dir {config.sample_dir}', 'run again') as partial:
             grid.save(partial)
         self.saved.append(path)
-        logger.log_images(np.asarray(grid), name=f'samples/{weights or "trained"}', channels_last=True)
+        # As media, not in a table (Composer's default), whose images wandb keeps in its artifact staging folder,
+        # outside the run's folder that `wandb sync` uploads: an offline run would lose them.
+        logger.log_images(np.asarray(grid), name=f'samples/{weights or "trained"}', channels_last=True, use_table=False)

@@ -360,6 +360,9 @@ def test_wandb_offline_run_holds_the_configuration_history_and_headline_without_
     keys = wandb_record_keys(run_file)
     assert {'throughput/samples_per_sec', 'throughput/flops_per_sec', 'loss/train/total'} <= keys['history']
     assert any(key.startswith('samples/trained') for key in keys['history'])  # the grid, as Composer logs it
+    # Its images in the run's folder, which `wandb sync` uploads (in a table, wandb kept them elsewhere).
+    grids = sorted(path.name.split('_')[1] for path in run_file.parent.glob('files/media/images/samples/trained_*.png'))
+    assert grids == ['0', '2', '4']  # at the start, and after batches 2 and 4
     assert not [key for key in keys['history'] if 'tokens_per_sec' in key]
     assert {'model_name', 'image_size', 'run_recipe', 'batch_size'} <= keys['config'], sorted(keys['config'])
     assert {'img_per_sec', 'img_per_sec_per_device', 'train_seconds', 'sample_seconds'} <= keys['summary']
