@@ -55,6 +55,8 @@ TRANSFORMER_PIPELINES = {
 }
 # White pixels between and around a grid's images.
 GRID_SPACING = 2
+# A grid column's least width in pixels: a label's first words, however small the images (32px: 'a yello...').
+LABEL_WIDTH = 96
 
 
 def pipeline_tokenizer(folder: str | None = None, pad_id: int = CLIP_PAD_ID):
@@ -247,28 +249,45 @@ def pipeline_class(model: DiffusionModel) -> str:
     return TRANSFORMER_PIPELINES[model.family].__name__
 
 
-def labeled_grid(images: torch.Tensor, labels: list[str], columns: int) -> Image.Image:
-    """Images (N, 3, H, W) in [0, 1] in rows of `columns` on white, each under its label (one per image), shortened
-    to fit the image's width; a row whose labels are all empty has no band of labels."""
+def labeled_grid(
+    images: torch.Tensor, labels: list[str], columns: int, title: str = '', row_labels: list[str] | None = None
+) -> Image.Image:
+    """Images (N, 3, H, W) in [0, 1] in rows of `columns` on white, each under its label (one per image; a row whose
+    labels are all empty has no band of labels), in columns at least LABEL_WIDTH wide so that small images keep
+    readable labels; with a title line above all, and a label left of each row."""
     count, _, height, width = images.shape
     font = ImageFont.load_default(max(10, width // 20))  # Pillow's own font, grown with the images
     line_height = font.getbbox('Ag')[3] + 2
-    lines = [label_lines(label, font, width) for label in labels]
+    cell = max(width, LABEL_WIDTH)
+    lines = [label_lines(label, font, cell) for label in labels]
     rows = [range(start, min(start + columns, count)) for start in range(0, count, columns)]
     bands = [line_height * max(len(lines[i]) for i in row) for row in rows]
-    step = GRID_SPACING + width
+    margin = max((round(font.getlength(label)) + GRID_SPACING for label in row_labels or []), default=0)
+    heading = line_height if title else 0
+    step = GRID_SPACING + cell
     grid = Image.new(
-        'RGB', (columns * step + GRID_SPACING, sum(bands) + len(rows) * (height + GRID_SPACING) + GRID_SPACING), 'white'
+        'RGB',
+        (
+            margin + columns * step + GRID_SPACING,
+            heading + sum(bands) + len(rows) * (height + GRID_SPACING) + GRID_SPACING,
+        ),
+        'white',
     )
     draw = ImageDraw.Draw(grid)
+    if title:
+        draw.text((GRID_SPACING, GRID_SPACING), title, fill='black', font=font)
     pixels = (images.float().clamp(0, 1) * 255).round().byte().permute(0, 2, 3, 1).cpu().numpy()
-    top = GRID_SPACING
-    for row, band in zip(rows, bands):
+    top = heading + GRID_SPACING
+    for number, (row, band) in enumerate(zip(rows, bands)):
+        if row_labels and number < len(row_labels):
+            draw.text(
+                (GRID_SPACING, top + band + (height - line_height) // 2), row_labels[number], fill='black', font=font
+            )
         for column, i in enumerate(row):
-            left = GRID_SPACING + column * step
+            left = margin + GRID_SPACING + column * step
             for n, line in enumerate(lines[i]):
                 draw.text((left, top + n * line_height), line, fill='black', font=font)
-            grid.paste(Image.fromarray(pixels[i]), (left, top + band))
+            grid.paste(Image.fromarray(pixels[i]), (left + (cell - width) // 2, top + band))
         top += band + height + GRID_SPACING
     return grid
 
@@ -328,8 +347,9 @@ class SampleGrid(Callback):
             return
         columns = len(config.sample_prompts)
         labels = [*config.sample_prompts, *[''] * (len(prompts) - columns)]  # above the first row only
-        grid = labeled_grid(images, labels, columns)
         weights = 'ema-' if state.dataloader_label.endswith('_ema') else ''
+        title = f'batch {int(state.timestamp.batch)}, {"EMA" if weights else "trained"} weights'
+        grid = labeled_grid(images, labels, columns, title, [f'seed {seed}' for seed in SAMPLE_SEEDS])
         path = Path(config.sample_dir) / f'samples-{weights}ba{int(state.timestamp.batch):06d}.png'
         # Whole or not at all: a grid cut short by a full disk would look like a drawing of broken weights.
         with staged_file(path, f'--sample_dir {config.sample_dir}', 'run again') as partial:

@@ -7,6 +7,7 @@ import re
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from composer.core import Callback
@@ -246,14 +247,12 @@ def test_generate_bad_input_is_one_line(flags, message, capsys):
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def label_band(grid, columns, width, rows_below):
-    """The band of labels above a grid's first row: the grid's pixels above `rows_below` rows of `width`-pixel
-    images, one column at a time, as (H, W, 3) arrays."""
-    import numpy as np
-
+def label_band(grid, columns, rows_below, height=32, cell=96, left=0):
+    """The band of labels above a grid's first row: the pixels above `rows_below` rows of `height`-pixel images, in
+    columns of `cell` pixels from `left` on (past the rows' labels), one column at a time, as (H, W, 3) arrays."""
     pixels = np.asarray(grid)
-    band = pixels[2 : pixels.shape[0] - rows_below * (width + 2)]
-    return [band[:, 2 + c * (width + 2) : 2 + c * (width + 2) + width] for c in range(columns)]
+    band = pixels[: pixels.shape[0] - rows_below * (height + 2)]
+    return [band[:, left + 2 + c * (cell + 2) : left + 2 + c * (cell + 2) + cell] for c in range(columns)]
 
 
 class RecordMessages(logging.Handler):
@@ -304,18 +303,26 @@ def test_generate_draws_at_the_trained_size_and_grids_carry_their_prompts(tmp_pa
     assert larger.shape == (2, 3, 64, 64) and 'of 64x64 (--image_size)' in capfd.readouterr().out
 
     grid = Image.open(tmp_path / 'folder' / 'grid.png')
-    assert grid.width == 2 * 34 + 2 and grid.height > 34 + 2  # two columns of 32px, under a band of labels
+    # Two columns 96px wide (a label's least width), each a 32px image centered under a band of labels.
+    assert grid.width == 2 * 98 + 2 and grid.height > 34 + 2
     saved = [Image.open(tmp_path / 'folder' / f'000{i}.png') for i in range(2)]
-    assert [
-        list(grid.crop((2 + 34 * i, grid.height - 34, 34 + 34 * i, grid.height - 2)).getdata()) for i in range(2)
-    ] == [list(image.getdata()) for image in saved]
+    lefts = [2 + 98 * i + 32 for i in range(2)]
+    bottom = (grid.height - 34, grid.height - 2)
+    assert [list(grid.crop((x, bottom[0], x + 32, bottom[1])).getdata()) for x in lefts] == [
+        list(image.getdata()) for image in saved
+    ]
     sample_grids = sorted(samples.iterdir())
     assert [path.name for path in sample_grids] == ['samples-ba000000.png', 'samples-ba000001.png']
-    sample_grid = Image.open(sample_grids[-1])
-    # The default 4 prompts as columns, the 2 seeds as rows, and the prompts above the first row only.
-    assert sample_grid.width == 4 * 34 + 2 and sample_grid.height > 2 * 34 + 2
-    for labels, columns, rows in ((grid, 2, 1), (sample_grid, 4, 2)):
-        for column in label_band(labels, columns, 32, rows):
+    first, sample_grid = (Image.open(path) for path in sample_grids)
+    # The default 4 prompts as columns, the 2 seeds as rows (each labeled on its left), the prompts above the first
+    # row only, and a title line naming the batch and the weights (which tells the two grids' tops apart).
+    margin = sample_grid.width - (4 * 98 + 2)
+    assert margin > 10 and sample_grid.height > 2 * 34 + 2
+    row_labels = np.asarray(sample_grid)[-2 * 34 :, :margin]
+    assert (row_labels.min(axis=2) < 100).sum() > 20  # 'seed 0', 'seed 1': dark text on white
+    assert np.asarray(first)[:12].tolist() != np.asarray(sample_grid)[:12].tolist()  # batch 0 / batch 1
+    for labels, columns, rows, left in ((grid, 2, 1, 0), (sample_grid, 4, 2, margin)):
+        for column in label_band(labels, columns, rows, left=left):
             assert column.shape[0] >= 10 and (column.min(axis=2) < 100).sum() > 10  # dark text on white
 
 
@@ -445,10 +452,14 @@ def test_exported_pipeline_checkpoint_and_sample_grids(split, tmp_path, capfd):
         'samples-ema-ba000030.png',
     ]
     untrained, trained = (Image.open(samples / grid) for grid in grids[:2])
-    assert untrained.size == trained.size and untrained.width == 4 * 34 + 2  # 4 prompts x 2 seeds, 32px + padding
-    below_labels = (0, trained.height - 2 * 34 - 2, trained.width, trained.height)
-    untrained, trained = (torch.tensor(list(grid.crop(below_labels).getdata())) for grid in (untrained, trained))
-    assert (untrained - trained).abs().float().mean() > 5  # what it learned shows
+    assert untrained.size == trained.size and untrained.width > 4 * 98 + 2  # 4 prompts x 2 seeds, seeds labeled
+    margin, height = trained.width - (4 * 98 + 2), trained.height  # the seeds' labels; 96px columns
+    boxes = [(margin + 34 + 98 * c, height - 68 + 34 * r) for c in range(4) for r in range(2)]  # each 32px image
+
+    def drawn(grid):
+        return torch.tensor([list(grid.crop((x, y, x + 32, y + 32)).getdata()) for x, y in boxes])
+
+    assert (drawn(untrained) - drawn(trained)).abs().float().mean() > 5  # what it learned shows
 
     pipeline = StableDiffusionPipeline.from_pretrained(pipe, local_files_only=True)
     pipeline.set_progress_bar_config(disable=True)
