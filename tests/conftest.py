@@ -215,6 +215,24 @@ def fake_gpu(monkeypatch, gpu) -> None:
 # ------------------------------------------------------------------------------------- processes
 
 
+def start_job(command: list[str], cwd) -> subprocess.Popen:
+    """A command in a process group of its own, as a job is (os.killpg then signals all its processes), offline, one
+    thread, its output piped."""
+    env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', 'OMP_NUM_THREADS': '1'}
+    return subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    """Polls `condition` until it holds; fails naming `what` after `timeout` seconds (a hang guard)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f'not within {timeout} s: {what}')
+        time.sleep(0.02)
+
+
 # Ports for child processes to listen on (master ports, servers that must not answer): each pytest-xdist worker
 # takes the next free one of a range of its own, below the ephemeral ports the OS hands out (bind to port 0, a
 # client's connect), so no other socket of this run is given it between the check and the child's bind.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, free_port, good_samples, jpeg, write_dataset
+from conftest import REPO, TINY, free_port, good_samples, jpeg, start_job, wait_until, write_dataset
 
 import convert
 import precompute
@@ -31,14 +31,6 @@ from settings.flags import parse_args
 NAMES = {signal.SIGINT: 'Ctrl-C (SIGINT)', signal.SIGTERM: 'SIGTERM'}
 
 
-def start(command: list[str], cwd: Path) -> subprocess.Popen:
-    """A command in a process group of its own, as a job is: os.killpg then signals all its processes."""
-    env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', 'OMP_NUM_THREADS': '1'}
-    return subprocess.Popen(
-        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-
-
 def live_members(group: int) -> list[int]:
     """The processes of a process group still running (zombies waiting for their reaper are done)."""
     members = []
@@ -50,14 +42,6 @@ def live_members(group: int) -> list[int]:
         if int(fields[2]) == group and fields[0] != 'Z':
             members.append(int(stat.parent.name))
     return members
-
-
-def wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f'not within {timeout} s: {what}')
-        time.sleep(0.02)
 
 
 def signals_pending(pid: int) -> bool:
@@ -88,7 +72,7 @@ def test_a_signal_to_every_process_of_a_run_checkpoints_the_batch_reached(tmp_pa
     folder = tmp_path / 'ckpt'
     flags = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '4', '--max_duration', '400ba']
     flags += ['--local', data, '--num_workers', '2', '--save_folder', str(folder), '--run_name', 'r']
-    run = start([sys.executable, str(REPO / 'benchmark.py'), *flags], tmp_path)
+    run = start_job([sys.executable, str(REPO / 'benchmark.py'), *flags], tmp_path)
     for line in run.stdout:  # progress lines every 20 batches
         if line.startswith('batch 20 of 400'):
             break
@@ -119,7 +103,7 @@ def test_a_signal_to_every_process_of_a_run_saving_to_s3_uploads_the_batch_reach
     folder = 's3://bucket/signalled'
     flags = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '4', '--local', data]
     flags += ['--num_workers', '2', '--save_folder', folder, '--run_name', 'r']
-    run = start([sys.executable, str(REPO / 'benchmark.py'), *flags, '--max_duration', '400ba'], tmp_path)
+    run = start_job([sys.executable, str(REPO / 'benchmark.py'), *flags, '--max_duration', '400ba'], tmp_path)
     for line in run.stdout:  # an epoch is 6 batches: checkpoints at 6, 12 and 18 on their way
         if line.startswith('batch 20 of 400'):
             break
@@ -136,7 +120,7 @@ def test_a_signal_to_every_process_of_a_run_saving_to_s3_uploads_the_batch_reach
     )
     wait_until(lambda: not live_members(run.pid), 30, "every process of the run ended, the uploader's too")
     flags += ['--max_duration', f'{reached + 2}ba', '--autoresume']
-    resumed = start([sys.executable, str(REPO / 'benchmark.py'), *flags], tmp_path)
+    resumed = start_job([sys.executable, str(REPO / 'benchmark.py'), *flags], tmp_path)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-3000:]
     assert f"resumed run 'r' from the latest in {folder} (batch {reached} of {reached + 2})" in out, out[-3000:]
@@ -155,7 +139,7 @@ def test_a_signal_to_every_process_under_composers_launcher_names_the_checkpoint
     flags += ['--local', data, '--num_workers', '2', '--save_folder', str(folder), '--run_name', 'r']
     command = [sys.executable, '-m', 'runs.launcher', '-n', '2', '--master_port', str(free_port())]
     command += [str(REPO / 'benchmark.py'), *flags]
-    run = start(command, tmp_path)
+    run = start_job(command, tmp_path)
     for line in run.stdout:  # an epoch is 6 batches: checkpoints at 6 and 12
         if line.startswith('batch 14 of 24'):
             break
@@ -170,7 +154,7 @@ def test_a_signal_to_every_process_under_composers_launcher_names_the_checkpoint
     assert not re.search(r'exited with code (?!143\b)', err), err[-3000:]  # every rank ended by the signal
     assert 'Traceback' not in err and 'killed by signal' not in err, err[-3000:]
     wait_until(lambda: not live_members(run.pid), 30, 'every process of the job ended, loader workers included')
-    resumed = start([*command[:6], str(free_port()), *command[7:], '--autoresume'], tmp_path)
+    resumed = start_job([*command[:6], str(free_port()), *command[7:], '--autoresume'], tmp_path)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-3000:]
     resumed_at = int(newest.stem.split('-ba')[1].split('-')[0])
@@ -191,7 +175,7 @@ def test_composers_launcher_signalled_ends_with_its_ranks_status_and_no_tracebac
     """Plain `composer` prints the SystemExit of its own signal handler as a traceback; runs.launcher does not."""
     script = tmp_path / 'rank.py'
     script.write_text(RANK_UNTIL_SIGNALLED)
-    run = start(
+    run = start_job(
         [sys.executable, '-m', 'runs.launcher', '-n', '1', '--master_port', str(free_port()), str(script)], tmp_path
     )
     assert run.stdout.readline() == 'waiting\n'
@@ -206,7 +190,7 @@ def test_torchrun_signalled_ends_with_the_signals_status_and_no_traceback(tmp_pa
     script = tmp_path / 'rank.py'
     script.write_text(RANK_UNTIL_SIGNALLED)
     command = [sys.executable, '-m', 'runs.torchrun', '--nproc_per_node', '1', '--master_port', str(free_port())]
-    run = start([*command, '--', str(script)], tmp_path)
+    run = start_job([*command, '--', str(script)], tmp_path)
     assert run.stdout.readline() == 'waiting\n'
     os.killpg(run.pid, signum)
     out, err = run.communicate(timeout=120)
@@ -317,7 +301,7 @@ def test_a_child_that_leaves_signals_to_its_parent_ends_once_its_parent_is_kille
     """SIGTERM blocked, a child whose parent died of a SIGKILL (the OOM killer, say) would wait for ever."""
     script = tmp_path / 'parent.py'
     script.write_text(PARENT_OF_A_QUIET_CHILD)
-    parent = start([sys.executable, str(script), str(REPO)], tmp_path)
+    parent = start_job([sys.executable, str(script), str(REPO)], tmp_path)
     child = int(parent.stdout.readline())
     wait_until(lambda: len(os.listdir(f'/proc/{child}/task')) == 2, 30, "the child's thread started")
     os.kill(child, signal.SIGTERM)  # from another process: left to the parent
@@ -398,7 +382,7 @@ def test_precompute_stopped_by_a_signal_to_every_process_ends_in_one_line(tmp_pa
     """SIGTERM to precompute.py and its 2 loader workers at once: one line, exit status 143, finished parts only."""
     source = write_dataset(tmp_path / 'mds', good_samples(48), size_limit=1 << 12)
     out = tmp_path / 'latents'
-    run = start([sys.executable, '-c', SLOW_PRECOMPUTE, *precompute_flags(source, out), '--num_workers', '2'], REPO)
+    run = start_job([sys.executable, '-c', SLOW_PRECOMPUTE, *precompute_flags(source, out), '--num_workers', '2'], REPO)
     wait_until(lambda: (out / 'part-00000' / 'index.json').is_file(), 120, 'the first part written')
     os.killpg(run.pid, signal.SIGTERM)
     out_text, err = run.communicate(timeout=60)
@@ -473,7 +457,7 @@ runpy.run_path('convert.py', run_name='__main__')
 def test_convert_stopped_by_ctrl_c_ends_in_one_line(tmp_path):
     photos = photo_folder(tmp_path / 'photos', 200)
     out = tmp_path / 'out'
-    run = start([sys.executable, '-c', SLOW_CONVERT, str(photos), str(out), '--size_limit', '1kb'], REPO)
+    run = start_job([sys.executable, '-c', SLOW_CONVERT, str(photos), str(out), '--size_limit', '1kb'], REPO)
     wait_until(lambda: any((out / convert.STAGING).glob('*.mds')), 60, 'shards staged')
     os.killpg(run.pid, signal.SIGINT)
     _, err = run.communicate(timeout=60)
@@ -519,7 +503,7 @@ def test_generate_stopped_by_a_signal_says_so_and_writes_nothing(tmp_path):
     out = tmp_path / 'images'
     prompts = [flag for i in range(64) for flag in ('--prompt', f'a red circle {i}')]
     command = [sys.executable, 'generate.py', '--checkpoint', str(folder / 'latest-rank0.pt'), '--out', str(out)]
-    run = start([*command, *prompts, '--steps', '50', '--batch_size', '1'], REPO)
+    run = start_job([*command, *prompts, '--steps', '50', '--batch_size', '1'], REPO)
     lines = iter(run.stdout.readline, '')
     assert any(line.startswith('generating 64 image(s)') for line in lines)  # the drawing has begun
     os.killpg(run.pid, signal.SIGTERM)
@@ -550,7 +534,7 @@ def test_report_stopped_by_a_signal_ends_in_one_line_and_writes_nothing(tmp_path
     """report.py stopped while it reads its inputs (a results file that is a pipe no one writes yet)."""
     fifo, csv = tmp_path / 'results.json', tmp_path / 'report.csv'
     os.mkfifo(fifo)
-    run = start([sys.executable, 'report.py', str(fifo), '--csv', str(csv)], REPO)
+    run = start_job([sys.executable, 'report.py', str(fifo), '--csv', str(csv)], REPO)
     writer = wait_for_a_reader(fifo)
     try:
         os.killpg(run.pid, signum)
@@ -577,7 +561,7 @@ runpy.run_path('mcloud.py', run_name='__main__')
 
 
 def test_mcloud_stopped_while_submitting_ends_in_one_line(tmp_path):
-    run = start([sys.executable, '-c', SUBMIT_UNTIL_STOPPED], REPO)
+    run = start_job([sys.executable, '-c', SUBMIT_UNTIL_STOPPED], REPO)
     lines = iter(run.stdout.readline, '')
     assert any(line.startswith('submitting sd2-benchmark-8x') for line in lines), run.stderr.read()[-3000:]
     os.killpg(run.pid, signal.SIGTERM)

@@ -9,10 +9,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
-from conftest import LAUNCHER, REPO, TINY, good_samples, jpeg, write_dataset
+from conftest import LAUNCHER, REPO, TINY, good_samples, jpeg, start_job, wait_until, write_dataset
 
 import convert
 import precompute
@@ -34,21 +33,6 @@ with one_writer(sys.argv[1], sys.argv[1], 'fix'):
     print('held', flush=True)
     time.sleep(600)
 """
-
-
-def start(command: list[str], cwd) -> subprocess.Popen:
-    env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', 'OMP_NUM_THREADS': '1'}
-    return subprocess.Popen(
-        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-
-
-def wait_until(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f'not within {timeout} s: {what}')
-        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------------------ the lock
@@ -78,7 +62,7 @@ def test_a_second_writer_is_refused_and_the_lock_goes_with_the_first(tmp_path):
 def test_a_writer_killed_outright_frees_its_folder(tmp_path):
     """SIGKILL leaves the lock file, but the kernel drops the lock with the process: the next writer takes it."""
     folder = tmp_path / 'out'
-    holder = start([sys.executable, '-c', HOLDER, str(folder), str(REPO)], tmp_path)
+    holder = start_job([sys.executable, '-c', HOLDER, str(folder), str(REPO)], tmp_path)
     try:
         assert holder.stdout.readline() == 'held\n'
         with pytest.raises(
@@ -156,7 +140,7 @@ def test_a_second_run_on_a_save_folder_is_refused_while_the_first_trains(tmp_pat
     folder = tmp_path / 'ckpt'
     # Far more batches than the test takes, and no periodic checkpoint: the first run is still training at the end.
     flags = [*RUN, '--max_duration', '1000000ba', '--save_interval', '1000000ba', '--save_folder', str(folder)]
-    first = start([sys.executable, str(REPO / 'benchmark.py'), *flags, '--seed', '1'], tmp_path)
+    first = start_job([sys.executable, str(REPO / 'benchmark.py'), *flags, '--seed', '1'], tmp_path)
     try:
         wait_until(lambda: (folder / LOCK_FILE).is_file(), 180, 'the first run holds the folder')
         assert any(re.match(r'batch \d+ of 1000000 ', line) for line in first.stdout), 'the first run never trained'
@@ -188,7 +172,7 @@ def test_a_requeued_autoresume_takes_over_the_folder_of_a_killed_run(tmp_path):
     takes the folder over and trains on from the killed run's newest checkpoint."""
     folder = tmp_path / 'ckpt'
     flags = [*RUN, '--save_folder', str(folder), '--autoresume', '--save_interval', '10ba']
-    killed = start([sys.executable, str(REPO / 'benchmark.py'), *flags, '--max_duration', '400ba'], tmp_path)
+    killed = start_job([sys.executable, str(REPO / 'benchmark.py'), *flags, '--max_duration', '400ba'], tmp_path)
     for line in killed.stdout:  # progress lines every 20 batches
         if line.startswith('batch 20 of 400'):
             break
