@@ -114,6 +114,18 @@ if triton is not None:
         tl.store(rstd_ptr + row, 1.0 / tl.sqrt(variance + eps), mask=row_mask)
 
     @triton.jit
+    def _tile(C, HW, num_groups, CHANNELS_PER_GROUP: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+        """The (channels, positions) tile of one sample a program of the elementwise kernels works on: the sample,
+        its channels and positions, their masks, and each channel's index into the per-group statistics."""
+        n = tl.program_id(2)
+        channels = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        hw = tl.program_id(0) * BLOCK_HW + tl.arange(0, BLOCK_HW)
+        channel_mask = channels < C
+        mask = channel_mask[:, None] & (hw < HW)[None, :]
+        stats = n * num_groups + channels // CHANNELS_PER_GROUP
+        return n, channels, hw, channel_mask, mask, stats
+
+    @triton.jit
     def _normalize_silu_kernel(
         x_ptr,
         out_ptr,
@@ -132,12 +144,7 @@ if triton is not None:
         BLOCK_HW: tl.constexpr,
     ):
         """out = silu((x - mean) * rstd * weight + bias) over a (channels, positions) tile of one sample."""
-        n = tl.program_id(2)
-        channels = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        hw = tl.program_id(0) * BLOCK_HW + tl.arange(0, BLOCK_HW)
-        channel_mask = channels < C
-        mask = channel_mask[:, None] & (hw < HW)[None, :]
-        stats = n * num_groups + channels // CHANNELS_PER_GROUP
+        n, channels, hw, channel_mask, mask, stats = _tile(C, HW, num_groups, CHANNELS_PER_GROUP, BLOCK_C, BLOCK_HW)
         mean = tl.load(mean_ptr + stats, mask=channel_mask, other=0.0)
         rstd = tl.load(rstd_ptr + stats, mask=channel_mask, other=0.0)
         weight = tl.load(weight_ptr + channels, mask=channel_mask, other=0.0).to(tl.float32)
@@ -269,12 +276,7 @@ if triton is not None:
         BLOCK_HW: tl.constexpr,
     ):
         """dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), the means over x's group."""
-        n = tl.program_id(2)
-        channels = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        hw = tl.program_id(0) * BLOCK_HW + tl.arange(0, BLOCK_HW)
-        channel_mask = channels < C
-        mask = channel_mask[:, None] & (hw < HW)[None, :]
-        stats = n * num_groups + channels // CHANNELS_PER_GROUP
+        n, channels, hw, channel_mask, mask, stats = _tile(C, HW, num_groups, CHANNELS_PER_GROUP, BLOCK_C, BLOCK_HW)
         mean = tl.load(mean_ptr + stats, mask=channel_mask, other=0.0)
         rstd = tl.load(rstd_ptr + stats, mask=channel_mask, other=0.0)
         dxhat_mean = tl.load(coefficient_ptr + stats, mask=channel_mask, other=0.0)
