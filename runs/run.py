@@ -284,14 +284,21 @@ def not_uploaded_folder(config: RunConfig) -> Path:
 
 
 def keep_batch_reached(trainer: Trainer, config: RunConfig) -> str:
-    """The checkpoint of the batch reached, written beside the files not uploaded (unless one of them is it), and
-    the words saying how to continue."""
+    """The checkpoint of the batch reached, written beside the files not uploaded (unless one of them is it; on one
+    process: with several, the others are in a step's collectives, which a save here would wait on), and the words
+    saying how to continue."""
     for saver in remote_checkpoint_savers(trainer):
         settle_failed_uploads(saver.remote_uploader)
-    batch, rank = int(trainer.state.timestamp.batch), dist.get_global_rank()
+    batch = int(trainer.state.timestamp.batch)
     folder = not_uploaded_folder(config) / config.save_folder.split('://', 1)[1].partition('/')[2]
-    name = f'ep{int(trainer.state.timestamp.epoch)}-ba{batch}-rank{rank}.pt'  # Composer's checkpoint name
-    if not any(int(CHECKPOINT_FILE.match(path.name).group(2)) == batch for path in checkpoint_files(folder)):
+    name = f'ep{int(trainer.state.timestamp.epoch)}-ba{batch}-rank0.pt'  # Composer's checkpoint name
+    if dist.get_world_size() > 1:
+        return (
+            f'the checkpoints not uploaded are in {folder}: copy them to {config.save_folder} once it answers, then '
+            'rerun the same command with --autoresume to continue from the newest'
+        )
+    kept = checkpoint_files(folder) if folder.is_dir() else []
+    if not any(int(CHECKPOINT_FILE.match(path.name).group(2)) == batch for path in kept):
         trainer.save_checkpoint(str(folder / name))
     return (
         f'batch {batch} is checkpointed in {folder}: copy its files to {config.save_folder} once it answers, then '
