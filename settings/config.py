@@ -275,6 +275,11 @@ def fill_defaults(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
     preset = PRESETS.get(draft.model_name) or exported_preset(exported)
     for flag in ('prediction_type', 'tokenizer'):  # what the exported run trained with (None: the model's own)
         if getattr(draft, flag) is None and exported.get(flag) is not None:
+            if flag == 'tokenizer' and not Path(exported[flag]).is_dir():
+                raise ConfigError(
+                    f"--tokenizer: {draft.model_name}'s run read captions with {exported[flag]}, which is no folder "
+                    'here: pass the tokenizer folder'
+                )
             setattr(draft, flag, exported[flag])
             from_preset[flag] = exported[flag]
     # The fast recipe on a GPU plans the microbatch from memory (settle_batch), where the model's counts are known.

@@ -565,6 +565,10 @@ def test_a_run_on_an_exported_folder_takes_what_its_run_trained_with(tmp_path, c
     build_part(pipe, 'unet')
     build_part(pipe, 'vae')
     assert 'accelerate' not in capfd.readouterr().err
+    record = json.loads((pipe / 'run_description.json').read_text())
+    (pipe / 'run_description.json').write_text(json.dumps({**record, 'tokenizer': str(tmp_path / 'gone')}))
+    with pytest.raises(ConfigError, match=r"^--tokenizer: .*'s run read captions with .*gone, which is no folder here"):
+        resolve_config(parse_args(['--model_name', str(pipe), '--use_synth_data']))
     (pipe / 'run_description.json').write_text('[32]')
     with pytest.raises(ConfigError, match=r'run_description.json: not the JSON object of a run description; export '):
         resolve_config(parse_args(['--model_name', str(pipe), '--use_synth_data']))
