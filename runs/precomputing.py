@@ -5,6 +5,7 @@ done), then the parts' indexes merged into one dataset (see precompute.py's docs
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -308,11 +309,16 @@ def precompute_into_locked_output(args: argparse.Namespace, device) -> dict:
     if args.sample_data:
         ensure_sample_dataset(Path(args.local))
     clean_stale_shared_memory()  # every rank calls it: local rank 0 cleans while the others wait at its barrier
-    reproducibility.seed_all(args.seed)  # every rank, and every rerun, gets the same encoders
-    # The encoders alone: the denoiser's weights (3.5 GB for SD2 base, 48 GB for Flux) are never read.
-    vae, text_encoders, loaded = build_frozen_encoders(args.model_dir, init_device=device._device)
-    dtype = torch.bfloat16 if args.precision == 'bf16' else torch.float32
-    encoders = vae.to(device._device, dtype), [encoder.to(device._device, dtype) for encoder in text_encoders], loaded
+
+    @functools.cache
+    def encoders() -> tuple:
+        """Built once, when the first split's dataset and output check out (a refusal comes before seconds of it)."""
+        reproducibility.seed_all(args.seed)  # every rank, and every rerun, gets the same encoders
+        # The encoders alone: the denoiser's weights (3.5 GB for SD2 base, 48 GB for Flux) are never read.
+        vae, text_encoders, loaded = build_frozen_encoders(args.model_dir, init_device=device._device)
+        dtype = torch.bfloat16 if args.precision == 'bf16' else torch.float32
+        return vae.to(device._device, dtype), [encoder.to(device._device, dtype) for encoder in text_encoders], loaded
+
     done = precompute_split(args, device, encoders)
     split = None if is_remote(args.local or '') or args.remote else Path(args.local) / VALIDATION_SPLIT
     if split is not None and (split / 'index.json').is_file():
@@ -322,8 +328,9 @@ def precompute_into_locked_output(args: argparse.Namespace, device) -> dict:
     return done
 
 
-def precompute_split(args: argparse.Namespace, device, encoders: tuple) -> dict:
-    """One MDS dataset (args.remote or args.local) encoded into args.out, part by part over the ranks, then merged."""
+def precompute_split(args: argparse.Namespace, device, encoders) -> dict:
+    """One MDS dataset (args.remote or args.local) encoded into args.out, part by part over the ranks, then merged;
+    `encoders()` gives the frozen encoders."""
     rank, world_size = dist.get_global_rank(), dist.get_world_size()
     try:
         describe_dataset(args.remote, args.local)  # a damaged dataset is named now, before any encoder runs
@@ -343,7 +350,7 @@ def precompute_split(args: argparse.Namespace, device, encoders: tuple) -> dict:
         check_settings(args, num_samples)
     dist.barrier()
 
-    vae, text_encoders, loaded = encoders
+    vae, text_encoders, loaded = encoders()
     num_parts = -(-num_samples // args.part_size)
     mine = [part for part in range(rank, num_parts, world_size)]
     todo = [part for part in mine if args.overwrite or read_text(part_out(args.out, part), 'index.json') is None]
