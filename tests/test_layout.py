@@ -235,17 +235,18 @@ LOADED = (
 )
 
 
+def run_listing_heavy_imports(script: str, flags: list[str], cwd) -> subprocess.CompletedProcess:
+    """The script with these flags; its stderr's last line lists the heavy libraries it loaded (LOADED)."""
+    code = LOADED.format(heavy=sorted(HEAVY))
+    return subprocess.run(
+        [sys.executable, '-c', code, str(REPO / script), *flags], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
 @pytest.mark.parametrize('script', sorted(BAD_FLAGS))
 def test_help_and_bad_flags_answer_before_any_heavy_library_loads(script, tmp_path):
-    code = LOADED.format(heavy=sorted(HEAVY))
     for flags in [['--help'], ['--no_such_flag'], *BAD_FLAGS[script]]:
-        run = subprocess.run(
-            [sys.executable, '-c', code, str(REPO / script), *flags],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        run = run_listing_heavy_imports(script, flags, tmp_path)
         expected = 0 if flags == ['--help'] else 2
         assert run.returncode == expected, (flags, run.stderr[-2000:])
         assert run.stderr.splitlines()[-1] == 'loaded: []', (flags, run.stderr[-2000:])
@@ -260,14 +261,7 @@ def test_a_batch_the_microbatch_does_not_divide_is_answered_without_torch_where_
     """Without a GPU driver's device files there is no GPU to ask torch about: the flags that need the machine (the
     batch's split) are settled without loading it, and an error comes at once."""
     flags = ['--use_synth_data', '--batch_size', '6', '--device_train_microbatch_size', '4']
-    code = LOADED.format(heavy=sorted(HEAVY))
-    run = subprocess.run(
-        [sys.executable, '-c', code, str(REPO / 'benchmark.py'), *flags],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = run_listing_heavy_imports('benchmark.py', flags, tmp_path)
     assert run.returncode == 2 and 'is not divisible by --device_train_microbatch_size 4' in run.stderr, run.stderr
     assert run.stderr.splitlines()[-1] == 'loaded: []', run.stderr
 
