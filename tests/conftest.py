@@ -70,40 +70,8 @@ def skip_unless_ci(reason: str) -> None:
     pytest.skip(reason)
 
 
-# The longest tests of `make test` (its --durations list, two processes on 2 cores: 40 s to 3 min each), longest
-# first: run first, so that neither pytest-xdist process is left running one of them alone at the end.
-LONGEST_FIRST = (
-    'test_gpu_campaign.py::test_a_lent_machines_two_calls_rehearsed_on_a_cpu',
-    'test_cloud_launchers.py::test_kubernetes_preempted_pod_ends_its_job_and_the_replacements_resume',
-    'test_distributed.py::test_two_ranks_resume_mid_epoch_on_mds_data_exactly',
-    'test_distributed.py::test_two_ranks_train_one_model_on_disjoint_halves_and_resume',
-    'test_throttling.py::test_a_run_through_a_throttling_bucket_reads_every_shard_and_uploads_every_checkpoint',
-    'test_distributed.py::test_fsdp_shards_the_unet_by_block_and_trains_with_ema_as_ddp_does',
-    'test_throttling.py::test_a_bucket_that_refuses_checkpoints_for_good_ends_in_one_line_and_loses_none',
-    'test_signals.py::test_a_signal_to_every_process_of_a_run_saving_to_s3_uploads_the_batch_reached',
-    'test_signals.py::test_a_signal_to_every_process_under_composers_launcher_names_the_checkpoint_the_rerun_resumes',
-    'test_distributed.py::test_fsdp_checkpoint_resumes_to_the_weights_and_average_of_an_uninterrupted_run',
-    'test_cloud_launchers.py::test_skypilot_run_on_two_nodes_trains_one_model',
-    'test_speed_sweep.py::test_speed_sweep_runs_each_path_skips_what_cannot_run_and_combines',
-    'test_cloud_launchers.py::test_kubernetes_job_on_two_pods_trains_one_model',
-    'test_distributed.py::test_slurm_script_starts_one_launcher_per_node',
-    'test_checkpoints.py::test_autoresume_on_s3_goes_on_from_the_newest_checkpoint_where_the_latest_link_lags',
-)
-
-
-def longest_first(items) -> None:
-    """Moves LONGEST_FIRST's tests to the front, in its order; the rest keep theirs."""
-
-    def rank(item) -> int:
-        name = item.nodeid.split('/')[-1]
-        return next((i for i, prefix in enumerate(LONGEST_FIRST) if name.startswith(prefix)), len(LONGEST_FIRST))
-
-    items.sort(key=rank)  # stable: the others stay in collection order
-
-
 @pytest.hookimpl(trylast=True)  # after -m has deselected
 def pytest_collection_modifyitems(config, items):
-    longest_first(items)
     import torch  # here: conftest is imported before pytest_configure hides CUDA
 
     if torch.cuda.is_available() or not any('gpu' in item.keywords for item in items):
