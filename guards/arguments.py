@@ -7,10 +7,13 @@ status 2, so argparse's are too, pointing to --help for the usage.
 """
 
 import argparse
+import atexit
 import difflib
 import os
 import sys
 from pathlib import Path
+
+from guards.stopping import end_quietly_on_signals
 
 # Under Composer's launcher (several GPUs) the launcher's own lines follow the run's last one: a crashed rank's exit
 # status and output, "Waiting up to 30 seconds for all training processes to terminate". The Makefile names a file
@@ -57,6 +60,9 @@ def did_you_mean(given: str, known) -> str:
 def stop(status: int, message: str):
     """Ends the process with `error: message` as its one line on stderr, and exit status `status`."""
     line = f'error: {message}'
+    # First of the exit's atexit work (last registered, first run): before Composer's close of its trainer.
+    atexit.unregister(end_quietly_on_signals)
+    atexit.register(end_quietly_on_signals, status)
     print(line, file=sys.stderr)
     leave_verdict(line)
     sys.exit(status)

@@ -161,6 +161,31 @@ def test_a_signal_to_every_process_under_composers_launcher_names_the_checkpoint
     assert f"resumed run 'r' from {newest.name} (batch {resumed_at} of 24)" in out, out[-3000:]
 
 
+SIGNALLED_WHILE_EXITING = """
+import atexit, os, signal, sys
+import composer.core.engine  # its handlers: SIGTERM and SIGINT raise SystemExit wherever the main thread is
+from guards.arguments import stop
+
+def close_trainer():  # registered first, run last: as Composer's Engine._close, registered when a Trainer is built
+    os.kill(os.getpid(), int(sys.argv[1]))  # handled at the next bytecode, inside this callback
+    print('closed', flush=True)
+
+atexit.register(close_trainer)
+stop(143, 'SIGTERM: stopped at batch 14 of 24')
+"""
+
+
+@pytest.mark.parametrize('signum, closed', [(signal.SIGTERM, True), (signal.SIGINT, False)], ids=['SIGTERM', 'SIGINT'])
+def test_a_signal_while_a_stopped_run_exits_ends_it_without_a_traceback(tmp_path, signum, closed):
+    """A rank under Composer's launcher gets the job's SIGTERM, prints its line, and gets the launcher's SIGTERM
+    while Composer closes its trainer at exit: the close goes on, no traceback. A second Ctrl-C ends it at once."""
+    script = tmp_path / 'rank.py'
+    script.write_text(SIGNALLED_WHILE_EXITING)
+    run = subprocess.run([sys.executable, str(script), str(int(signum))], capture_output=True, text=True, cwd=REPO)
+    assert run.returncode == 143 and run.stderr == 'error: SIGTERM: stopped at batch 14 of 24\n', run.stderr[-3000:]
+    assert (run.stdout == 'closed\n') is closed, run.stdout
+
+
 RANK_UNTIL_SIGNALLED = """
 import os, signal, time
 for signum in (signal.SIGINT, signal.SIGTERM):  # the group's signal, then the launcher's SIGTERM: the first counts
