@@ -5,7 +5,6 @@
 meet into one line. benchmark.py is its command line.
 """
 
-import argparse
 import contextlib
 import datetime
 import errno
@@ -54,18 +53,17 @@ from runs.start_lines import start_lines
 from runs.training import build_dataloader, build_trainer, log_summary_to_wandb
 from runs.uploads import UploadFailed, keep_failed_uploads, settle_failed_uploads
 from runs.versions import check_stack
-from settings.config import RunConfig, resolve_config
+from settings.config import RunConfig
 from settings.dataset_checks import DataError
 from settings.presets import SAMPLE_VALIDATION_SEED, SAMPLE_VALIDATION_SIZE
 from settings.tokenizer import TokenizerError
 
 
-def main(args: argparse.Namespace | RunConfig, callbacks: tuple = (), announced: bool = False) -> Trainer:
-    """Runs the benchmark; `callbacks` lets tests and scripts watch the run. Ctrl-C and SIGTERM end it with one line
-    (interrupts.py), and the signal handlers there were before are back when it returns. A local --save_folder is
-    this run's alone while it runs (writer_lock.py)."""
+def main(config: RunConfig, callbacks: tuple = (), announced: bool = False) -> Trainer:
+    """Runs the benchmark of a settled configuration (settings.config.resolve_config); `callbacks` lets tests and
+    scripts watch the run. Ctrl-C and SIGTERM end it with one line (interrupts.py), and the signal handlers there
+    were before are back when it returns. A local --save_folder is this run's alone while it runs (writer_lock.py)."""
     check_stack()  # torch, numpy and transformers: silent on the pins, one line on others, an error on broken ones
-    config = args if isinstance(args, RunConfig) else resolve_config(args)
     stop_on_signal = StopOnSignal(config)
     stop_on_signal.install()
     try:
@@ -494,13 +492,10 @@ def close_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def main_reporting_errors(
-    args: argparse.Namespace | RunConfig, callbacks: tuple = (), announced: bool = False
-) -> Trainer:
+def main_reporting_errors(config: RunConfig, callbacks: tuple = (), announced: bool = False) -> Trainer:
     """main() with each error it expects reported as one line and an exit status: 2 for bad input found before
     training, 1 for a run that could not finish."""
     try:
-        config = args if isinstance(args, RunConfig) else resolve_config(args)
         return main(config, callbacks, announced)
     except torch.OutOfMemoryError as error:
         if config.device_train_microbatch_size == 'auto':
@@ -521,7 +516,7 @@ def main_reporting_errors(
     except torch._dynamo.exc.TorchDynamoException as error:  # --compile: tracing, compiling or a CUDA graph failed
         lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
         reason = ' '.join(lines[:2]) if lines[0].endswith(':') else lines[0]  # "backend='inductor' raised:", why
-        stop(1, f'--compile {args.compile}: {reason}; run without --compile, or with another mode')
+        stop(1, f'--compile {config.compile}: {reason}; run without --compile, or with another mode')
     except (DataError, TokenizerError) as error:  # found while training, e.g. a dataset of mostly bad samples
         # Raised in a dataloader worker, the message carries the worker's traceback: its last line is the reason.
         last_line = str(error).strip().splitlines()[-1]
@@ -555,9 +550,8 @@ def out_of_memory(config: RunConfig, error: torch.OutOfMemoryError) -> str:
     on_gpu = torch.cuda.is_available()
     line = f'out of {"GPU " if on_gpu else ""}memory with microbatch {microbatch} of {config.model_name} at '
     line += f'{config.image_size}px'
-    planned = next((note for note in config.notes if note.startswith(f'microbatch {microbatch} (planned): ')), None)
-    if planned:
-        line += f' (planned: {planned.split(": ", 1)[1]})'
+    if config.memory_plan is not None and config.memory_plan.microbatch == microbatch:
+        line += f' (planned: {config.memory_plan.sum()})'
     tried = re.search(r'Tried to allocate ([\d.]+ \w+)', str(error))
     if tried:
         line += f', allocating {tried[1]}'

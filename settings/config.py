@@ -70,6 +70,7 @@ class RunConfig:
     world_size: int
     device_batch_size: int  # batch_size / world_size
     device_train_microbatch_size: int | str  # an int dividing device_batch_size, or 'auto'
+    memory_plan: Plan | None  # the arithmetic of a microbatch planned for this GPU (memory_plan.py); None: unplanned
     max_duration: str
     num_batches: int  # the run's length in batches, whatever unit max_duration is in
     epoch_size: int | None  # samples per epoch of the sample dataset (None: the whole dataset)
@@ -136,7 +137,7 @@ class RunConfig:
     def as_dict(self) -> dict:
         """The flags' values as JSON takes them (printed at start, in the results file); derived objects left out."""
         fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        del fields['notes'], fields['caption_inputs']
+        del fields['notes'], fields['caption_inputs'], fields['memory_plan']
         return {key: json_value(value) for key, value in fields.items()}
 
 
@@ -161,7 +162,7 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     checks; a settle_ step also derives values. The flags' own values are checked before the GPU is asked about.
     The steps of other modules: device_checks.py (what this machine runs), output_paths.py (where the run writes),
     datasets.py (the data it reads). The data is read before the batch is planned, in the order the data flows."""
-    draft = argparse.Namespace(**vars(args), notes=[])  # the caller's args stay as they were
+    draft = argparse.Namespace(**vars(args), notes=[], memory_plan=None)  # the caller's args stay as they were
     check_values(draft)
     gpu = hardware.gpu()
     fill_defaults(draft, gpu)
@@ -466,7 +467,7 @@ def settle_batch(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
     draft.device_batch_size = device_batch = draft.batch_size // world_size
     microbatch = draft.device_train_microbatch_size
     if microbatch is None and has_gpu and draft.run_recipe != 'published' and plans_for(draft.model_name):
-        planned = plan_microbatch(draft, gpu)
+        draft.memory_plan = planned = plan_microbatch(draft, gpu)
         draft.notes.append(planned.describe())
         if planned.microbatch is None:
             raise ConfigError(

@@ -98,10 +98,14 @@ class Plan:
         """The arithmetic, e.g. 'microbatch 32 (planned): 13.9 GB state + 32 x 1.03 GB activations + 2.9 GB margin
         = 49.8 GB of 85.0 GB (90% usable)'."""
         head = f'microbatch {self.microbatch} (planned)' if self.microbatch else 'no microbatch fits (planned)'
+        return f'{head}: {self.sum()}'
+
+    def sum(self) -> str:
+        """'13.9 GB state + 32 x 1.03 GB activations + 2.9 GB margin = 49.8 GB of 85.0 GB (90% usable)'."""
         return (
-            f'{head}: {self.state / GB:.1f} GB state + {self.microbatch or 1} x {self.activations_per_image / GB:.2f} '
-            f'GB activations + {self.margin / GB:.1f} GB margin = {self.total / GB:.1f} GB of {self.capacity / GB:.1f} '
-            f'GB ({USABLE_FRACTION:.0%} usable)'
+            f'{self.state / GB:.1f} GB state + {self.microbatch or 1} x {self.activations_per_image / GB:.2f} GB '
+            f'activations + {self.margin / GB:.1f} GB margin = {self.total / GB:.1f} GB of {self.capacity / GB:.1f} GB '
+            f'({USABLE_FRACTION:.0%} usable)'
         )
 
 

@@ -22,6 +22,9 @@ import pytest
 from PIL import Image
 from streaming import MDSWriter
 
+from settings.config import RunConfig, resolve_config
+from settings.flags import parse_args
+
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('WANDB_MODE', 'offline')
 os.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')
@@ -181,6 +184,11 @@ def fake_gpu(monkeypatch, gpu) -> None:
 
 
 # ------------------------------------------------------------------------------------- processes
+
+
+def settled(argv: list[str]) -> RunConfig:
+    """benchmark.py's flags settled into a run's configuration, as benchmark.cli hands it to runs.run."""
+    return resolve_config(parse_args(argv))
 
 
 def start_job(command: list[str], cwd) -> subprocess.Popen:

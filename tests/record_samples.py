@@ -15,6 +15,7 @@ from composer.utils import dist
 
 from runs import run
 from settings import flags
+from settings.config import resolve_config
 
 
 class RecordSamples(Callback):
@@ -36,7 +37,7 @@ if __name__ == '__main__':
     out = Path(sys.argv[1])
     groups = counting_process_groups()
     record = RecordSamples()
-    run.main(flags.parse_args(sys.argv[2:]), (record,))
+    run.main(resolve_config(flags.parse_args(sys.argv[2:])), (record,))
     out.mkdir(parents=True, exist_ok=True)
     (out / f'rank{dist.get_global_rank()}.json').write_text(json.dumps(record.batches))
     (out / f'rank{dist.get_global_rank()}.groups').write_text(str(len(groups)))

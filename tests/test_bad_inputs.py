@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, write_t5_tokenizer
+from conftest import REPO, TINY, settled, write_t5_tokenizer
 from PIL import Image
 
 import generate
@@ -85,7 +85,7 @@ def checkpoint(tmp_path_factory) -> Path:
     """A checkpoint of a one-batch run of the tiny model."""
     folder = tmp_path_factory.mktemp('run') / 'ckpt'
     flags = [*TINY, '--image_size', '32', '--batch_size', '4', '--max_duration', '1ba', '--run_name', 'r']
-    main(parse_args([*flags, '--save_folder', str(folder), '--save_interval', '1ba']))
+    main(settled([*flags, '--save_folder', str(folder), '--save_interval', '1ba']))
     return folder / 'ep0-ba1-rank0.pt'
 
 
@@ -148,7 +148,7 @@ def test_generate_names_a_checkpoint_damaged_inside(checkpoint, tmp_path, capsys
 def pipeline(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp('export') / 'pipeline'
     flags = [*TINY, '--image_size', '32', '--batch_size', '4', '--max_duration', '1ba']
-    main(parse_args([*flags, '--export_pipeline', str(folder)]))
+    main(settled([*flags, '--export_pipeline', str(folder)]))
     return folder
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from composer.core import Callback
 from composer.utils import reproducibility
-from conftest import REPO, TINY, free_port, run_cli
+from conftest import REPO, TINY, free_port, run_cli, settled
 from diffusers import DDPMScheduler
 from diffusers.models.attention_processor import Attention
 from torch.utils.data import DataLoader, Dataset
@@ -99,7 +99,7 @@ def test_tiny_model_overfits_a_fixed_batch():
 
 
 def test_frozen_modules_are_untouched_by_training():
-    trainer = main(parse_args(TINY + ['--batch_size', '4', '--max_duration', '3ba']))
+    trainer = main(settled(TINY + ['--batch_size', '4', '--max_duration', '3ba']))
     trained = trainer.state.model
     fresh = tiny_model(seed=17)  # main() seeds the init with --seed 17
     for name in ('vae', 'text_encoder'):
@@ -348,7 +348,7 @@ def test_wandb_offline_run_holds_the_configuration_history_and_headline_without_
     monkeypatch.setenv('WANDB_BASE_URL', f'http://127.0.0.1:{free_port()}')  # nothing listens: refused
     flags = [*TINY, '--max_duration', '4ba', '--wandb_project', 'p', '--wandb_name', 'n']
     flags += ['--sample_interval', '2ba', '--sample_steps', '2', '--sample_dir', str(tmp_path / 'samples')]
-    trainer = main(parse_args(flags))
+    trainer = main(settled(flags))
     assert 'URL not available in offline run' not in capfd.readouterr().err  # Composer asked; not shown
     trainer.close()  # Composer finishes the W&B run
     # As at exit: wandb's own atexit hook. Finishing a run only asks wandb's service to close the run file, without
@@ -377,7 +377,7 @@ def test_an_online_wandb_run_without_a_reachable_server_goes_on_offline(tmp_path
     monkeypatch.setenv('WANDB_API_KEY', 'x' * 40)
     monkeypatch.setenv('WANDB_BASE_URL', f'http://127.0.0.1:{free_port()}')  # nothing listens: refused
     monkeypatch.setenv('WANDB_INIT_TIMEOUT', '5')
-    trainer = main(parse_args([*TINY, '--max_duration', '2ba', '--wandb_project', 'p', '--wandb_name', 'n']))
+    trainer = main(settled([*TINY, '--max_duration', '2ba', '--wandb_project', 'p', '--wandb_name', 'n']))
     assert int(trainer.state.timestamp.batch) == 2
     trainer.close()
     import wandb
@@ -435,7 +435,7 @@ def test_published_flags_keep_their_names_and_defaults():
 def test_the_model_line_names_the_parts_randomly_initialized(capfd):
     from models.stable_diffusion import describe_weights
 
-    main(parse_args([*TINY, '--max_duration', '1ba']))
+    main(settled([*TINY, '--max_duration', '1ba']))
     assert f"model 'tiny' from {CONFIGS_DIR / 'tiny'}: random init: unet, vae, text_encoder\n" in capfd.readouterr().out
     assert describe_weights(['unet', 'vae', 'text_encoder'], []) == 'random init: unet, vae, text_encoder'
     assert describe_weights(['unet', 'vae'], ['vae']) == 'weights loaded: vae; random init: unet'
@@ -597,7 +597,7 @@ def test_a_results_file_says_how_it_was_made(tmp_path, monkeypatch):
     results = tmp_path / 'r.json'
     flags = [*TINY, '--image_size', '32', '--batch_size', '2', '--max_duration', '3ba', '--results_json', str(results)]
     monkeypatch.setattr(sys, 'argv', ['benchmark.py', *flags])
-    main(parse_args(flags))
+    main(settled(flags))
     made = json.loads(results.read_text())['provenance']
     assert made['command'].endswith(f'benchmark.py {" ".join(flags)}') and made['command'].startswith(sys.executable)
     head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=REPO, capture_output=True, text=True)

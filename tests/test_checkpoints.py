@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TINY
+from conftest import TINY, settled
 
 from guards.arguments import ConfigError
 from runs.run import main
@@ -25,11 +25,11 @@ def files(folder):
 def test_the_newest_checkpoints_are_kept_and_autoresume_continues_from_the_newest(tmp_path, capfd):
     folder = tmp_path / 'ckpt'
     keep = ['--save_folder', str(folder), '--save_num_checkpoints_to_keep', '2']
-    main(parse_args([*KEPT, *keep, '--max_duration', '3ba']))
+    main(settled([*KEPT, *keep, '--max_duration', '3ba']))
     assert files(folder) == ['ep0-ba2-rank0.pt', 'ep0-ba3-rank0.pt', 'latest-rank0.pt -> ep0-ba3-rank0.pt']
     capfd.readouterr()
     # Composer counts only the files its own process wrote: the resumed run deletes the first process's too.
-    trainer = main(parse_args([*KEPT, *keep, '--max_duration', '5ba', '--autoresume']))
+    trainer = main(settled([*KEPT, *keep, '--max_duration', '5ba', '--autoresume']))
     assert "resumed run 'kept' from ep0-ba3-rank0.pt (batch 3 of 5)" in capfd.readouterr().out
     assert int(trainer.state.timestamp.batch) == 5
     assert files(folder) == ['ep0-ba4-rank0.pt', 'ep0-ba5-rank0.pt', 'latest-rank0.pt -> ep0-ba5-rank0.pt']
@@ -39,9 +39,9 @@ def test_the_newest_checkpoints_are_kept_and_autoresume_continues_from_the_newes
 def test_a_checkpoint_set_aside_as_incomplete_is_neither_counted_nor_deleted(tmp_path):
     folder = tmp_path / 'ckpt'
     keep = ['--save_folder', str(folder), '--save_num_checkpoints_to_keep', '1']
-    main(parse_args([*KEPT, *keep, '--max_duration', '2ba']))
+    main(settled([*KEPT, *keep, '--max_duration', '2ba']))
     (folder / 'ep0-ba3-rank0.pt').write_bytes(b'cut short')  # killed while writing batch 3's
-    main(parse_args([*KEPT, *keep, '--max_duration', '3ba', '--autoresume']))
+    main(settled([*KEPT, *keep, '--max_duration', '3ba', '--autoresume']))
     assert files(folder) == [
         'ep0-ba3-rank0.pt',
         'ep0-ba3-rank0.pt.incomplete',
@@ -93,16 +93,16 @@ def test_a_resumption_onto_data_converted_again_or_replaced_is_refused_in_one_li
         write_dataset(data, samples)
 
     rewrite(good_samples(24))
-    main(parse_args([*flags, '--max_duration', '2ba']))
+    main(settled([*flags, '--max_duration', '2ba']))
     rewrite(good_samples(16))
     refused = r'trained on a dataset of 24 samples, index \w+; .*mds now holds 16 samples, index \w+ \(converted again'
     with pytest.raises(ConfigError, match=refused):
-        main(parse_args([*flags, '--max_duration', '4ba', '--autoresume']))
+        main(settled([*flags, '--max_duration', '4ba', '--autoresume']))
     rewrite([{**sample, 'caption': 'another'} for sample in good_samples(23)] + good_samples(30)[29:])
     with pytest.raises(ConfigError, match='now holds 24 samples, index'):  # as many samples, other images
-        main(parse_args([*flags, '--max_duration', '4ba', '--autoresume']))
+        main(settled([*flags, '--max_duration', '4ba', '--autoresume']))
     rewrite(good_samples(24))  # the same data, written again
-    assert int(main(parse_args([*flags, '--max_duration', '4ba', '--autoresume'])).state.timestamp.batch) == 4
+    assert int(main(settled([*flags, '--max_duration', '4ba', '--autoresume'])).state.timestamp.batch) == 4
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from pathlib import Path
 import boto3
 import pytest
 from composer.core import Callback
-from conftest import REPO, free_port, jpeg
+from conftest import REPO, free_port, jpeg, settled
 from streaming import StreamingDataset
 from test_data import RecordSamples
 
@@ -372,7 +372,7 @@ def test_training_with_eval_interval_finds_the_converted_split(tmp_path, capfd):
     record = RecordEvaluations()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
-        main(parse_args([*flags, '--max_duration', '2ba', '--eval_interval', '2ba']), (record,))
+        main(settled([*flags, '--max_duration', '2ba', '--eval_interval', '2ba']), (record,))
     assert record.sizes == [held_out, held_out]  # at the start and at the end
     assert held_out % 3 and not [w for w in caught if 'Cannot split' in str(w.message)]  # a last, shorter batch
     assert (
@@ -446,7 +446,7 @@ def test_converter_uploads_and_training_streams_from_s3(s3, tmp_path):
         convert.convert([str(tmp_path / 'photos-train')], remote)
     record = RecordSamples()
     trainer = main(
-        parse_args(
+        settled(
             [
                 '--model_name',
                 'tiny',
@@ -523,7 +523,7 @@ def test_precompute_from_and_to_s3_reruns_and_trains(s3, tmp_path):
     with pytest.raises(ConfigError, match='made with other settings'):
         precompute.main([*flags, '--seed', '3'])
     trainer = main(
-        parse_args(
+        settled(
             [
                 '--model_name',
                 'tiny',

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from composer.core import Callback
-from conftest import LAUNCHER, REPO, final_weights, good_samples, jpeg, write_dataset
+from conftest import LAUNCHER, REPO, final_weights, good_samples, jpeg, settled, write_dataset
 from PIL import Image
 
 from data import StreamingLAIONDataset, collate
@@ -412,7 +412,7 @@ def test_training_from_a_local_mds_dataset_logs_bad_samples(tmp_path, capfd):
     location = write_dataset(tmp_path / 'mds', samples)
     results = tmp_path / 'results.json'
     trainer = main(
-        parse_args(
+        settled(
             TINY + ['--local', location, '--batch_size', '8', '--max_duration', '1ep', '--results_json', str(results)]
         )
     )
@@ -422,7 +422,7 @@ def test_training_from_a_local_mds_dataset_logs_bad_samples(tmp_path, capfd):
     assert 'data: 2 bad read(s) of 2 bad sample(s), each read replaced' in capfd.readouterr().out
     assert summary['bad_samples_distinct'] == 2
     # Two epochs read each bad sample twice: 4 reads of the same 2 samples.
-    main(parse_args(TINY + ['--local', location, '--batch_size', '8', '--max_duration', '2ep']))
+    main(settled(TINY + ['--local', location, '--batch_size', '8', '--max_duration', '2ep']))
     assert 'data: 4 bad read(s) of 2 bad sample(s)' in capfd.readouterr().out
 
 
@@ -430,7 +430,7 @@ def test_training_from_a_local_mds_dataset_logs_bad_samples(tmp_path, capfd):
 def test_default_run_builds_and_trains_on_the_sample_dataset(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(run_data, 'SAMPLE_DATASET', tmp_path / 'sample-mds')
     record = RecordSamples()
-    trainer = main(parse_args(['--model_name', 'tiny', '--batch_size', '8', '--max_duration', '3ba']), (record,))
+    trainer = main(settled(['--model_name', 'tiny', '--batch_size', '8', '--max_duration', '3ba']), (record,))
     assert 'training on the sample dataset' in capfd.readouterr().out
     assert (tmp_path / 'sample-mds' / 'index.json').is_file()
     assert int(trainer.state.timestamp.batch) == 3 and len(record.batches) == 3
@@ -476,17 +476,17 @@ def test_mid_epoch_resumption_is_exact(workers, ema, tmp_path, monkeypatch, capf
     flags = TINY + ['--local', location, '--batch_size', '4', '--max_duration', '1ep', '--num_workers', str(workers)]
     flags += ['--use_ema'] if ema else []
     uninterrupted = RecordSamples()
-    expected = final_weights(main(parse_args([*flags, '--cpu_threads', '2']), (uninterrupted,)))
+    expected = final_weights(main(settled([*flags, '--cpu_threads', '2']), (uninterrupted,)))
     assert len(uninterrupted.batches) == 6
     assert sorted(i for batch in uninterrupted.batches for i in batch) == list(range(24))
 
     checkpoints = [*flags, '--run_name', 'resume', '--save_folder', str(tmp_path / 'ckpt'), '--save_interval', '2ba']
     crashed = RecordSamples(stop_after=2)
     with pytest.raises(RuntimeError, match='simulated crash'):
-        main(parse_args([*checkpoints, '--cpu_threads', '2']), (crashed,))
+        main(settled([*checkpoints, '--cpu_threads', '2']), (crashed,))
     capfd.readouterr()
     resumed = RecordSamples()
-    trainer = main(parse_args([*checkpoints, '--autoresume']), (resumed,))
+    trainer = main(settled([*checkpoints, '--autoresume']), (resumed,))
     assert crashed.batches == uninterrupted.batches[:2]
     assert resumed.batches == uninterrupted.batches[2:]
     assert int(trainer.state.timestamp.batch) == 6

@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 from composer.algorithms import EMA as ComposerEMA
 from composer.core import Event, Time, Timestamp
 from composer.utils import reproducibility
+from conftest import settled
 from diffusers import UNet2DConditionModel
 from torch.utils.data import DataLoader
 
@@ -45,7 +46,7 @@ def run(*flags, factory=None):
     with pytest.MonkeyPatch.context() as patch:
         if factory is not None:
             patch.setattr(training, 'EMA', factory)
-        return run_main(parse_args([*TINY, *flags]))
+        return run_main(settled([*TINY, *flags]))
 
 
 def weights(trainer) -> dict[str, torch.Tensor]:

@@ -31,6 +31,7 @@ from conftest import (
     jpeg,
     run_cli,
     s3_client,
+    settled,
     start_s3_server,
     write_dataset,
 )
@@ -191,7 +192,7 @@ CHECKPOINTED = [*TINY, '--image_size', '32', '--batch_size', '4', '--save_interv
 
 
 def checkpointed_run(folder: Path, batches: int, *flags):
-    return main(parse_args([*CHECKPOINTED, '--save_folder', str(folder), '--max_duration', f'{batches}ba', *flags]))
+    return main(settled([*CHECKPOINTED, '--save_folder', str(folder), '--max_duration', f'{batches}ba', *flags]))
 
 
 @pytest.mark.slow
@@ -401,6 +402,7 @@ PAUSED_AFTER_ITS_FIRST_BATCH = """
 import pathlib, sys, time
 from composer import Callback
 from runs.run import main_reporting_errors
+from settings.config import resolve_config
 from settings.flags import parse_args
 
 class Pause(Callback):
@@ -410,7 +412,7 @@ class Pause(Callback):
             while not pathlib.Path(sys.argv[1]).exists():
                 time.sleep(0.05)
 
-main_reporting_errors(parse_args(sys.argv[2:]), (Pause(),))
+main_reporting_errors(resolve_config(parse_args(sys.argv[2:])), (Pause(),))
 """
 
 
@@ -667,7 +669,7 @@ def test_out_of_memory_names_the_plan_and_the_peaks_on_a_gpu(monkeypatch):
         'fits) or --device_train_microbatch_size 32'
     )
     # Half of an odd microbatch: the largest below it that divides the device batch (9 of 27: 3, not 4).
-    odd = dataclasses.replace(config, device_train_microbatch_size=9, device_batch_size=27, notes=())
+    odd = dataclasses.replace(config, device_train_microbatch_size=9, device_batch_size=27)
     assert out_of_memory(odd, torch.OutOfMemoryError('CUDA out of memory.')).endswith('microbatch_size 3')
     one = dataclasses.replace(config, device_train_microbatch_size=1)
     assert out_of_memory(one, torch.OutOfMemoryError('CUDA out of memory.')).endswith(
@@ -696,9 +698,9 @@ def test_a_resumed_run_says_where_it_resumed_and_measures_the_batches_it_trained
     (the window sized for them), and, the output not being a terminal, plain progress lines without escapes."""
     flags = [*TINY, '--image_size', '32', '--batch_size', '4', '--save_interval', '2ba', '--run_name', 'r']
     flags += ['--save_folder', str(tmp_path / 'ckpt')]
-    main(parse_args([*flags, '--max_duration', '4ba']))
+    main(settled([*flags, '--max_duration', '4ba']))
     capfd.readouterr()
-    trainer = main(parse_args([*flags, '--max_duration', '8ba', '--autoresume']))
+    trainer = main(settled([*flags, '--max_duration', '8ba', '--autoresume']))
     captured = capfd.readouterr()
     out = captured.out.splitlines()
     assert "resumed run 'r' from ep0-ba4-rank0.pt (batch 4 of 8)" in out
@@ -749,10 +751,10 @@ def test_a_resumed_cpu_run_takes_its_checkpoints_thread_count_unless_one_is_give
 def test_export_pipeline_on_a_finished_run_exports_its_last_checkpoint(tmp_path, capfd):
     flags = [*TINY, '--image_size', '32', '--max_duration', '2ba', '--save_folder', str(tmp_path / 'ckpt')]
     flags += ['--run_name', 'r']
-    trained = main(parse_args(flags))
+    trained = main(settled(flags))
     weights = {name: tensor.clone() for name, tensor in trained.state.model.denoiser.state_dict().items()}
     capfd.readouterr()
-    main(parse_args([*flags, '--autoresume', '--export_pipeline', str(tmp_path / 'pipeline')]))
+    main(settled([*flags, '--autoresume', '--export_pipeline', str(tmp_path / 'pipeline')]))
     out = capfd.readouterr().out
     assert 'is complete' in out and f'pipeline saved to {tmp_path / "pipeline"}' in out
     from diffusers import UNet2DConditionModel
@@ -789,13 +791,13 @@ def test_a_run_given_no_name_is_told_to_name_itself_and_resumes_under_the_name(t
     folder = tmp_path / 'ckpt'
     flags = [*TINY, '--image_size', '32', '--batch_size', '4', '--save_folder', str(folder)]
     stopper = StopOnSignal(resolve_config(parse_args([*flags, '--max_duration', '2ba'])))
-    main(parse_args([*flags, '--max_duration', '2ba']))
+    main(settled([*flags, '--max_duration', '2ba']))
     stopper.fit_start(types.SimpleNamespace(timestamp=types.SimpleNamespace(batch=2)), None)
     with pytest.raises(Stopped, match='rerun the same command with --run_name NAME --autoresume to continue$'):
         stopper.handle(signal.SIGINT, None)  # one process with a --save_folder: the first signal waits for the batch
         stopper.handle(signal.SIGINT, None)
     capfd.readouterr()
-    trainer = main(parse_args([*flags, '--max_duration', '3ba', '--run_name', 'named', '--autoresume']))
+    trainer = main(settled([*flags, '--max_duration', '3ba', '--run_name', 'named', '--autoresume']))
     assert int(trainer.state.timestamp.batch) == 3 and 'from ep0-ba2-rank0.pt (batch 2 of 3)' in capfd.readouterr().out
 
 
@@ -836,11 +838,11 @@ def test_a_signal_stops_the_run_in_one_line_with_a_checkpoint_of_the_batch_reach
 )
 def test_autoresume_over_another_runs_checkpoints_is_refused_in_one_line(tmp_path, changed, message):
     folder = tmp_path / 'ckpt'
-    main(parse_args([*TINY, '--max_duration', '2ba', '--save_folder', str(folder), '--run_name', 'r']))
+    main(settled([*TINY, '--max_duration', '2ba', '--save_folder', str(folder), '--run_name', 'r']))
     files = sorted(folder.iterdir())
     resumed = [*TINY, '--max_duration', '4ba', '--save_folder', str(folder), '--run_name', 'r', '--autoresume']
     with pytest.raises(ConfigError) as refused:
-        main(parse_args([*resumed, *changed]))  # the flag given last wins
+        main(settled([*resumed, *changed]))  # the flag given last wins
     assert str(refused.value).startswith(
         f'--autoresume: the checkpoint {(folder / "ep0-ba2-rank0.pt")} is of another run: '
     )
@@ -855,10 +857,10 @@ def test_autoresume_over_checkpoints_without_a_description_compares_the_unet(tmp
     folder = tmp_path / 'ckpt'
     monkeypatch.setattr(checkpoints.RunDescription, 'state_dict', lambda self: {})
     monkeypatch.setattr(checkpoints, 'run_description', lambda config: {})
-    main(parse_args([*TINY, '--max_duration', '2ba', '--save_folder', str(folder), '--run_name', 'r']))
+    main(settled([*TINY, '--max_duration', '2ba', '--save_folder', str(folder), '--run_name', 'r']))
     flags = ['--model_name', 'tiny-sdxl-base', '--use_synth_data', '--max_duration', '4ba']
     with pytest.raises(ConfigError, match=r'unet parameter\(s\) differ, e\.g\. .* there, .* here \(another model\?\)'):
-        main(parse_args([*flags, '--save_folder', str(folder), '--run_name', 'r', '--autoresume']))
+        main(settled([*flags, '--save_folder', str(folder), '--run_name', 'r', '--autoresume']))
 
 
 def run_with_checkpoint_writer(tmp_path, monkeypatch, write) -> tuple:

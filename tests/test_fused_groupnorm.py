@@ -264,6 +264,7 @@ def interpreted_training_matches() -> None:
     from composer.core import Callback
 
     from runs.run import main
+    from settings.config import resolve_config
     from settings.flags import parse_args
 
     triton_only()
@@ -278,8 +279,8 @@ def interpreted_training_matches() -> None:
     flags = ['--model_name', 'tiny', '--use_synth_data', '--image_size', '32', '--batch_size', '2']
     flags += ['--max_duration', '2ba']
     plain, fused = Losses(), Losses()
-    main(parse_args(flags), (plain,))
-    main(parse_args([*flags, '--fused_groupnorm']), (fused,))
+    main(resolve_config(parse_args(flags)), (plain,))
+    main(resolve_config(parse_args([*flags, '--fused_groupnorm'])), (fused,))
     assert len(fused.values) == 2, fused.values
     torch.testing.assert_close(fused.values, plain.values, rtol=1e-4, atol=1e-6)
 

@@ -9,11 +9,10 @@ import zipfile
 
 import pytest
 import torch
-from conftest import REPO, TINY
+from conftest import REPO, TINY, settled
 
 import generate
 from runs.run import main
-from settings.flags import parse_args
 from settings.tokenizer import clip_tokenizer_folder
 
 PROMPTS = ['--prompt', 'a red circle', '--steps', '1']
@@ -26,7 +25,7 @@ def checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp('run')
     flags = [*TINY, '--image_size', '32', '--batch_size', '4', '--max_duration', '1ba', '--run_name', 'v']
     flags += ['--prediction_type', 'v_prediction', '--tokenizer', str(clip_tokenizer_folder())]
-    main(parse_args([*flags, '--save_folder', str(folder / 'ckpt'), '--save_interval', '1ba']))
+    main(settled([*flags, '--save_folder', str(folder / 'ckpt'), '--save_interval', '1ba']))
     return folder / 'ckpt' / 'latest-rank0.pt'
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from composer.core import Callback
-from conftest import TINY, final_weights, good_samples, write_dataset, write_t5_tokenizer
+from conftest import TINY, final_weights, good_samples, settled, write_dataset, write_t5_tokenizer
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import generate
@@ -129,7 +129,7 @@ def train(tmp_path, *flags) -> Run:
     """benchmark.main with these flags: its results file, losses, first gradient and UNet weights."""
     keep = KeepSteps()
     results_json = tmp_path / f'results-{len(list(tmp_path.glob("results-*")))}.json'
-    trainer = main(parse_args([*flags, '--results_json', str(results_json)]), callbacks=(keep,))
+    trainer = main(settled([*flags, '--results_json', str(results_json)]), callbacks=(keep,))
     final = unet_tensors(trainer.state.model, lambda p: p)
     return Run(json.loads(results_json.read_text()), keep.losses, keep.initial, keep.first_gradient, final, trainer)
 
@@ -472,7 +472,7 @@ def test_sample_grids_and_the_exported_pipeline_on_the_gpu(tmp_path, name):
     flags += ['--sample_dir', str(samples), '--export_pipeline', str(pipe)]
     flags += ['--save_folder', str(checkpoints), '--save_interval', '2ba']
     tokenizer = [] if name == 'tiny' else ['--tokenizer', write_t5_tokenizer(tmp_path / 't5')]
-    main(parse_args([*flags, *tokenizer]))
+    main(settled([*flags, *tokenizer]))
     assert sorted(path.name for path in samples.iterdir()) == ['samples-ba000000.png', 'samples-ba000002.png']
     common = ['--prompt', 'a red circle', '--steps', '2', '--image_size', '32']
     from_folder = generate.main(generate.parse_args([*common, '--pipeline', str(pipe), '--out', str(tmp_path / 'a')]))

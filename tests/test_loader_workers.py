@@ -9,7 +9,7 @@ import signal
 import psutil
 import pytest
 from composer.core import Callback
-from conftest import TINY, good_samples, write_dataset
+from conftest import TINY, good_samples, settled, write_dataset
 
 from datapath import loaders
 from guards.arguments import ConfigError
@@ -55,7 +55,7 @@ def test_pytorchs_errors_of_a_worker_become_one_line():
 
 def run_ending_in_one_line(callback, capfd, flags=()) -> str:
     with pytest.raises(SystemExit) as stopped:
-        main_reporting_errors(parse_args([*RUN, *flags]), callbacks=(callback,))
+        main_reporting_errors(settled([*RUN, *flags]), callbacks=(callback,))
     assert stopped.value.code == 1 and callback.pids
     err = capfd.readouterr().err
     assert 'Traceback' not in err
@@ -72,7 +72,7 @@ def test_a_worker_killed_mid_run_ends_it_in_one_line_with_the_batch_reached_chec
     reached = re.search(rf'; batch (\d) is checkpointed in {re.escape(str(folder))}: rerun the same command with', line)
     assert reached and line.endswith('--autoresume to continue')
     assert (folder / 'latest-rank0.pt').resolve().name == f'ep0-ba{reached.group(1)}-rank0.pt'
-    resumed = main_reporting_errors(parse_args([*RUN, *saving, '--autoresume']))
+    resumed = main_reporting_errors(settled([*RUN, *saving, '--autoresume']))
     assert int(resumed.state.timestamp.batch) == 6
 
 

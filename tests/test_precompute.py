@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 from composer.utils import reproducibility
-from conftest import LAUNCHER, REPO, fixed_batch, good_samples, write_dataset
+from conftest import LAUNCHER, REPO, fixed_batch, good_samples, settled, write_dataset
 from streaming import StreamingDataset
 from torch.utils.data import default_collate
 
@@ -168,7 +168,7 @@ def test_precompute_writes_aligned_samples_resumes_and_trains(source, tmp_path, 
     # Train the UNet alone on it: one epoch of 38 samples in batches of 8, at the stored 32px.
     capfd.readouterr()
     trainer = main(
-        parse_args(
+        settled(
             [
                 '--model_name',
                 'tiny',
@@ -196,11 +196,9 @@ def test_precomputed_data_must_fit_the_unet(source, tmp_path):
     config['cross_attention_dim'] = 48
     (other / 'unet' / 'config.json').write_text(json.dumps(config))
     with pytest.raises(ConfigError, match='text embeddings of 77 x 32, but .* takes 4 and 77 x 48'):
-        main(
-            parse_args(['--model_name', str(other), '--precomputed_latents', '--local', str(out), '--batch_size', '8'])
-        )
+        main(settled(['--model_name', str(other), '--precomputed_latents', '--local', str(out), '--batch_size', '8']))
     with pytest.raises(ConfigError, match='latent_mean, latent_logvar and text_embedding'):
-        main(parse_args(['--model_name', 'tiny', '--precomputed_latents', '--local', str(source), '--batch_size', '8']))
+        main(settled(['--model_name', 'tiny', '--precomputed_latents', '--local', str(source), '--batch_size', '8']))
 
 
 @pytest.mark.slow
@@ -246,7 +244,7 @@ def test_two_ranks_share_the_parts(source, tmp_path):
 def test_synthetic_precomputed_run_counts_unet_flops_only(tmp_path):
     results = tmp_path / 'results.json'
     main(
-        parse_args(
+        settled(
             [
                 '--model_name',
                 'tiny',
@@ -328,7 +326,7 @@ def test_remote_overlap_is_by_whole_path_components(out, source, expected):
 
 def train(*flags, batches=3):
     trainer = main(
-        parse_args(
+        settled(
             [
                 '--model_name',
                 'tiny',

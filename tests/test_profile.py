@@ -1,7 +1,7 @@
 """benchmark.py --profile: a trace of the last batch, which benchmarks/profile_summary.py breaks down."""
 
 import pytest
-from conftest import TINY
+from conftest import TINY, settled
 
 from benchmarks import profile_summary
 from guards.arguments import ConfigError
@@ -15,7 +15,7 @@ PROFILED_RUN = [*TINY, '--image_size', '32', '--batch_size', '4']
 @pytest.mark.slow
 def test_profile_records_the_last_batch_and_the_summary_breaks_it_down(tmp_path, capfd):
     folder = tmp_path / 'profile'
-    main(parse_args(PROFILED_RUN + ['--max_duration', '3ba', '--profile', str(folder)]))
+    main(settled(PROFILED_RUN + ['--max_duration', '3ba', '--profile', str(folder)]))
     assert [path.name for path in folder.iterdir()] == ['rank0.3.pt.trace.json']  # batch 3 of 3
     captured = capfd.readouterr()
     assert f'profiler traces: {folder / "rank0.3.pt.trace.json"}' in captured.out

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from composer.core import Callback
-from conftest import TINY, good_samples, run_cli, write_dataset
+from conftest import TINY, good_samples, run_cli, settled, write_dataset
 
 import generate
 from benchmarks import learning_curve
@@ -92,7 +92,7 @@ def test_evaluation_stays_out_of_the_throughput_windows(split, tmp_path, capfd):
     results = tmp_path / 'results.json'
     flags = [*SMALL, '--max_duration', '2ba', '--eval_local', split, '--eval_interval', '2ba']
     started = time.perf_counter()
-    trainer = main(parse_args([*flags, '--results_json', str(results)]), (slow,))
+    trainer = main(settled([*flags, '--results_json', str(results)]), (slow,))
     elapsed = time.perf_counter() - started
     summary = json.loads(results.read_text())
     assert slow.evaluations == 2  # at the start, and after batch 2 (the end: not twice)
@@ -188,7 +188,7 @@ class RecordOptimizer(Callback):
 
 def test_warmup_rises_linearly_to_the_published_rate():
     record = RecordOptimizer()
-    main(parse_args([*SMALL, '--max_duration', '6ba', '--lr_warmup', '4ba']), (record,))
+    main(settled([*SMALL, '--max_duration', '6ba', '--lr_warmup', '4ba']), (record,))
     # Composer steps its schedulers at the end of a batch, before counting it: batch k trains at (k - 1) / 4 of the
     # rate (the first two at 0), the published 1e-4 from batch 5 on.
     assert record.learning_rates == pytest.approx([0, 0, 2.5e-5, 5e-5, 7.5e-5, 1e-4])
@@ -196,8 +196,8 @@ def test_warmup_rises_linearly_to_the_published_rate():
 
 def test_gradient_clipping_bounds_the_gradient_norm():
     plain, clipped = RecordOptimizer(), RecordOptimizer()
-    main(parse_args([*SMALL, '--max_duration', '3ba']), (plain,))
-    main(parse_args([*SMALL, '--max_duration', '3ba', '--grad_clip_norm', '0.01']), (clipped,))
+    main(settled([*SMALL, '--max_duration', '3ba']), (plain,))
+    main(settled([*SMALL, '--max_duration', '3ba', '--grad_clip_norm', '0.01']), (clipped,))
     assert min(plain.grad_norms) > 0.1
     assert max(clipped.grad_norms) == pytest.approx(0.01, rel=1e-4)
 
@@ -286,7 +286,7 @@ def test_generate_draws_at_the_trained_size_and_grids_carry_their_prompts(tmp_pa
     pipe, samples, checkpoints = tmp_path / 'pipe', tmp_path / 'samples', tmp_path / 'ckpt'
     flags = [*SMALL, '--max_duration', '1ba', '--export_pipeline', str(pipe), '--save_folder', str(checkpoints)]
     flags += ['--save_interval', '1ba', '--sample_interval', '1ba', '--sample_steps', '1', '--sample_dir', str(samples)]
-    main(parse_args(flags))
+    main(settled(flags))
     capfd.readouterr()
     common = ['--prompt', 'a red circle on a blue background', '--prompt', 'a square', '--steps', '1']
     checkpoint = ['--checkpoint', str(checkpoints / 'latest-rank0.pt'), '--model_name', 'tiny']
@@ -443,7 +443,7 @@ def test_exported_pipeline_checkpoint_and_sample_grids(split, tmp_path, capfd):
         str(samples),
     ]
     flags += ['--export_pipeline', str(pipe), '--save_folder', str(checkpoints), '--save_interval', '30ba']
-    main(parse_args(flags))
+    main(settled(flags))
     grids = sorted(path.name for path in samples.iterdir())
     assert grids == [
         'samples-ba000000.png',
@@ -554,7 +554,7 @@ def test_a_run_on_an_exported_folder_takes_what_its_run_trained_with(tmp_path, c
     pipe = tmp_path / 'pipe'
     flags = ['--model_name', 'tiny', '--use_synth_data', '--image_size', '32', '--batch_size', '6']
     flags += ['--device_train_microbatch_size', '3', '--prediction_type', 'v_prediction', '--max_duration', '1ba']
-    main(parse_args([*flags, '--export_pipeline', str(pipe)]))
+    main(settled([*flags, '--export_pipeline', str(pipe)]))
     config = resolve_config(parse_args(['--model_name', str(pipe), '--use_synth_data']))
     assert (config.image_size, config.batch_size, config.device_train_microbatch_size) == (32, 6, 3)
     assert config.prediction_type == 'v_prediction'
@@ -582,8 +582,8 @@ def test_a_resumed_runs_learning_curve_holds_the_points_before_its_resumption(sp
     flags = [*SMALL, '--eval_local', split, '--eval_interval', '2ba', '--use_ema', '--ema_half_life', '2ba']
     flags += ['--save_folder', str(tmp_path / 'ckpt'), '--save_interval', '2ba', '--run_name', 'curve']
     first, resumed = tmp_path / 'first.json', tmp_path / 'resumed.json'
-    main(parse_args([*flags, '--max_duration', '2ba', '--results_json', str(first)]))
-    main(parse_args([*flags, '--max_duration', '4ba', '--autoresume', '--results_json', str(resumed)]))
+    main(settled([*flags, '--max_duration', '2ba', '--results_json', str(first)]))
+    main(settled([*flags, '--max_duration', '4ba', '--autoresume', '--results_json', str(resumed)]))
     before, after = json.loads(first.read_text()), json.loads(resumed.read_text())
     for curve in ('val_loss_curve', 'val_loss_ema_curve'):
         assert [samples for samples, _ in after[curve]] == [0, 8, 16]

@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import REPO, jpeg, run_cli
+from conftest import REPO, jpeg, run_cli, settled
 
 import convert
 from runs.run import main
 from settings.dataset_checks import SHARD_HASH, DataError
-from settings.flags import parse_args
 
 RUN = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '4', '--max_duration', '1ep']
 
@@ -51,11 +50,11 @@ def test_a_shard_whose_bytes_changed_ends_the_run_naming_it(converted):
     damaged = shards(converted)[1]['raw_data']['basename']
     flip_bytes_inside(converted / damaged)
     with pytest.raises(DataError, match=rf'{converted}: shard {damaged} does not match the {SHARD_HASH} hash'):
-        main(parse_args([*RUN, '--local', str(converted)]))
+        main(settled([*RUN, '--local', str(converted)]))
 
 
 def test_whole_shards_train_to_the_end(converted):
-    trainer = main(parse_args([*RUN, '--local', str(converted)]))
+    trainer = main(settled([*RUN, '--local', str(converted)]))
     assert int(trainer.state.timestamp.epoch) == 1
 
 

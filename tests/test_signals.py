@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, free_port, good_samples, jpeg, start_job, wait_until, write_dataset
+from conftest import REPO, TINY, free_port, good_samples, jpeg, settled, start_job, wait_until, write_dataset
 
 import convert
 import precompute
@@ -503,11 +503,10 @@ def test_generate_stopped_by_a_signal_says_so_and_writes_nothing(tmp_path):
     from conftest import TINY
 
     from runs.run import main
-    from settings.flags import parse_args
 
     folder = tmp_path / 'ckpt'
     main(
-        parse_args(
+        settled(
             [
                 *TINY,
                 '--image_size',

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import jpeg
+from conftest import jpeg, settled
 
 import convert
 import generate
@@ -31,17 +31,17 @@ QUICK = [*REAL_DATA, '--use_synth_data']
 def test_save_folder_is_used_as_given_and_resumes_from_there(tmp_path):
     folder = tmp_path / SAVE_NAME
     flags = [*QUICK, '--save_folder', str(folder), '--run_name', 'r', '--save_interval', '1ba']
-    main(parse_args([*flags, '--max_duration', '2ba']))
+    main(settled([*flags, '--max_duration', '2ba']))
     assert [path.name for path in tmp_path.iterdir()] == [SAVE_NAME]
     assert (folder / 'latest-rank0.pt').readlink().name == 'ep0-ba2-rank0.pt'
-    trainer = main(parse_args([*flags, '--max_duration', '3ba', '--autoresume']))
+    trainer = main(settled([*flags, '--max_duration', '3ba', '--autoresume']))
     assert int(trainer.state.timestamp.batch) == 3
     assert (folder / 'latest-rank0.pt').readlink().name == 'ep0-ba3-rank0.pt'
 
 
 def test_a_relative_save_folder_that_reads_as_a_url_scheme_is_used_as_given(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    main(parse_args([*QUICK, '--max_duration', '1ba', '--save_folder', 'run:2', '--save_interval', '1ba']))
+    main(settled([*QUICK, '--max_duration', '1ba', '--save_folder', 'run:2', '--save_interval', '1ba']))
     assert (tmp_path / 'run:2' / 'ep0-ba1-rank0.pt').is_file()
 
 
@@ -74,7 +74,7 @@ def test_the_other_outputs_of_a_run_take_any_name(tmp_path):
     folder = tmp_path / NAME
     flags = ['--results_json', str(folder / 'results {x} %.json'), '--sample_dir', str(folder / 'samples')]
     flags += ['--sample_interval', '1ba', '--export_pipeline', str(folder / 'pipeline'), '--profile', str(folder / 'p')]
-    main(parse_args([*QUICK, '--max_duration', '2ba', *flags]))
+    main(settled([*QUICK, '--max_duration', '2ba', *flags]))
     assert json.loads((folder / 'results {x} %.json').read_text())['img_per_sec'] > 0
     assert sorted(path.name for path in (folder / 'samples').iterdir()) == [
         'samples-ba000000.png',
@@ -106,7 +106,7 @@ def test_convert_reads_and_writes_any_name_and_a_run_trains_on_it(converted):
     index = json.loads((converted / 'index.json').read_text())
     assert [shard['raw_data']['basename'] for shard in index['shards']] == ['shard.00000.mds']
     flags = ['--local', str(converted), '--eval_local', str(converted / 'validation'), '--eval_interval', '1ba']
-    trainer = main(parse_args([*REAL_DATA, '--max_duration', '2ba', *flags]))
+    trainer = main(settled([*REAL_DATA, '--max_duration', '2ba', *flags]))
     assert int(trainer.state.timestamp.batch) == 2
 
 
@@ -122,7 +122,7 @@ def test_precompute_writes_to_any_name_and_a_run_trains_on_it(converted, tmp_pat
     assert sum(shard['samples'] for shard in index['shards']) == converted_samples
     assert all(shard['raw_data']['basename'].startswith('part-0000') for shard in index['shards'])
     flags = ['--precomputed_latents', '--local', str(out), '--max_duration', '2ba']
-    trainer = main(parse_args([*REAL_DATA, *flags]))
+    trainer = main(settled([*REAL_DATA, *flags]))
     assert int(trainer.state.timestamp.batch) == 2
 
 
@@ -139,12 +139,12 @@ def test_relative_folders_with_a_colon_are_folders_not_urls(converted, tmp_path,
     precompute.main(['--local', 'run:2', '--out', 'latents:2', '--model_name', 'tiny', '--image_size', '32'])
     assert (tmp_path / 'latents:2' / 'index.json').is_file()
     for flags in (['--local', 'run:2'], ['--precomputed_latents', '--local', 'latents:2']):
-        assert int(main(parse_args([*REAL_DATA, '--max_duration', '2ba', *flags])).state.timestamp.batch) == 2
+        assert int(main(settled([*REAL_DATA, '--max_duration', '2ba', *flags])).state.timestamp.batch) == 2
 
 
 def test_generate_reads_a_checkpoint_and_writes_images_under_any_name(tmp_path):
     save_folder = tmp_path / SAVE_NAME
-    main(parse_args([*QUICK, '--max_duration', '1ba', '--save_folder', str(save_folder), '--save_interval', '1ba']))
+    main(settled([*QUICK, '--max_duration', '1ba', '--save_folder', str(save_folder), '--save_interval', '1ba']))
     out = tmp_path / NAME / 'images'
     checkpoint = save_folder / 'latest-rank0.pt'
     generate.main(

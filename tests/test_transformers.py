@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from composer.core import Callback
-from conftest import fake_gpu, good_samples, write_dataset, write_t5_tokenizer
+from conftest import fake_gpu, good_samples, settled, write_dataset, write_t5_tokenizer
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
 from torch.utils.data import default_collate
@@ -298,7 +298,7 @@ def test_each_twin_trains(name, precomputed):
     none of a frozen encoder's."""
     flags = ['--model_name', name, '--use_synth_data', '--max_duration', '3ba', '--batch_size', '4']
     start = WeightsAtStart()
-    trainer = main(parse_args([*flags, *(['--precomputed_latents'] if precomputed else [])]), (start,))
+    trainer = main(settled([*flags, *(['--precomputed_latents'] if precomputed else [])]), (start,))
     model = trainer.state.model
     moved = {key: not torch.equal(value, start.weights[key]) for key, value in weights(model).items()}
     assert not any(moved[key] for key in moved if not key.startswith('transformer.'))
@@ -391,7 +391,7 @@ def test_flux_trains_on_captions_and_validates(captions, t5_tokenizer, tmp_path)
     flags = ['--model_name', 'tiny-flux-schnell', '--local', captions, '--tokenizer', t5_tokenizer]
     flags += ['--image_size', '32', '--batch_size', '4', '--max_duration', '2ba']
     trainer = main(
-        parse_args([*flags, '--eval_local', captions, '--eval_interval', '2ba', '--results_json', str(results)])
+        settled([*flags, '--eval_local', captions, '--eval_interval', '2ba', '--results_json', str(results)])
     )
     assert trainer.state.timestamp.batch.value == 2 and math.isfinite(float(trainer.state.loss))
     curve = json.loads(results.read_text())['val_loss_curve']
@@ -416,7 +416,7 @@ def test_precomputed_captions_give_the_online_loss_and_train(name, captions, t5_
         assert first['pooled_text_embedding'].shape == (32,) and 'text_mask' not in first
 
     trainer = main(
-        parse_args(
+        settled(
             ['--model_name', name, '--precomputed_latents', '--local', str(out), '--batch_size', '4']
             + ['--max_duration', '2ba']
         )
@@ -487,7 +487,7 @@ def test_the_exported_pipeline_draws_the_images_of_the_checkpoint(name, captions
     flags += ['--batch_size', '4', '--max_duration', '2ba', '--use_ema', '--ema_half_life', '1ba']
     flags += ['--sample_interval', '2ba', '--sample_steps', '2', '--sample_dir', str(samples)]
     flags += ['--export_pipeline', str(pipe), '--save_folder', str(checkpoints), '--save_interval', '2ba']
-    main(parse_args(flags))
+    main(settled(flags))
     assert sorted(path.name for path in samples.iterdir()) == [
         'samples-ba000000.png',
         'samples-ba000002.png',
@@ -722,7 +722,7 @@ def test_tiny_flux_trains_on_a_converted_folder_with_the_smoke_t5_tokenizer(tmp_
     assert convert.convert([str(photos)], str(tmp_path / 'mds'), progress=False)['written'] == 8
     tokenizer = str(t5_smoke_tokenizer_folder(tmp_path / 't5-smoke'))
     flags = ['--model_name', 'tiny-flux-schnell', '--local', str(tmp_path / 'mds'), '--tokenizer', tokenizer]
-    trainer = main(parse_args([*flags, '--image_size', '32', '--batch_size', '4', '--max_duration', '2ba']))
+    trainer = main(settled([*flags, '--image_size', '32', '--batch_size', '4', '--max_duration', '2ba']))
     assert trainer.state.timestamp.batch.value == 2 and math.isfinite(float(trainer.state.loss))
 
 
@@ -783,9 +783,7 @@ def test_a_guidance_distilled_flux_folder_trains_and_samples_at_its_guidance(tmp
     flags = ['--model_name', str(flux_dev_twin(tmp_path)), '--use_synth_data', '--image_size', '64']
     pipe = tmp_path / 'pipe'
     exported = ['--export_pipeline', str(pipe), '--tokenizer', t5_tokenizer]
-    trainer = main(
-        parse_args([*flags, '--batch_size', '4', '--max_duration', '2ba', '--flux_guidance', '2.5', *exported])
-    )
+    trainer = main(settled([*flags, '--batch_size', '4', '--max_duration', '2ba', '--flux_guidance', '2.5', *exported]))
     assert trainer.state.timestamp.batch.value == 2 and math.isfinite(float(trainer.state.loss))
     assert trainer.state.model.guidance == 2.5
     # The exported folder records the guidance, and the pipeline embeds the one it is given.

@@ -6,14 +6,13 @@ import pathlib
 
 import pytest
 import torch
-from conftest import TINY, good_samples, write_dataset
+from conftest import TINY, good_samples, settled, write_dataset
 
 import generate
 from guards.arguments import ConfigError
 from runs.checkpoints import load_checkpoint_file, load_composer_checkpoints_weights_only
 from runs.run import main
 from settings.dataset_checks import DataError, describe_dataset
-from settings.flags import parse_args
 
 RUN = [*TINY, '--image_size', '32', '--batch_size', '4', '--run_name', 'u', '--save_interval', '1ba', '--use_ema']
 
@@ -32,7 +31,7 @@ class TouchesAFile:
 def save_folder(tmp_path_factory):
     """A save folder of 2 batches of the tiny model with EMA, its latest checkpoint whole."""
     folder = tmp_path_factory.mktemp('trusted') / 'ckpt'
-    main(parse_args([*RUN, '--max_duration', '2ba', '--save_folder', str(folder)]))
+    main(settled([*RUN, '--max_duration', '2ba', '--save_folder', str(folder)]))
     return folder
 
 
@@ -83,7 +82,7 @@ def test_autoresume_refuses_a_planted_checkpoint_before_loading_it(save_folder, 
     planted(save_folder / 'latest-rank0.pt', folder / 'ep0-ba2-rank0.pt', marker)
     (folder / 'latest-rank0.pt').symlink_to('ep0-ba2-rank0.pt')
     with pytest.raises(ConfigError, match=r'--autoresume: the checkpoint .*latest-rank0.pt: refused, it names code'):
-        main(parse_args([*RUN, '--max_duration', '3ba', '--save_folder', str(folder), '--autoresume']))
+        main(settled([*RUN, '--max_duration', '3ba', '--save_folder', str(folder), '--autoresume']))
     assert not marker.exists()
 
 

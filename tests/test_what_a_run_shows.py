@@ -1,0 +1,46 @@
+"""What a user sees of a run, held against a recorded copy: the lines a tiny run prints (its figures masked, as they
+vary) and the keys of its results file. A change inside the configuration or the run's steps keeps both; a change
+meant to alter them records them again with RECORD_EXPECTED=1 and shows in the diff of tests/expected/."""
+
+import json
+import os
+import re
+from pathlib import Path
+
+from conftest import REPO, TINY
+
+import benchmark
+from costs.results import cpu_name
+
+EXPECTED = Path(__file__).parent / 'expected'
+FLAGS = [*TINY, '--image_size', '32', '--batch_size', '4', '--max_duration', '4ba', '--cpu_threads', '1']
+FLAGS += ['--use_ema', '--run_name', 'shown', '--save_interval', '2ba']
+
+
+def masked(text: str) -> str:
+    """The lines with the repo's folder, the CPU's name and the figures that vary from run to run masked, and the
+    configuration's lines joined where they were broken (where depends on the length of the repo's path)."""
+    text = re.sub(r',\n {8}', ', ', text)
+    text = text.replace(str(REPO), '<repo>').replace(cpu_name(), '<cpu>')
+    text = re.sub(r'\d+:\d\d:\d\d', '<time>', text)
+    return re.sub(r'\d+\.\d+', '<x>', text)
+
+
+def keys(results: dict) -> dict:
+    return {'results': sorted(results), 'config': sorted(results['config'])}
+
+
+def held_against(name: str, shown: str) -> None:
+    expected = EXPECTED / name
+    if os.environ.get('RECORD_EXPECTED') == '1':
+        expected.parent.mkdir(exist_ok=True)
+        expected.write_text(shown)
+    assert shown == expected.read_text(), f'{name} differs (RECORD_EXPECTED=1 records it again)'
+
+
+def test_a_tiny_runs_lines_and_results_keys_are_as_recorded(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the run's folders are given relative to it: no path of this machine in the lines
+    benchmark.cli([*FLAGS, '--save_folder', 'ckpt', '--results_json', 'results.json'])
+    held_against('tiny-run-lines.txt', masked(capsys.readouterr().out))
+    results = json.loads((tmp_path / 'results.json').read_text())
+    held_against('tiny-run-results-keys.json', json.dumps(keys(results), indent=1) + '\n')
