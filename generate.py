@@ -1,7 +1,8 @@
 """Prompts to images, offline: from a Composer checkpoint of benchmark.py, or from a pipeline folder that
 `benchmark.py --export_pipeline` (or Diffusers) saved: Stable Diffusion's (one text encoder), Flux's, SD3's or
 PixArt-Sigma's. A checkpoint records its run's model, prediction type and tokenizer folder, which --model_name,
---prediction_type and --tokenizer default to (a flag given is used, with a line where it differs); an older
+--prediction_type and --tokenizer default to (a flag given is used, with a line where it differs): the record
+beside it in its save folder (run_description.json), read before torch loads, else the one inside it; an older
 checkpoint without that record needs --model_name. A pipeline folder holds its own.
 
     python generate.py --checkpoint ckpt/latest-rank0.pt --prompt 'a red circle' --out out/
@@ -15,13 +16,9 @@ against reference images (docs/quality.md); no weights are downloaded.
 """
 
 import argparse
-import collections
-import io
 import json
 import os
-import pickle
 import sys
-import zipfile
 from pathlib import Path
 
 from guards import arguments
@@ -40,6 +37,7 @@ from settings.model_folder import (
     weights_problem,
 )
 from settings.presets import SAMPLERS
+from settings.run_record import not_a_checkpoint, recorded_beside
 from settings.tokenizer import check_tokenizer_file
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')  # never the network: every part is local
@@ -47,18 +45,12 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')  # never the network: every part is
 # The pipelines export.py builds, which generate() draws with.
 PIPELINES = (UNET_PIPELINE_NAME, *TRANSFORMER_PIPELINE_NAMES.values())
 
-# Composer keeps each callback's state in a checkpoint under its class name: checkpoints.RunDescription's holds the
-# run's model, and its drawing_settings(). Named here, as importing checkpoints would load torch and Composer.
-RUN_DESCRIPTION = 'RunDescription'
 # The flags whose default, with --checkpoint, is the value its run recorded, each with what a recorded None meant.
 RECORDED_FLAGS = {
     'model_name': None,
     'prediction_type': "the model's own prediction type",
     'tokenizer': 'the default tokenizer',
 }
-
-
-ZIP_START = b'PK\x03\x04'  # the first bytes of a zip archive, as torch.save writes a checkpoint
 
 
 class GenerateError(ConfigError):
@@ -125,6 +117,7 @@ def check_args(args: argparse.Namespace) -> list[str]:
     if not prompts:
         raise GenerateError('no prompt: pass --prompt TEXT (repeatable) or --prompts FILE')
     transformer = False  # a diffusion transformer's: images in multiples of 16 pixels (2x2 latent patches)
+    args.model_dir = None  # with --checkpoint, once the run's record settles --model_name (settle_checkpoint_flags)
     if args.checkpoint:
         if not Path(args.checkpoint).is_file():
             raise GenerateError(
@@ -136,22 +129,9 @@ def check_args(args: argparse.Namespace) -> list[str]:
                 f'--checkpoint {args.checkpoint}: {problem}; give a checkpoint of benchmark.py --save_folder '
                 '(e.g. latest-rank0.pt)'
             )
-        for line in take_recorded_flags(args):
-            print(line)
-        try:
-            args.model_dir = resolve_model_dir(args.model_name)  # once, for the model and its tokenizer's padding
-        except ConfigError as error:
-            raise GenerateError(str(error))
-        transformer = is_transformer_folder(args.model_dir)
-        if transformer:
-            if args.tokenizer is None:
-                raise GenerateError(
-                    f"--tokenizer: {args.model_name} reads prompts with T5: pass the run's --tokenizer folder (T5's)"
-                )
-            if args.prediction_type:
-                raise GenerateError(f'--prediction_type: a UNet option; {args.model_name} is a diffusion transformer')
-        if args.tokenizer is not None:
-            check_tokenizer_file(args.tokenizer, caption_inputs(args.model_dir))  # another family's is named now
+        recorded = recorded_beside(args.checkpoint, 'remove it (the checkpoint holds the record too)')
+        if recorded is not None:  # else the record inside the checkpoint, once torch loads it (main)
+            settle_checkpoint_flags(args, recorded)
     else:
         index = Path(args.pipeline) / 'model_index.json'
         if not index.is_file():
@@ -181,9 +161,7 @@ def check_args(args: argparse.Namespace) -> list[str]:
         value = getattr(args, flag)
         if value is not None and value <= 0:
             raise GenerateError(f'--{flag} {value}: must be positive')
-    multiple = LATENT_DOWNSAMPLE * (2 if transformer else 1)
-    if args.image_size is not None and args.image_size % multiple:
-        raise GenerateError(f'--image_size {args.image_size}: must be a multiple of {multiple}')
+    check_image_size(args, transformer)
     if args.clip_model and not (Path(args.clip_model) / 'config.json').is_file():
         raise GenerateError(f'--clip_model {args.clip_model}: no CLIP model folder (config.json) there')
     if bool(args.fid_reference) != bool(args.fid_weights):
@@ -193,6 +171,34 @@ def check_args(args: argparse.Namespace) -> list[str]:
     if args.fid_reference and not (Path(args.fid_reference) / 'index.json').is_file():
         raise GenerateError(f'--fid_reference {args.fid_reference}: no MDS split (index.json) there')
     return prompts
+
+
+def settle_checkpoint_flags(args: argparse.Namespace, recorded: dict) -> None:
+    """The flags a checkpoint's run record settles (RECORDED_FLAGS), then those that depend on its model, checked;
+    prints the lines take_recorded_flags says."""
+    for line in take_recorded_flags(args, recorded):
+        print(line)
+    try:
+        args.model_dir = resolve_model_dir(args.model_name)  # once, for the model and its tokenizer's padding
+    except ConfigError as error:
+        raise GenerateError(str(error))
+    transformer = is_transformer_folder(args.model_dir)
+    if transformer:
+        if args.tokenizer is None:
+            raise GenerateError(
+                f"--tokenizer: {args.model_name} reads prompts with T5: pass the run's --tokenizer folder (T5's)"
+            )
+        if args.prediction_type:
+            raise GenerateError(f'--prediction_type: a UNet option; {args.model_name} is a diffusion transformer')
+    if args.tokenizer is not None:
+        check_tokenizer_file(args.tokenizer, caption_inputs(args.model_dir))  # another family's is named now
+    check_image_size(args, transformer)
+
+
+def check_image_size(args: argparse.Namespace, transformer: bool) -> None:
+    multiple = LATENT_DOWNSAMPLE * (2 if transformer else 1)
+    if args.image_size is not None and args.image_size % multiple:
+        raise GenerateError(f'--image_size {args.image_size}: must be a multiple of {multiple}')
 
 
 def missing_part(folder: Path, components: dict) -> str | None:
@@ -216,33 +222,10 @@ def missing_part(folder: Path, components: dict) -> str | None:
     return None
 
 
-def not_a_checkpoint(path: str) -> str | None:
-    """What the file is instead of a checkpoint (torch.save's zip archive, its pickle inside), or None where it is
-    one: read without torch, so that an empty, cut-off or wrong file is named in one line before torch loads."""
-    size = os.path.getsize(path)
-    if size == 0:
-        return 'an empty file, not a checkpoint'
-    with open(path, 'rb') as file:
-        head = file.read(4)
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-    except zipfile.BadZipFile:
-        if head == ZIP_START:  # a zip's directory is at its end: a file cut short has none
-            return f'a checkpoint cut short ({size:,} bytes and no end: a copy or a write that stopped part way?)'
-        if head.lstrip()[:1] in (b'{', b'['):
-            return 'a JSON file (a results file?), not a checkpoint'
-        return 'not a checkpoint (not the zip archive torch.save writes)'
-    if not any(name.endswith('/data.pkl') for name in names):
-        return 'a zip archive without the pickle a checkpoint holds (data.pkl), not a checkpoint'
-    return None
-
-
-def take_recorded_flags(args: argparse.Namespace) -> list[str]:
+def take_recorded_flags(args: argparse.Namespace, recorded: dict) -> list[str]:
     """Sets each of RECORDED_FLAGS not given to what the checkpoint's run recorded; returns the lines to print: the
     values taken, each flag given that differs from the record, and what an older checkpoint does not record.
     GenerateError where the checkpoint records no model and --model_name is not given."""
-    recorded = recorded_run(args.checkpoint)
     if 'model_name' not in recorded:
         if args.model_name:
             return []
@@ -289,53 +272,6 @@ def names_the_same(given: str, recorded: str | None) -> bool:
     return recorded is not None and Path(given).is_dir() and Path(given).resolve() == Path(recorded).resolve()
 
 
-def recorded_run(checkpoint: str) -> dict:
-    """The run description a checkpoint of benchmark.py records (checkpoints.RunDescription's), {} where it has
-    none or cannot be read. Read without torch, which takes seconds to load: torch.save's zip archive holds the
-    pickle apart from the tensors' data, and RecordReader unpickles its plain values only."""
-    try:
-        with zipfile.ZipFile(checkpoint) as archive:
-            name = next(name for name in archive.namelist() if name.endswith('/data.pkl') and name.count('/') == 1)
-            saved = RecordReader(io.BytesIO(archive.read(name))).load()
-        description = saved['state']['callbacks'][RUN_DESCRIPTION]
-    except Exception:  # not a zip, no pickle in it, another layout: no record this reader can give
-        return {}
-    return description if isinstance(description, dict) else {}
-
-
-class RecordReader(pickle.Unpickler):
-    """Unpickles dicts, lists and plain values; an object of any other class (a tensor, its storage, a random
-    generator's state) becomes a Placeholder, so that no code the checkpoint names is run, and torch is not needed."""
-
-    def find_class(self, module: str, name: str):
-        return collections.OrderedDict if (module, name) == ('collections', 'OrderedDict') else Placeholder
-
-    def persistent_load(self, pid):
-        return None  # a tensor's data, stored outside the pickle
-
-
-class Placeholder:
-    """Stands for an object the record does not need: takes whatever unpickling hands it, and keeps nothing."""
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __call__(self, *args, **kwargs):  # a placeholder for a function, called by the pickle
-        return Placeholder()
-
-    def __setstate__(self, state):
-        pass
-
-    def __setitem__(self, key, value):
-        pass
-
-    def append(self, item):
-        pass
-
-    def extend(self, items):
-        pass
-
-
 def main(args: argparse.Namespace):
     """Checks the flags, then writes the images and prints the scores asked for; returns the images (N, 3, H, W)
     in [0, 1]."""
@@ -346,6 +282,8 @@ def main(args: argparse.Namespace):
 
     # After that import: importing Composer installs its own signal handlers, which exit without a line.
     with stop_on_signals(lambda signum: f'{SIGNALS[signum]}: generate stopped; nothing was written to {args.out}'):
+        if args.checkpoint and args.model_dir is None:  # no record beside the checkpoint: the one inside it
+            settle_checkpoint_flags(args, generation.recorded_in(args.checkpoint, args.trust_checkpoint))
         return generation.draw(args, prompts)
 
 

@@ -25,6 +25,7 @@ its own process wrote: `KeepNewestCheckpoints` hands it the ones a resumed run's
 the folder holds N across resumptions too. Files set aside as incomplete are not counted, and never deleted.
 """
 
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -45,6 +46,7 @@ from guards.arguments import ConfigError
 from guards.outputs import DISK_FULL
 from settings.config import RunConfig
 from settings.dataset_checks import s3_client, s3_folder, s3_folder_names
+from settings.run_record import write_run_description
 
 # What a Composer checkpoint of this repo holds besides tensors and plain values: the timestamp's total wall-clock
 # time, NumPy's random state (an array and its dtypes), and the torch version it was saved with. NumPy 2 moved
@@ -221,8 +223,9 @@ class CheckpointWriteError(Exception):
 
 
 def report_failed_writes() -> None:
-    """Wraps Composer's checkpoint writer so that a failed write raises CheckpointWriteError. Composer has no hook
-    for it: torch.save raises a RuntimeError ('PytorchStreamWriter failed writing file ...') or an OSError."""
+    """Wraps Composer's checkpoint writer so that a failed write raises CheckpointWriteError, and a written one has
+    its run's record beside it (record_beside). Composer has no hook for either: torch.save raises a RuntimeError
+    ('PytorchStreamWriter failed writing file ...') or an OSError."""
     from composer.utils import checkpoint
 
     write = checkpoint._write_checkpoint_file
@@ -237,9 +240,20 @@ def report_failed_writes() -> None:
             # torch's zip writer says only 'file write failed', the usual cause a full disk; an OSError says which.
             full = not isinstance(error, OSError) or error.errno in DISK_FULL
             raise CheckpointWriteError(Path(filename), reason.strip(), full) from error
+        record_beside(state_dict, Path(filename))
 
     write_or_report.reports_failures = True
     checkpoint._write_checkpoint_file = write_or_report
+
+
+def record_beside(state_dict: dict, checkpoint: Path) -> None:
+    """The run's record (RunDescription's) as run_description.json beside a checkpoint file rank 0 has written, so
+    that generate.py reads it without loading torch. One that cannot be written (a disk full just then) is left out:
+    the checkpoint holds the same record, which generate.py reads once torch loads it."""
+    description = state_dict.get('state', {}).get('callbacks', {}).get(RunDescription.__name__)
+    if description is not None and dist.get_global_rank() == 0:
+        with contextlib.suppress(OSError):
+            write_run_description(checkpoint.parent, description)
 
 
 class KeepNewestCheckpoints(Callback):
@@ -295,7 +309,7 @@ class RunDescription(Callback):
     """Saves run_description() in every checkpoint (Composer keeps each callback's state_dict there), and what is
     recorded but not compared: the CPU thread count the weights were trained with, which a resumed run takes
     (resumed_cpu_threads), the microbatch, which a run on an exported folder takes, and drawing_settings(), which
-    generate.py takes."""
+    generate.py takes. The same record is written beside each checkpoint file (record_beside)."""
 
     def __init__(self, config: RunConfig):
         self.description = {

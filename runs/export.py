@@ -14,7 +14,6 @@ captions and lets the pipeline tokenize them.
 """
 
 import contextlib
-import json
 from pathlib import Path
 
 import diffusers
@@ -38,13 +37,13 @@ from settings.model_folder import (
     CAPTION_LENGTH,
     CLIP_PAD_ID,
     LATENT_DOWNSAMPLE,
-    RUN_DESCRIPTION_FILE,
     T5_CAPTION_LENGTH,
     TRANSFORMER_PIPELINE_NAMES,
     caption_pad_ids,
 )
 from settings.presets import SAMPLE_SEEDS, SAMPLERS
 from settings.recipes import FLUX, FLUX_GUIDANCE, PIXART, SD3, is_flow_matching
+from settings.run_record import write_run_description
 from settings.tokenizer import CLIP_END, CLIP_START, CaptionTokenizer, build_clip_tokenizer, clean_caption
 
 # Samplers by flag name, built from the training noise schedule (betas, prediction type).
@@ -220,7 +219,7 @@ def export_pipeline(
     trainer, out_dir: str | Path, scheduler: str = 'ddim', tokenizer: str | None = None, again: str = 'run again'
 ) -> str:
     """Saves the trained model as a pipeline folder (rank 0), with the averaged denoiser when the run has an EMA,
-    and the run's description (RUN_DESCRIPTION_FILE: generate.py draws at the size the run trained at); returns the
+    and the run's description (run_record.py: generate.py draws at the size the run trained at); returns the
     pipeline's class name. The folder appears whole or not at all: a failed write (a full disk) removes what was
     written and raises outputs.WriteFailed, whose fix ends in `again`."""
     model = trainer.state.model.module if hasattr(trainer.state.model, 'module') else trainer.state.model
@@ -237,7 +236,7 @@ def export_pipeline(
             with staged_folder(out_dir, f'--export_pipeline {out_dir}', again) as partial:
                 pipeline.save_pretrained(partial, safe_serialization=True)
                 if description is not None:
-                    (partial / RUN_DESCRIPTION_FILE).write_text(json.dumps(description, indent=2) + '\n')
+                    write_run_description(partial, description)
     dist.barrier()
     return pipeline_class(model)
 

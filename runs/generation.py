@@ -22,8 +22,9 @@ from models.stable_diffusion import build_model
 from runs.checkpoints import RunDescription, load_checkpoint_file
 from runs.evaluation import ValidationSplit
 from runs.export import SCHEDULERS, build_pipeline, generate, labeled_grid
-from settings.model_folder import RUN_DESCRIPTION_FILE, caption_pad_ids, exported_run, is_transformer_folder
+from settings.model_folder import caption_pad_ids, is_transformer_folder
 from settings.recipes import is_flow_matching
+from settings.run_record import RUN_DESCRIPTION_FILE, exported_run
 from settings.tokenizer import CaptionTokenizer
 
 # grid.png: the first images in rows of 8, each under its prompt (a grid of thousands would be too big to look at).
@@ -129,12 +130,20 @@ def load_pipeline(args: argparse.Namespace) -> tuple[DiffusionPipeline, dict]:
     return build_pipeline(model, args.scheduler or 'ddim', args.tokenizer), description
 
 
-def load_checkpoint_state(checkpoint: str, trust: bool = False) -> dict:
+def recorded_in(checkpoint: str, trust: bool) -> dict:
+    """The run description inside a checkpoint (checkpoints.RunDescription's), {} where it holds none (an older
+    version's); read memory-mapped, so that only the small parts are read from disk."""
+    state = load_checkpoint_state(checkpoint, trust, mmap=True)
+    description = state.get('callbacks', {}).get(RunDescription.__name__)
+    return description if isinstance(description, dict) else {}
+
+
+def load_checkpoint_state(checkpoint: str, trust: bool = False, mmap: bool = False) -> dict:
     """A Composer checkpoint's state, read weights-only unless trusted; ConfigError naming the file where it names
     code that loading would run, cannot be read (a damaged archive whose directory is whole,
-    generate.not_a_checkpoint having refused the rest) or is not Composer's."""
+    run_record.not_a_checkpoint having refused the rest) or is not Composer's."""
     try:
-        saved = load_checkpoint_file(checkpoint, trust=trust)
+        saved = load_checkpoint_file(checkpoint, trust=trust, mmap=mmap)
     except ConfigError:
         raise
     except Exception as error:  # torch raises RuntimeError, pickle's errors, EOFError, ... on a damaged file

@@ -25,13 +25,11 @@ from settings.memory_plan import Plan, plan, plans_for
 from settings.memory_plan import Run as PlannedRun
 from settings.model_folder import (
     LATENT_DOWNSAMPLE,
-    RUN_DESCRIPTION_FILE,
     CaptionInputs,
     caption_inputs,
     check_training_fields,
     denoiser_config,
     embeds_guidance,
-    exported_run,
     is_transformer_folder,
     resolve_model_dir,
     t5_tokenizer_needed,
@@ -39,6 +37,7 @@ from settings.model_folder import (
 from settings.output_paths import check_outputs, settle_sample_and_export_folders
 from settings.presets import PRESETS, SAMPLE_PROMPTS, SD2_BASE, SYNTHETIC_SAMPLES, Preset
 from settings.recipes import FLUX_GUIDANCE, RECIPES, Recipe, is_flow_matching
+from settings.run_record import RUN_DESCRIPTION_FILE, exported_run
 from settings.tokenizer import check_tokenizer
 
 

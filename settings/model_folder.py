@@ -63,27 +63,6 @@ class ModelFolderError(ConfigError):
     """A --model_name that names no usable model folder: reported as one line, exit status 2."""
 
 
-# What a run records in the pipeline folder it exports (runs/checkpoints.RunDescription's state): the size and batch
-# it trained at, its prediction type and tokenizer. A run on the folder takes them for the flags it leaves unset, and
-# generate.py draws at that size.
-RUN_DESCRIPTION_FILE = 'run_description.json'
-
-
-def exported_run(model_dir: Path, fix: str) -> dict:
-    """The run description of a folder benchmark.py --export_pipeline wrote, {} for another folder; ConfigError,
-    ending in `fix`, where the file is not a JSON object."""
-    record = Path(model_dir) / RUN_DESCRIPTION_FILE
-    if not record.is_file():
-        return {}
-    try:
-        description = json.loads(record.read_text())
-    except (ValueError, UnicodeDecodeError):
-        description = None
-    if not isinstance(description, dict):
-        raise ConfigError(f'{record}: not the JSON object of a run description; {fix}')
-    return description
-
-
 def resolve_model_dir(model_name: str) -> Path:
     """A built-in config, a local folder, or (only when asked for) a hub id downloaded to the HF cache."""
     if model_name in BUILTIN_MODELS:

@@ -1,18 +1,20 @@
 """generate.py reads the run from its checkpoint: --model_name, --prediction_type and --tokenizer default to what
-the checkpoint records, a flag given overrides with a line saying so, and a checkpoint without the record asks for
---model_name in one line."""
+the checkpoint's run recorded (beside it in its save folder, else inside it), a flag given overrides with a line
+saying so, and a checkpoint without the record asks for --model_name in one line."""
 
-import pickle
+import json
+import shutil
 import subprocess
 import sys
-import zipfile
 
 import pytest
 import torch
 from conftest import REPO, TINY, settled
 
 import generate
+from runs.checkpoints import RunDescription
 from runs.run import main
+from settings.run_record import RUN_DESCRIPTION_FILE, write_run_description
 from settings.tokenizer import clip_tokenizer_folder
 
 PROMPTS = ['--prompt', 'a red circle', '--steps', '1']
@@ -34,14 +36,19 @@ def draw(checkpoint, out, *flags):
 
 
 def rewritten(checkpoint, path, change):
-    """A copy of the checkpoint whose run description `change` edits (None: removes), as another version wrote."""
+    """A copy of the checkpoint, on its own, whose run description `change` edits (None: removes), as another
+    version wrote."""
     saved = torch.load(checkpoint, map_location='cpu', weights_only=False)
     callbacks = saved['state']['callbacks']
-    callbacks[generate.RUN_DESCRIPTION] = change(dict(callbacks[generate.RUN_DESCRIPTION]))
-    if callbacks[generate.RUN_DESCRIPTION] is None:
-        del callbacks[generate.RUN_DESCRIPTION]
+    callbacks[RunDescription.__name__] = change(dict(callbacks[RunDescription.__name__]))
+    if callbacks[RunDescription.__name__] is None:
+        del callbacks[RunDescription.__name__]
     torch.save(saved, path)
     return path
+
+
+def recorded_inside(checkpoint) -> dict:
+    return torch.load(checkpoint, map_location='cpu', weights_only=False)['state']['callbacks']['RunDescription']
 
 
 @pytest.mark.stack
@@ -103,38 +110,41 @@ def test_a_record_without_prediction_type_or_tokenizer_takes_the_model_and_says_
 
 
 def test_a_recorded_tokenizer_folder_that_is_gone_is_one_line(checkpoint, tmp_path, capsys):
-    moved = rewritten(checkpoint, tmp_path / 'moved.pt', lambda description: {**description, 'tokenizer': '/gone'})
+    folder = tmp_path / 'moved'
+    folder.mkdir()
+    moved = shutil.copy(checkpoint, folder / 'latest-rank0.pt')
+    write_run_description(folder, {**recorded_inside(checkpoint), 'tokenizer': '/gone'})
     with pytest.raises(SystemExit):
         generate.cli(['--checkpoint', str(moved), *PROMPTS, '--out', str(tmp_path / 'o')])
     assert capsys.readouterr().err == (
         "error: --tokenizer: the checkpoint's run read captions with /gone, which is no folder here; pass the "
         'tokenizer folder\n'
     )
-    assert generate.check_args(
-        generate.parse_args(['--checkpoint', str(moved), '--tokenizer', str(tmp_path), *PROMPTS, '--out', 'o'])
-    )  # given: the record's folder is not needed
+    given = generate.parse_args(['--checkpoint', str(moved), '--tokenizer', str(tmp_path), *PROMPTS, '--out', 'o'])
+    generate.check_args(given)  # given: the record's folder is not needed
+    assert given.model_name == 'tiny' and given.tokenizer == str(tmp_path)
 
 
-class RunsCode:
-    """Unpickled, it would write a file: what a checkpoint could carry."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (self.path, 'w'))
-
-
-def test_the_record_is_read_without_torch_or_running_the_checkpoints_code(tmp_path):
-    written = tmp_path / 'written'
-    saved = {'state': {'callbacks': {generate.RUN_DESCRIPTION: {'model_name': 'tiny'}}}, 'other': RunsCode(written)}
-    checkpoint = tmp_path / 'crafted.pt'
-    with zipfile.ZipFile(checkpoint, 'w') as archive:  # torch.save's layout: the pickle as archive/data.pkl
-        archive.writestr('archive/data.pkl', pickle.dumps(saved, protocol=2))
-    assert generate.recorded_run(str(checkpoint)) == {'model_name': 'tiny'}
-    assert not written.exists()
-    checkpoint.write_bytes(b'not a zip archive')
-    assert generate.recorded_run(str(checkpoint)) == {}
+@pytest.mark.stack
+def test_the_record_beside_a_checkpoint_is_the_one_inside_which_a_copy_alone_is_drawn_with(
+    checkpoint, tmp_path, capsys
+):
+    """The run writes its record beside its checkpoints (read without torch); a checkpoint copied on its own
+    carries the same record inside, read once torch loads it: the same flags, the same images."""
+    beside = json.loads((checkpoint.parent / RUN_DESCRIPTION_FILE).read_text())
+    assert beside == recorded_inside(checkpoint) and beside['model_name'] == 'tiny'
+    with_record = draw(checkpoint, tmp_path / 'with-record')
+    printed = capsys.readouterr().out
+    alone = draw(shutil.copy(checkpoint, tmp_path / 'alone.pt'), tmp_path / 'alone')
+    assert "from the checkpoint's run: --model_name tiny --prediction_type v_prediction" in printed
+    assert capsys.readouterr().out == printed.replace('with-record', 'alone') and torch.equal(with_record, alone)
+    (tmp_path / RUN_DESCRIPTION_FILE).write_text('[1, 2]')  # beside the copy now: not a record
+    with pytest.raises(SystemExit):
+        generate.cli(['--checkpoint', str(tmp_path / 'alone.pt'), *PROMPTS, '--out', str(tmp_path / 'o')])
+    assert capsys.readouterr().err == (
+        f'error: {tmp_path / RUN_DESCRIPTION_FILE}: not the JSON object of a run description; remove it (the '
+        'checkpoint holds the record too)\n'
+    )
 
 
 def test_the_flags_are_settled_from_the_record_before_torch_loads(checkpoint, tmp_path):

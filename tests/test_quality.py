@@ -543,6 +543,48 @@ def test_the_clip_score_is_clips_cosine_of_image_and_prompt_times_100(tmp_path):
     assert expected > 1 and printed == pytest.approx(float(expected), abs=1e-3)
 
 
+def test_the_fid_is_the_frechet_distance_of_the_inception_features_and_0_for_the_reference_itself(tmp_path):
+    """runs.generation.fid (torchmetrics') against the distance computed here from the same Inception features:
+    the squared distance of the means, plus the covariances' traces, less twice the trace of the square root of
+    their product, which is the nuclear norm of the centered features' cross product (exact for a few images of
+    2048 features each, where the covariances are singular); and the reference images against themselves: 0."""
+    import torchvision
+
+    from runs.generation import InceptionFeatures, fid
+
+    torch.manual_seed(0)  # Inception v3 at random: nothing is downloaded
+    inception = torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=True)
+    # Its batch norms' statistics taken from a batch, as training would set them: left at 0 and 1, the features
+    # grow to about 1e11, and the distance's terms to 1e23, where float64 keeps no digit of a small distance.
+    for norm in (module for module in inception.modules() if isinstance(module, torch.nn.BatchNorm2d)):
+        norm.reset_running_stats()
+        norm.momentum = None  # the running statistics are the batch's
+    calibrating = InceptionFeatures(inception).train()
+    with torch.no_grad():
+        calibrating(torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(2)))
+    weights = tmp_path / 'inception.pt'
+    torch.save(inception.state_dict(), weights)
+    reference = write_dataset(tmp_path / 'reference', good_samples(6, size=(32, 32)))
+    split = ValidationSplit(reference, (4, 1, 1), 32)
+    real = torch.stack([split[i]['image'] for i in range(len(split))]).float() / 255
+    generated = real[1:].flip(-1)  # images like the reference's: the covariances' term counts
+
+    def printed(images):
+        return float(re.match(r'FID: (-?[\d.]+) \(', fid(images, reference, str(weights), 32)).group(1))
+
+    inception.fc = torch.nn.Identity()
+    with torch.no_grad():
+        a, b = (InceptionFeatures(inception)(images).double() for images in (real, generated))
+    centered_a, centered_b = a - a.mean(0), b - b.mean(0)
+    trace_a = (centered_a**2).sum() / (len(a) - 1)
+    trace_b = (centered_b**2).sum() / (len(b) - 1)
+    cross = torch.linalg.svdvals(centered_a @ centered_b.T).sum() / ((len(a) - 1) * (len(b) - 1)) ** 0.5
+    expected = float(((a.mean(0) - b.mean(0)) ** 2).sum() + trace_a + trace_b - 2 * cross)
+    assert expected > 1 and printed(generated) == pytest.approx(expected, rel=1e-4, abs=0.01)
+    # 0 up to the rounding of the eigenvalues torchmetrics takes of the covariances' product (about 2e-6 of them)
+    assert abs(printed(real)) < 1e-5 * 2 * float(trace_a)
+
+
 def test_a_run_on_an_exported_folder_takes_what_its_run_trained_with(tmp_path, capfd):
     """A folder --export_pipeline wrote describes its run: a run on it leaves the published preset (512px, batch
     2048) for the exported run's size, batch, microbatch and prediction type, a flag given still winning; the
