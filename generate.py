@@ -25,9 +25,9 @@ from guards import arguments
 from guards.arguments import ConfigError
 from guards.outputs import one_line
 from guards.stopping import SIGNALS, Stopped, stop_on_signals
+from settings.families import FAMILIES
 from settings.model_folder import (
     LATENT_DOWNSAMPLE,
-    TRANSFORMER_PIPELINE_NAMES,
     UNET_PIPELINE_NAME,
     WEIGHT_FILES,
     caption_inputs,
@@ -43,7 +43,7 @@ from settings.tokenizer import check_tokenizer_file
 os.environ.setdefault('HF_HUB_OFFLINE', '1')  # never the network: every part is local
 
 # The pipelines export.py builds, which generate() draws with.
-PIPELINES = (UNET_PIPELINE_NAME, *TRANSFORMER_PIPELINE_NAMES.values())
+PIPELINES = (UNET_PIPELINE_NAME, *(family.pipeline for family in FAMILIES.values()))
 
 # The flags whose default, with --checkpoint, is the value its run recorded, each with what a recorded None meant.
 RECORDED_FLAGS = {

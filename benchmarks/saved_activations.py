@@ -6,8 +6,8 @@ from torch.utils.data import default_collate
 
 from data import SyntheticLatentsDataset
 from models.stable_diffusion import DiffusionTransformer, build_model
+from settings.families import is_flow_matching
 from settings.model_folder import LATENT_DOWNSAMPLE, resolve_model_dir
-from settings.recipes import is_flow_matching
 
 BYTES_PER_ELEMENT = 2  # bf16 autocast
 

@@ -10,10 +10,9 @@ import argparse
 import atexit
 import difflib
 import os
+import signal
 import sys
 from pathlib import Path
-
-from guards.stopping import end_quietly_on_signals
 
 # Under Composer's launcher (several GPUs) the launcher's own lines follow the run's last one: a crashed rank's exit
 # status and output, "Waiting up to 30 seconds for all training processes to terminate". The Makefile names a file
@@ -66,6 +65,20 @@ def stop(status: int, message: str):
     print(line, file=sys.stderr)
     leave_verdict(line)
     sys.exit(status)
+
+
+def end_quietly_on_signals(status: int) -> None:
+    """For a process that has printed its last line and is exiting with `status`: a signal during the exit (the
+    interpreter's atexit work, Composer's closing of its trainer among it) ends nothing with a traceback. A
+    SIGTERM then is ignored: the launcher or scheduler repeats the one that stopped the run, and follows it with
+    SIGKILL after its grace period; Composer's handler would raise SystemExit inside an atexit callback, printed as
+    a traceback under the line. A Ctrl-C then is a person's second: the process ends at once with `status`."""
+
+    def end_now(signum, frame):
+        os._exit(status)
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, end_now)
 
 
 def leave_verdict(line: str) -> None:

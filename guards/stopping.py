@@ -114,20 +114,6 @@ def stop_on_signals(describe: Callable[[int], str]):
         forget_stops()
 
 
-def end_quietly_on_signals(status: int) -> None:
-    """For a process that has printed its last line and is exiting with `status`: a signal during the exit (the
-    interpreter's atexit work, Composer's closing of its trainer among it) ends nothing with a traceback. A
-    SIGTERM then is ignored: the launcher or scheduler repeats the one that stopped the run, and follows it with
-    SIGKILL after its grace period; Composer's handler would raise SystemExit inside an atexit callback, printed as
-    a traceback under the line. A Ctrl-C then is a person's second: the process ends at once with `status`."""
-
-    def end_now(signum, frame):
-        os._exit(status)
-
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, end_now)
-
-
 def quiet_loader_worker(worker_id: int) -> None:
     """A DataLoader's worker_init_fn: the worker leaves job-wide signals to its parent (leave_signals_to_parent)."""
     leave_signals_to_parent()

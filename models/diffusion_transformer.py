@@ -34,17 +34,15 @@ from models.parts import (
     standard_normal_like,
     validation_timesteps,
 )
+from settings.families import EMBEDDED_GUIDANCE, FAMILIES, FLUX, SD3, Recipe, is_flow_matching
 from settings.model_folder import (
     CAPTION_LENGTH,
     DDPM_TARGETS,
     LATENT_DOWNSAMPLE,
-    T5_CAPTION_LENGTH,
     T5_PAD_ID,
-    TRANSFORMER_TEXT_ENCODERS,
     text_shapes,
 )
 from settings.presets import VALIDATION_TIMESTEPS
-from settings.recipes import FLUX, FLUX_GUIDANCE, RECIPES, SD3, Recipe, is_flow_matching
 
 
 class DiffusionTransformer(FrozenEncodersModel):
@@ -70,10 +68,10 @@ class DiffusionTransformer(FrozenEncodersModel):
         super().__init__()
         self.transformer = transformer
         self.family = type(transformer).__name__
-        self.recipe = recipe or RECIPES[self.family]
+        self.recipe = recipe or FAMILIES[self.family].recipe
         self.vae = None if vae is None else vae.requires_grad_(False).eval()
         # Registered as submodules (moved, cast and checkpointed with the model) under their folder names.
-        self.text_encoder_names = TRANSFORMER_TEXT_ENCODERS[self.family][: len(text_encoders)]
+        self.text_encoder_names = FAMILIES[self.family].text_encoders[: len(text_encoders)]
         for name, encoder in zip(self.text_encoder_names, text_encoders):
             setattr(self, name, encoder.requires_grad_(False).eval())
         self.noise_scheduler = noise_scheduler
@@ -84,7 +82,7 @@ class DiffusionTransformer(FrozenEncodersModel):
         # A guidance-distilled Flux embeds a guidance scale beside the timestep: trained at the recipe's.
         self.guidance = None
         if transformer.config.get('guidance_embeds'):
-            self.guidance = FLUX_GUIDANCE if self.recipe.flux_guidance is None else self.recipe.flux_guidance
+            self.guidance = EMBEDDED_GUIDANCE if self.recipe.flux_guidance is None else self.recipe.flux_guidance
         self.latent_channels = vae_config['latent_channels']
         self.latent_shift = vae_config.get('shift_factor') or 0.0
         self.latent_scale = vae_config['scaling_factor']
@@ -114,7 +112,7 @@ class DiffusionTransformer(FrozenEncodersModel):
 
     def precomputed_shapes(self, latent_size: int) -> dict:
         """What a precomputed sample holds at a latent size (data.SyntheticLatentsDataset's arguments)."""
-        shapes = text_shapes(self.family, self.transformer.config, T5_CAPTION_LENGTH[self.family])
+        shapes = text_shapes(self.family, self.transformer.config, FAMILIES[self.family].t5_caption_length)
         (caption_length, embedding_dim) = shapes['text_embedding']
         pooled = shapes.get('pooled_text_embedding')
         return {
@@ -238,7 +236,7 @@ class DiffusionTransformer(FrozenEncodersModel):
         return 3 * self.forward_flops(height, width, caption_length)['transformer']
 
     def forward_flops(self, height: int, width: int, caption_length: int | None = None) -> dict[str, int]:
-        key = (height, width, caption_length or T5_CAPTION_LENGTH[self.family])
+        key = (height, width, caption_length or FAMILIES[self.family].t5_caption_length)
         if key not in self._forward_flops:
             self._forward_flops[key] = count_forward_flops(
                 self.transformer, self.vae, self.text_encoders, *key, self.latent_channels
@@ -355,7 +353,7 @@ def count_forward_flops(
             with FlopCounterMode(display=False) as counter:
                 meta_vae.encode(torch.empty(1, vae.config.in_channels, height, width))
             counts['vae_encoder'] = counter.get_total_flops()
-            for name, encoder in zip(TRANSFORMER_TEXT_ENCODERS[family], text_encoders):
+            for name, encoder in zip(FAMILIES[family].text_encoders, text_encoders):
                 meta_encoder = type(encoder)(encoder.config)
                 length = t5_length if encoder.config.model_type == 't5' else CAPTION_LENGTH
                 with FlopCounterMode(display=False) as counter:
@@ -366,7 +364,7 @@ def count_forward_flops(
         text = {
             name: torch.empty(1, *shape) for name, shape in text_shapes(family, transformer.config, t5_length).items()
         }
-        guidance = FLUX_GUIDANCE if transformer.config.get('guidance_embeds') else None
+        guidance = EMBEDDED_GUIDANCE if transformer.config.get('guidance_embeds') else None
         with FlopCounterMode(display=False) as counter:
             run_transformer(meta_transformer, family, latents, torch.tensor([500.0]), text, guidance)
         counts['transformer'] = counter.get_total_flops()
@@ -398,7 +396,7 @@ def build_transformer_model(
     recipe: Recipe | None = None,
 ) -> DiffusionTransformer:
     """The model of a diffusion transformer's folder (see model.build_model, which calls this for one), trained by
-    `recipe` (default: its family's, RECIPES)."""
+    `recipe` (default: its family's, families.FAMILIES)."""
     model_dir = Path(model_dir)
     transformer, transformer_loaded = build_part(model_dir, 'transformer', init_device)  # first: the same init
     family = type(transformer).__name__

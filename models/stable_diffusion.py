@@ -31,6 +31,7 @@ from models.parts import (
     standard_normal_like,
     validation_timesteps,
 )
+from settings.families import Recipe
 from settings.model_folder import (
     CAPTION_LENGTH,
     LATENT_DOWNSAMPLE,
@@ -40,7 +41,6 @@ from settings.model_folder import (
     pooled_text_width,
     transformer_family,
 )
-from settings.recipes import Recipe
 
 __all__ = [
     'StableDiffusion',

@@ -33,25 +33,14 @@ from guards.outputs import staged_file, staged_folder
 from models.diffusion_transformer import DiffusionTransformer
 from models.stable_diffusion import DiffusionModel, StableDiffusion
 from runs.checkpoints import RunDescription
-from settings.model_folder import (
-    CAPTION_LENGTH,
-    CLIP_PAD_ID,
-    LATENT_DOWNSAMPLE,
-    T5_CAPTION_LENGTH,
-    TRANSFORMER_PIPELINE_NAMES,
-    caption_pad_ids,
-)
+from settings.families import EMBEDDED_GUIDANCE, FAMILIES, is_flow_matching
+from settings.model_folder import CAPTION_LENGTH, CLIP_PAD_ID, LATENT_DOWNSAMPLE, caption_pad_ids
 from settings.presets import SAMPLE_SEEDS, SAMPLERS
-from settings.recipes import FLUX, FLUX_GUIDANCE, PIXART, SD3, is_flow_matching
 from settings.run_record import write_run_description
 from settings.tokenizer import CLIP_END, CLIP_START, CaptionTokenizer, build_clip_tokenizer, clean_caption
 
 # Samplers by flag name, built from the training noise schedule (betas, prediction type).
 SCHEDULERS = {name: getattr(diffusers, scheduler) for name, scheduler in SAMPLERS.items()}
-# Each diffusion transformer family's pipeline.
-TRANSFORMER_PIPELINES = {
-    family: getattr(diffusers, pipeline) for family, pipeline in TRANSFORMER_PIPELINE_NAMES.items()
-}
 # White pixels between and around a grid's images.
 GRID_SPACING = 2
 # A grid column's least width in pixels: a label's first words, however small the images (32px: 'a yello...').
@@ -106,33 +95,26 @@ def build_pipeline(
 def transformer_pipeline(
     model: DiffusionTransformer, scheduler: str, t5_tokenizer: str | None, transformer=None
 ) -> DiffusionPipeline:
-    """Flux's, SD3's or PixArt-Sigma's pipeline: CLIP tokenizers as the UNets' (the training ids, each with its
-    encoder's padding), T5's from the run's --tokenizer folder, cut at the length T5 was trained on."""
+    """A diffusion transformer family's pipeline (families.py): its text encoders under their folders' names, each
+    CLIP's tokenizer as the UNets' (the training ids, with its encoder's padding), T5's from the run's --tokenizer
+    folder, cut at the length T5 was trained on."""
     if t5_tokenizer is None:
         raise ValueError("a diffusion transformer's pipeline needs T5's tokenizer: pass its folder (--tokenizer)")
+    family = FAMILIES[model.family]
     t5 = AutoTokenizer.from_pretrained(t5_tokenizer)
-    t5.model_max_length = T5_CAPTION_LENGTH[model.family]
-    clip_pads = caption_pad_ids(model.model_dir)
+    t5.model_max_length = family.t5_caption_length
     transformer = model.transformer if transformer is None else transformer
     if is_flow_matching(model.family):
         sampler = FlowMatchEulerDiscreteScheduler.from_config(model.noise_scheduler.config)
     else:
         sampler = SCHEDULERS[scheduler].from_config(model.noise_scheduler.config)
-    parts = dict(vae=model.vae, transformer=transformer, scheduler=sampler)
-    if model.family == FLUX:
-        clip_l, t5_encoder = model.text_encoders
-        tokenizers = dict(tokenizer=pipeline_tokenizer(None, clip_pads[0]), tokenizer_2=t5)
-        return TRANSFORMER_PIPELINES[FLUX](text_encoder=clip_l, text_encoder_2=t5_encoder, **tokenizers, **parts)
-    if model.family == SD3:
-        clip_l, clip_g, t5_encoder = model.text_encoders
-        tokenizers = dict(
-            tokenizer=pipeline_tokenizer(None, clip_pads[0]), tokenizer_2=pipeline_tokenizer(None, clip_pads[1])
-        )
-        return TRANSFORMER_PIPELINES[SD3](
-            text_encoder=clip_l, text_encoder_2=clip_g, text_encoder_3=t5_encoder, tokenizer_3=t5, **tokenizers, **parts
-        )
-    (t5_encoder,) = model.text_encoders
-    return TRANSFORMER_PIPELINES[PIXART](text_encoder=t5_encoder, tokenizer=t5, **parts)
+    encoders = dict(zip(family.text_encoders, model.text_encoders))
+    tokenizer_names = [name.replace('text_encoder', 'tokenizer') for name in family.text_encoders]
+    clip_pads = caption_pad_ids(model.model_dir)
+    tokenizers = {name: pipeline_tokenizer(None, pad) for name, pad in zip(tokenizer_names[:-1], clip_pads)}
+    tokenizers[tokenizer_names[-1]] = t5  # T5 last
+    pipeline_class = getattr(diffusers, family.pipeline)
+    return pipeline_class(vae=model.vae, transformer=transformer, scheduler=sampler, **encoders, **tokenizers)
 
 
 def model_pad_id(model: StableDiffusion) -> int:
@@ -155,7 +137,7 @@ def generate(
     the pipeline's text encoder, initial latents drawn from each seed, so an image depends on its prompt and seed
     only. Classifier-free guidance against the empty prompt (`guidance_scale` above 1). A diffusion transformer's
     pipeline tokenizes the prompts itself (`tokenizer` unused); a guidance-distilled Flux embeds `flux_guidance`, the
-    scale it trained at (recipes.FLUX_GUIDANCE where not given)."""
+    scale it trained at (families.EMBEDDED_GUIDANCE where not given)."""
     if not isinstance(pipeline, StableDiffusionPipeline):
         return transformer_images(pipeline, prompts, seeds, steps, guidance_scale, image_size, flux_guidance)
     device = pipeline.unet.device
@@ -185,9 +167,12 @@ def transformer_images(
     size: int,
     flux_guidance: float | None = None,
 ) -> torch.Tensor:
-    """generate() for Flux's, SD3's and PixArt-Sigma's pipelines: the prompts cleaned as training cleans captions,
-    T5 reading as many tokens as in training. Flux-schnell's transformer has no guidance embedding: its guidance is
-    the true classifier-free kind (`true_cfg_scale`)."""
+    """generate() for a diffusion transformer family's pipeline: the prompts cleaned as training cleans captions,
+    T5 reading as many tokens as in training, classifier-free guidance under the pipeline's name for it (Flux-schnell
+    has no guidance embedding: its guidance is the true classifier-free kind), and a guidance-distilled
+    transformer's embedded scale as it trained."""
+    family = next(family for family in FAMILIES.values() if family.pipeline == type(pipeline).__name__)
+    t5 = getattr(pipeline, family.text_encoders[-1].replace('text_encoder', 'tokenizer'))  # as exported, or saved
     denoiser = pipeline.transformer
     arguments = dict(
         prompt=[clean_caption(prompt, lowercase=False) for prompt in prompts],
@@ -197,21 +182,12 @@ def transformer_images(
         num_inference_steps=steps,
         generator=[torch.Generator(denoiser.device).manual_seed(seed) for seed in seeds],
         output_type='pt',
+        max_sequence_length=t5.model_max_length,
+        **{family.guidance_keyword: guidance_scale},
+        **family.drawing_options,
     )
-    if isinstance(pipeline, TRANSFORMER_PIPELINES[FLUX]):
-        arguments.update(true_cfg_scale=guidance_scale, max_sequence_length=pipeline.tokenizer_2.model_max_length)
-        if denoiser.config.get('guidance_embeds'):  # Flux.1-dev: the embedded scale, as in training
-            arguments.update(guidance_scale=FLUX_GUIDANCE if flux_guidance is None else flux_guidance)
-    elif isinstance(pipeline, TRANSFORMER_PIPELINES[SD3]):
-        arguments.update(guidance_scale=guidance_scale, max_sequence_length=pipeline.tokenizer_3.model_max_length)
-    else:  # PixArt: T5's mask as in training; no resizing to its aspect-ratio bins, no caption rewriting
-        max_length = pipeline.tokenizer.model_max_length
-        arguments.update(
-            guidance_scale=guidance_scale,
-            max_sequence_length=max_length,
-            use_resolution_binning=False,
-            clean_caption=False,
-        )
+    if family.embeds_guidance and denoiser.config.get('guidance_embeds'):  # Flux.1-dev: the scale it trained at
+        arguments.update(guidance_scale=EMBEDDED_GUIDANCE if flux_guidance is None else flux_guidance)
     return pipeline(**arguments).images
 
 
@@ -245,7 +221,7 @@ def pipeline_class(model: DiffusionModel) -> str:
     """The Diffusers pipeline class of a model's exports."""
     if isinstance(model, StableDiffusion):
         return StableDiffusionPipeline.__name__
-    return TRANSFORMER_PIPELINES[model.family].__name__
+    return FAMILIES[model.family].pipeline
 
 
 def labeled_grid(

@@ -22,8 +22,8 @@ from models.stable_diffusion import build_model
 from runs.checkpoints import RunDescription, load_checkpoint_file
 from runs.evaluation import ValidationSplit
 from runs.export import SCHEDULERS, build_pipeline, generate, labeled_grid
+from settings.families import is_flow_matching
 from settings.model_folder import caption_pad_ids, is_transformer_folder
-from settings.recipes import is_flow_matching
 from settings.run_record import RUN_DESCRIPTION_FILE, exported_run
 from settings.tokenizer import CaptionTokenizer
 

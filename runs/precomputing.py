@@ -46,8 +46,8 @@ from settings.dataset_checks import (
     s3_client,
 )
 from settings.datasets import CONVERTED_VALIDATION_SPLIT
+from settings.families import FAMILIES
 from settings.model_folder import caption_inputs, text_encoder_folders, transformer_family
-from settings.recipes import PIXART
 from settings.tokenizer import TokenizerError
 
 SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun never mixes two settings
@@ -177,8 +177,8 @@ def output_columns(model_dir: Path) -> dict[str, str]:
     """The MDS columns of a model's precomputed dataset."""
     family = transformer_family(model_dir)
     if family is not None:
-        extra = ['text_mask'] if family == PIXART else ['pooled_text_embedding']
-        return PRECOMPUTED_COLUMNS | {name: TRANSFORMER_PRECOMPUTED_COLUMNS[name] for name in extra}
+        extra = FAMILIES[family].caption_extra
+        return PRECOMPUTED_COLUMNS | {extra: TRANSFORMER_PRECOMPUTED_COLUMNS[extra]}
     sdxl = (model_dir / 'text_encoder_2').is_dir()
     return PRECOMPUTED_COLUMNS | (SDXL_PRECOMPUTED_COLUMNS if sdxl else {})
 

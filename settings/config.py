@@ -4,7 +4,7 @@ into one.
 Every flag is checked here, before anything is built, and every value derived from the flags, the device, the model
 folder and the dataset is settled here once (device batch, microbatch, number of batches, the image size of
 precomputed data, what the batches carry, ...), so that the builders (models/, runs/training.py, runs/evaluation.py)
-only read the configuration. It settles from facts (presets.py, recipes.py, model_folder.py, durations.py) and imports
+only read the configuration. It settles from facts (presets.py, families.py, model_folder.py, durations.py) and imports
 no torch, Composer, Streaming or Diffusers: each flag's own value is checked first, and only then is the machine
 asked about its GPU (hardware.py, which loads torch) and the dataset read. The steps about the machine, the outputs
 and the data live in device_checks.py, output_paths.py and datasets.py; `resolve_config` lists every step in order.
@@ -21,6 +21,7 @@ from settings import hardware
 from settings.datasets import check_data_flags, held_out_prompts, read_data, settle_epoch, settle_validation_split
 from settings.device_checks import check_device, check_shared_memory
 from settings.durations import Duration, parse_half_life, parse_interval, parse_time
+from settings.families import EMBEDDED_GUIDANCE, FAMILIES, Recipe, is_flow_matching
 from settings.memory_plan import Plan, plan, plans_for
 from settings.memory_plan import Run as PlannedRun
 from settings.model_folder import (
@@ -36,7 +37,6 @@ from settings.model_folder import (
 )
 from settings.output_paths import check_outputs, settle_sample_and_export_folders
 from settings.presets import PRESETS, SAMPLE_PROMPTS, SD2_BASE, SYNTHETIC_SAMPLES, Preset
-from settings.recipes import FLUX_GUIDANCE, RECIPES, Recipe, is_flow_matching
 from settings.run_record import RUN_DESCRIPTION_FILE, exported_run
 from settings.tokenizer import check_tokenizer
 
@@ -387,7 +387,7 @@ FLOW_FLAGS = ('timestep_density', 'logit_mean', 'logit_std', 'mode_scale', 'loss
 
 
 def settle_recipe(draft: argparse.Namespace) -> None:
-    """A diffusion transformer's training recipe (diffusion_transformer.RECIPES) with the flags given applied, and the
+    """A diffusion transformer's training recipe (its family's, families.py) with the flags given applied, and the
     defaults it gives --grad_clip_norm and --caption_dropout; the UNet-only flags refused for it, the flow matching
     flags for the models that do not learn a flow, and a folder whose configs ask for what the step would not do
     (model_folder.check_training_fields)."""
@@ -431,10 +431,10 @@ def settle_recipe(draft: argparse.Namespace) -> None:
         raise ConfigError(f'--image_size {draft.image_size}: {draft.model_name} takes at most {largest}px')
     if given_flow and not is_flow_matching(family):
         raise ConfigError(f'--{given_flow[0]}: a flow matching option; {draft.model_name} predicts DDPM noise')
-    recipe = RECIPES[family]
+    recipe = FAMILIES[family].recipe
     recipe = dataclasses.replace(recipe, **{flag: getattr(draft, flag) for flag in given_flow})
     if guidance:
-        draft.flux_guidance = FLUX_GUIDANCE if draft.flux_guidance is None else draft.flux_guidance
+        draft.flux_guidance = EMBEDDED_GUIDANCE if draft.flux_guidance is None else draft.flux_guidance
         recipe = dataclasses.replace(recipe, flux_guidance=draft.flux_guidance)
     draft.recipe = recipe  # its values were given (checked in check_values) or are the recipe's own
     if is_flow_matching(family):

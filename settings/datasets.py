@@ -11,9 +11,9 @@ from pathlib import Path
 from guards.arguments import ConfigError
 from settings.dataset_checks import DataError, DatasetDescription, describe_dataset, first_captions, is_remote
 from settings.durations import parse_duration, parse_interval
+from settings.families import FAMILIES
 from settings.model_folder import (
     LATENT_DOWNSAMPLE,
-    T5_CAPTION_LENGTH,
     denoiser_config,
     is_transformer_folder,
     pooled_text_width,
@@ -107,7 +107,7 @@ def settle_precomputed_shapes(draft: argparse.Namespace, dataset: DatasetDescrip
     denoiser = denoiser_config(draft.model_dir)
     if is_transformer_folder(draft.model_dir):
         family = denoiser['_class_name']
-        shapes = text_shapes(family, denoiser, T5_CAPTION_LENGTH[family])
+        shapes = text_shapes(family, denoiser, FAMILIES[family].t5_caption_length)
         expected_channels = json.loads((draft.model_dir / 'vae' / 'config.json').read_text())['latent_channels']
         expected_length, expected_width = shapes['text_embedding']
         pooled = shapes.get('pooled_text_embedding', [None])[0]

@@ -6,9 +6,9 @@ so that --help and a mistyped flag answer before torch, Composer and Diffusers l
 import argparse
 
 from guards import arguments
+from settings.families import EMBEDDED_GUIDANCE, LOSS_WEIGHTINGS, TIMESTEP_DENSITIES
 from settings.model_folder import BUILTIN_MODELS
 from settings.presets import SAMPLERS
-from settings.recipes import FLUX_GUIDANCE, LOSS_WEIGHTINGS, TIMESTEP_DENSITIES
 
 # Inductor's modes (torch.compile's mode=), passed through Composer's compile_config.
 COMPILE_MODES = ('default', 'max-autotune-no-cudagraphs', 'reduce-overhead')
@@ -350,6 +350,6 @@ def add_quality_flags(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help='the guidance scale a guidance-distilled Flux (transformer config guidance_embeds: true, as Flux.1-dev) '
-        f"embeds while it trains (default: {FLUX_GUIDANCE}, Diffusers' Flux training example's); not the sampling "
+        f"embeds while it trains (default: {EMBEDDED_GUIDANCE}, Diffusers' Flux training example's); not the sampling "
         '--guidance_scale',
     )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from guards.arguments import ConfigError
-from settings.recipes import FLUX, PIXART, SD3
+from settings.families import FAMILIES, is_flow_matching
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / 'configs'
 BUILTIN_MODELS = sorted(path.name for path in CONFIGS_DIR.iterdir() if path.is_dir())
@@ -23,20 +23,12 @@ BUILTIN_MODELS = sorted(path.name for path in CONFIGS_DIR.iterdir() if path.is_d
 CONFIG_FILES = ('unet/config.json', 'vae/config.json', 'text_encoder/config.json', 'scheduler/scheduler_config.json')
 SECOND_ENCODER_CONFIG = 'text_encoder_2/config.json'
 # A diffusion transformer's folder (black-forest-labs/FLUX.1-schnell, stabilityai/stable-diffusion-3.5-medium,
-# PixArt-alpha/PixArt-Sigma-XL-2-1024-MS): transformer/ in place of unet/, and the text encoders its class takes, in
-# the order its pipeline names them. T5's captions are longer than CLIP's 77 tokens: 256 for Flux.1-schnell (as
-# MLPerf's flux1 benchmark and Diffusers' pipeline) and SD3 (its pipeline's default), 300 for PixArt-Sigma.
+# PixArt-alpha/PixArt-Sigma-XL-2-1024-MS): transformer/ in place of unet/, and the text encoders of its family
+# (families.py).
 TRANSFORMER_CONFIG = 'transformer/config.json'
-TRANSFORMER_TEXT_ENCODERS = {
-    FLUX: ('text_encoder', 'text_encoder_2'),  # CLIP-L (pooled), T5-XXL
-    SD3: ('text_encoder', 'text_encoder_2', 'text_encoder_3'),  # CLIP-L, CLIP-G, T5-XXL
-    PIXART: ('text_encoder',),  # T5-XXL
-}
-T5_CAPTION_LENGTH = {FLUX: 256, SD3: 256, PIXART: 300}
-# The Diffusers pipeline a trained model is exported as and drawn with (model_index.json's _class_name): one text
-# encoder's UNets (SD 1.5, SD 2), and each diffusion transformer family.
+# The Diffusers pipeline a trained UNet of one text encoder (SD 1.5, SD 2) is exported as and drawn with
+# (model_index.json's _class_name); each diffusion transformer family names its own.
 UNET_PIPELINE_NAME = 'StableDiffusionPipeline'
-TRANSFORMER_PIPELINE_NAMES = {FLUX: 'FluxPipeline', SD3: 'StableDiffusion3Pipeline', PIXART: 'PixArtSigmaPipeline'}
 # Weight files of each part, as Diffusers and Transformers save them; a part without them is randomly initialized.
 WEIGHT_FILES = {
     'unet': ('diffusion_pytorch_model.safetensors', 'diffusion_pytorch_model.bin'),
@@ -110,15 +102,15 @@ def check_transformer_folder(model_name: str, path: Path) -> None:
         class_name = json.loads((path / TRANSFORMER_CONFIG).read_text()).get('_class_name')
     except (ValueError, UnicodeDecodeError) as error:
         raise ModelFolderError(f'--model_name {model_name!r}: {path / TRANSFORMER_CONFIG} is not valid JSON ({error})')
-    if class_name not in TRANSFORMER_TEXT_ENCODERS:
+    if class_name not in FAMILIES:
         raise ModelFolderError(
             f'--model_name {model_name!r}: {TRANSFORMER_CONFIG} names {class_name!r}; the diffusion transformers '
-            f'trained here are {", ".join(TRANSFORMER_TEXT_ENCODERS)}'
+            f'trained here are {", ".join(FAMILIES)}'
         )
     needed = [
         TRANSFORMER_CONFIG,
         'vae/config.json',
-        *(f'{encoder}/config.json' for encoder in TRANSFORMER_TEXT_ENCODERS[class_name]),
+        *(f'{encoder}/config.json' for encoder in FAMILIES[class_name].text_encoders),
         'scheduler/scheduler_config.json',
     ]
     missing = [name for name in needed if not (path / name).is_file()]
@@ -240,7 +232,7 @@ def transformer_family(model_dir: Path) -> str | None:
 def text_encoder_folders(model_dir: Path) -> tuple[str, ...]:
     """The folder of each text encoder, in the order the denoiser's pipeline names them."""
     if is_transformer_folder(model_dir):
-        return TRANSFORMER_TEXT_ENCODERS[transformer_family(model_dir)]
+        return FAMILIES[transformer_family(model_dir)].text_encoders
     return tuple(name for name in ('text_encoder', 'text_encoder_2') if (Path(model_dir) / name).is_dir())
 
 
@@ -271,7 +263,7 @@ def check_training_fields(model_name: str, model_dir: Path, prediction_type: str
     scheduler_class = scheduler.get('_class_name')
     where = f'--model_name {model_name!r}: scheduler/scheduler_config.json'
     model = family or 'a UNet'
-    if family in (FLUX, SD3):
+    if is_flow_matching(family):
         if scheduler_class != FLOW_SCHEDULER:
             raise ModelFolderError(
                 f"{where} names {scheduler_class!r}, but {family}'s training step draws its noise levels from "
@@ -318,7 +310,12 @@ def check_training_fields(model_name: str, model_dir: Path, prediction_type: str
 
 def embeds_guidance(model_dir: Path) -> bool:
     """A guidance-distilled Flux (Flux.1-dev): its transformer embeds a guidance scale beside the timestep."""
-    return transformer_family(model_dir) == FLUX and bool(denoiser_config(model_dir).get('guidance_embeds'))
+    family = transformer_family(model_dir)
+    return (
+        family is not None
+        and FAMILIES[family].embeds_guidance
+        and bool(denoiser_config(model_dir).get('guidance_embeds'))
+    )
 
 
 # ------------------------------------------------------------------------------------ caption inputs
@@ -377,7 +374,7 @@ def caption_inputs(model_dir: Path) -> CaptionInputs:
     lengths, vocab_sizes = [], []
     for name in text_encoder_folders(model_dir):
         if json.loads((model_dir / name / 'config.json').read_text()).get('model_type') == 't5':
-            lengths.append(T5_CAPTION_LENGTH[denoiser['_class_name']])
+            lengths.append(FAMILIES[denoiser['_class_name']].t5_caption_length)
             vocab_sizes.append(T5_VOCAB_SIZE)
         else:
             lengths.append(CAPTION_LENGTH)
@@ -389,10 +386,10 @@ def caption_inputs(model_dir: Path) -> CaptionInputs:
 
 def text_shapes(family: str, transformer_config, t5_length: int) -> dict[str, tuple[int, ...]]:
     """The shapes of one sample's text conditioning for a diffusion transformer, from its config."""
-    width = transformer_config['caption_channels' if family == PIXART else 'joint_attention_dim']
-    length = CAPTION_LENGTH + t5_length if family == SD3 else t5_length  # SD3: the CLIPs' 77 tokens, then T5's
-    shapes = {'text_embedding': (length, width)}
-    if family != PIXART:
+    described = FAMILIES[family]
+    length = CAPTION_LENGTH + t5_length if described.clip_tokens_first else t5_length
+    shapes = {'text_embedding': (length, transformer_config[described.caption_width])}
+    if described.caption_extra == 'pooled_text_embedding':
         shapes['pooled_text_embedding'] = (transformer_config['pooled_projection_dim'],)
     return shapes
 

@@ -136,7 +136,7 @@ def test_a_run_is_settled_from_modules_that_load_no_heavy_library():
         top, _, libraries = imports(module_path(name))
         assert not libraries & HEAVY, f'{name} imports {sorted(libraries & HEAVY)} at its top level'
         todo += sorted(top - settled)
-    facts = {'presets', 'recipes', 'durations', 'hardware', 'memory_plan', 'model_folder'}
+    facts = {'presets', 'families', 'durations', 'hardware', 'memory_plan', 'model_folder'}
     assert {f'settings.{name}' for name in facts} | {'settings.tokenizer'} <= settled
 
 

@@ -26,6 +26,7 @@ from runs import precomputing
 from runs.export import generate as generate_images
 from runs.run import main
 from settings.config import resolve_config
+from settings.families import FAMILIES, FLUX, PIXART, SD3, Recipe
 from settings.flags import parse_args
 from settings.model_folder import (
     CLIP_END_ID,
@@ -36,10 +37,8 @@ from settings.model_folder import (
     T5_END_ID,
     T5_PAD_ID,
     T5_VOCAB_SIZE,
-    TRANSFORMER_TEXT_ENCODERS,
     caption_inputs,
 )
-from settings.recipes import FLUX, PIXART, SD3, Recipe
 from settings.tokenizer import clip_tokenizer_folder, column_tokenizers
 
 T5_XXL_ENCODER = 4_762_310_656
@@ -79,7 +78,7 @@ def test_parameter_counts_of_the_public_models(name):
     model = meta_model(name)
     for part, expected in EXPECTED_PARAMETERS[name].items():
         assert count(getattr(model, part)) == expected, part
-    assert model.text_encoder_names == TRANSFORMER_TEXT_ENCODERS[type(model.transformer).__name__]
+    assert model.text_encoder_names == FAMILIES[type(model.transformer).__name__].text_encoders
 
 
 @pytest.mark.parametrize('name', TWINS)
@@ -307,7 +306,7 @@ def test_each_twin_trains(name, precomputed):
     assert {key for key, went in moved.items() if went} == reached
     assert trainer.state.timestamp.batch.value == 3
     assert (model.vae is None) == precomputed and len(model.text_encoders) == (
-        0 if precomputed else len(TRANSFORMER_TEXT_ENCODERS[type(model.transformer).__name__])
+        0 if precomputed else len(FAMILIES[type(model.transformer).__name__].text_encoders)
     )
     assert all(not p.requires_grad for encoder in model.frozen_encoders() for p in encoder.parameters())
     optimized = {id(p) for group in trainer.state.optimizers[0].param_groups for p in group['params']}
@@ -540,7 +539,7 @@ def test_pipeline_flags_and_generate_refuse_what_they_cannot_draw(tmp_path):
     torch.save({'state': {'model': {}}}, checkpoint)  # a checkpoint's form, recording no run: --model_name given
     args = ['--checkpoint', str(checkpoint), '--model_name', 'tiny-flux-schnell', '--prompt', 'a', '--out', 'o']
     with pytest.raises(generate.GenerateError, match=r'^--tokenizer: tiny-flux-schnell reads prompts with T5'):
-        generate.check_args(generate.parse_args(args))
+        generate.main(generate.parse_args(args))  # no record beside it: the flags are settled once torch reads it
     # generate.py draws with the pipelines the export builds, at their sizes (Flux's: multiples of 16 pixels).
     for kind, flags, message in [
         ('StableDiffusionXLPipeline', [], r'a StableDiffusionXLPipeline; generate.py draws with'),
