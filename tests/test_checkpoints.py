@@ -26,13 +26,15 @@ def test_the_newest_checkpoints_are_kept_and_autoresume_continues_from_the_newes
     folder = tmp_path / 'ckpt'
     keep = ['--save_folder', str(folder), '--save_num_checkpoints_to_keep', '2']
     main(settled([*KEPT, *keep, '--max_duration', '3ba']))
-    assert files(folder) == ['ep0-ba2-rank0.pt', 'ep0-ba3-rank0.pt', 'latest-rank0.pt -> ep0-ba3-rank0.pt']
+    kept = ['ep0-ba2-rank0.pt', 'ep0-ba3-rank0.pt', 'latest-rank0.pt -> ep0-ba3-rank0.pt']
+    assert files(folder) == [*kept, 'run_description.json']  # the run's record beside them (generate.py's)
     capfd.readouterr()
     # Composer counts only the files its own process wrote: the resumed run deletes the first process's too.
     trainer = main(settled([*KEPT, *keep, '--max_duration', '5ba', '--autoresume']))
     assert "resumed run 'kept' from ep0-ba3-rank0.pt (batch 3 of 5)" in capfd.readouterr().out
     assert int(trainer.state.timestamp.batch) == 5
-    assert files(folder) == ['ep0-ba4-rank0.pt', 'ep0-ba5-rank0.pt', 'latest-rank0.pt -> ep0-ba5-rank0.pt']
+    kept = ['ep0-ba4-rank0.pt', 'ep0-ba5-rank0.pt', 'latest-rank0.pt -> ep0-ba5-rank0.pt']
+    assert files(folder) == [*kept, 'run_description.json']
 
 
 @pytest.mark.stack
@@ -46,6 +48,7 @@ def test_a_checkpoint_set_aside_as_incomplete_is_neither_counted_nor_deleted(tmp
         'ep0-ba3-rank0.pt',
         'ep0-ba3-rank0.pt.incomplete',
         'latest-rank0.pt -> ep0-ba3-rank0.pt',
+        'run_description.json',
     ]
 
 

@@ -910,6 +910,7 @@ def test_a_checkpoint_that_does_not_fit_is_one_line_set_aside_and_resumed_from_t
         'ep0-ba2-rank0.pt',
         'ep0-ba4-rank0.pt.incomplete',
         'latest-rank0.pt',
+        'run_description.json',  # the run's record, written beside the whole one
     ]
     assert (folder / 'latest-rank0.pt').readlink().name == 'ep0-ba2-rank0.pt'
     monkeypatch.undo()  # the disk has room again
@@ -937,7 +938,11 @@ def test_a_save_folder_turned_read_only_mid_run_names_the_last_whole_checkpoint(
         f'error: --save_folder {folder}: checkpoint ep0-ba4-rank0.pt could not be written (Read-only file system); '
         'nothing of it was left, and --autoresume continues from the newest complete checkpoint, ep0-ba2-rank0.pt'
     )
-    assert sorted(path.name for path in folder.iterdir()) == ['ep0-ba2-rank0.pt', 'latest-rank0.pt']
+    assert sorted(path.name for path in folder.iterdir()) == [
+        'ep0-ba2-rank0.pt',
+        'latest-rank0.pt',
+        'run_description.json',
+    ]
     monkeypatch.undo()  # writable again
     assert int(benchmark.cli([*flags, '--autoresume']).state.timestamp.batch) == 4
 

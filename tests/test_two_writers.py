@@ -163,7 +163,7 @@ def test_a_second_run_on_a_save_folder_is_refused_while_the_first_trains(tmp_pat
             os.killpg(first.pid, signal.SIGKILL)
     assert first.returncode == 143, err[-2000:]
     written = sorted(path.name for path in folder.iterdir())
-    assert len(written) == 2 and written[1] == 'latest-rank0.pt', written  # one checkpoint, the first run's
+    assert len(written) == 3 and written[1:] == ['latest-rank0.pt', 'run_description.json'], written  # the first's
 
 
 @pytest.mark.slow
