@@ -212,8 +212,12 @@ def test_sd2_base_trains_the_published_microbatch_at_512px_within_an_a100_40gb(t
     assert results['flops_per_image'] == pytest.approx(3.58e12, rel=0.02)
 
 
-def test_half_precision_losses_match_fp32_on_the_same_batch():
-    """The UNet's loss on one batch under autocast: bf16 within 2% of fp32, fp16 within 0.5%."""
+def test_half_precision_predictions_match_fp32_on_the_same_batch(monkeypatch):
+    """The UNet's prediction for one batch under autocast against fp32's (TF32 off): bf16 within 4% of its norm,
+    fp16 within 0.5%, and neither equal to it (autocast took effect). Measured on a CPU: 1.3% and 0.16%. The loss
+    is no test of this: dominated by the noise target, bf16 moved it by 0.005% there."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', False)
+    monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', False)
     torch.manual_seed(0)
     model = build_model(CONFIGS_DIR / 'sd2-base', precomputed=True, init_device='cuda')
     generator = torch.Generator('cuda').manual_seed(1)
@@ -221,14 +225,15 @@ def test_half_precision_losses_match_fp32_on_the_same_batch():
     conditioning = {'encoder_hidden_states': torch.randn(2, 77, 1024, device='cuda', generator=generator)}
     timesteps = torch.tensor([100, 700], device='cuda')
 
-    def loss(dtype):
+    def prediction(dtype):
         with torch.no_grad(), torch.autocast('cuda', dtype=dtype, enabled=dtype != torch.float32):
-            return model.loss(model.predict(latents, conditioning, noise, timesteps), None).item()
+            return model.predict(latents, conditioning, noise, timesteps)[0].float()
 
-    fp32 = loss(torch.float32)
-    assert math.isfinite(fp32)
-    assert loss(torch.bfloat16) == pytest.approx(fp32, rel=2e-2)
-    assert loss(torch.float16) == pytest.approx(fp32, rel=5e-3)
+    fp32 = prediction(torch.float32)
+    assert torch.isfinite(fp32).all() and fp32.abs().mean() > 0
+    for dtype, tolerance in ((torch.bfloat16, 4e-2), (torch.float16, 5e-3)):
+        error = ((prediction(dtype) - fp32).norm() / fp32.norm()).item()
+        assert 1e-5 < error < tolerance, f'{dtype}: {error:.2e} of the prediction'
 
 
 def sd2_unet_and_inputs():
@@ -360,8 +365,7 @@ def test_compiled_steps_compile_the_forward_once(tmp_path):
 def test_compile_modes_train_the_bf16_step(tmp_path, plain_bf16, mode, capfd):
     run = train(tmp_path, *BF16, '--compile', mode)
     assert run.results['config']['compile'] == mode
-    assert run.losses[0] == pytest.approx(plain_bf16.losses[0], rel=5e-2)
-    assert all(math.isfinite(loss) for loss in run.losses)
+    assert_same_step(run, plain_bf16, gradient_tolerance=5e-2, update_tolerance=None)  # the eager step's gradient
     assert 'without CUDA graphs' not in capfd.readouterr().out  # reduce-overhead: every graph captured
 
 
@@ -378,17 +382,15 @@ def test_fp8_trains_a_transformer_twin(tmp_path, capfd):
     assert run.results['config']['fp8'] and all(math.isfinite(loss) for loss in run.losses)
 
 
-def test_the_planned_microbatch_fits_the_gpu(tmp_path, capfd):
+def test_the_planned_microbatch_fits_the_gpu(tmp_path):
     """SD2 base from precomputed latents at the microbatch the plan gives this GPU: it trains, and its peak
     memory stays under the plan's total (the margin is calibrated on an H100)."""
     planned = resolve_config(parse_args(['--use_synth_data', '--precomputed_latents']))
     microbatch = planned.device_train_microbatch_size
     flags = ['--use_synth_data', '--precomputed_latents', '--batch_size', str(microbatch), '--max_duration', '3ba']
     run = train(tmp_path, *flags)
-    note = next(line for line in capfd.readouterr().out.splitlines() if '(planned)' in line)
-    total_gb = float(note.split(' = ')[1].split(' GB')[0])
-    assert run.results['device_train_microbatch_size'] == microbatch >= 8
-    assert run.results['peak_gpu_memory_gb'] < total_gb
+    assert run.results['device_train_microbatch_size'] == microbatch == planned.memory_plan.microbatch >= 8
+    assert run.results['peak_gpu_memory_gb'] < planned.memory_plan.total / 1e9
 
 
 @pytest.mark.parametrize('flags', BF16_FLAGS, ids=' '.join)
