@@ -78,9 +78,10 @@ def test_two_ranks_train_one_model_on_disjoint_halves_and_resume(tmp_path):
     assert summary['world_size'] == 2
     assert [rank['samples'] for rank in ranks] == [3 * 8, 3 * 8]
     assert summary['img_per_sec'] == pytest.approx(2 * summary['img_per_sec_per_device'])
-    # One checkpoint file for the save (written by rank 0 under DDP), plus Composer's 'latest' symlink.
+    # One checkpoint file for the save (written by rank 0 under DDP) and the run's record beside it, plus
+    # Composer's 'latest' symlink.
     saved = [path for path in checkpoints.iterdir() if not path.is_symlink()]
-    assert [path.name for path in saved] == ['ep0-ba3-rank0.pt']
+    assert sorted(path.name for path in saved) == ['ep0-ba3-rank0.pt', 'run_description.json']
 
     run, resumed = launch(
         tmp_path,
