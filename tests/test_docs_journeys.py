@@ -1,0 +1,51 @@
+"""A page's commands run as a user pastes them: in the page's order, in a copy of the repo, on the files a user
+would have (a folder of photos with captions, one with a metadata.jsonl), each ending with exit status 0. The
+commands that need what this machine lacks (S3, a GPU, a cluster) are left out, and the measurement scripts of
+benchmarks/, which take as long as they measure (the loader's: 75 s here); test_docs_commands parses those."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, jpeg
+from test_docs_commands import shell_commands
+from test_gpu_campaign import files_that_travel
+
+# What a command needs that no CPU machine here has: it is not run.
+ELSEWHERE = ('s3://', '/nvme/', '--fsdp', 'sbatch', 'kubectl', 'sky ', 'mcli ', 'docker ', 'benchmarks/')
+
+
+def user_files(tree, count: int = 40) -> None:
+    """photos/ with a same-name caption file per image; my_images/ with its captions in metadata.jsonl."""
+    for folder in ('photos', 'my_images'):
+        (tree / folder).mkdir()
+    rows = []
+    for i in range(count):
+        (tree / 'photos' / f'{i:04d}.jpg').write_bytes(jpeg(i))
+        (tree / 'photos' / f'{i:04d}.txt').write_text(f'photo number {i}')
+        (tree / 'my_images' / f'{i:04d}.jpg').write_bytes(jpeg(100 + i))
+        rows.append(json.dumps({'file_name': f'{i:04d}.jpg', 'text': f'image number {i}'}))
+    (tree / 'my_images' / 'metadata.jsonl').write_text('\n'.join(rows) + '\n')
+
+
+@pytest.mark.slow
+def test_the_data_pages_commands_run_in_order_on_a_users_folders(tmp_path):
+    tree = tmp_path / 'repo'
+    files_that_travel(tree)
+    (tree / '.venv').symlink_to(Path(sys.executable).parent.parent)  # this environment, as `make install` left it
+    user_files(tree)
+    env = {**os.environ, 'PATH': f'{tree / ".venv" / "bin"}:{os.environ["PATH"]}', 'OMP_NUM_THREADS': '1'}
+    env.update({'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'})
+    ran = []
+    for command in shell_commands(REPO / 'docs' / 'data.md'):
+        if any(word in command for word in ELSEWHERE):
+            continue
+        run = subprocess.run(['bash', '-c', command], cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+        assert run.returncode == 0, f'{command}\n{run.stdout[-2000:]}{run.stderr[-3000:]}'
+        ran.append(command.split('#')[0].strip())
+    assert len(ran) == 4, ran  # three conversions, then a training run on what they wrote
+    assert (tree / 'data' / 'my-mds' / 'validation' / 'index.json').is_file()  # the last conversion's split
+    assert 'local data/my-mds' in run.stdout and 'throughput: ' in run.stdout, run.stdout[-2000:]
