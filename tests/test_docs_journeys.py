@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, jpeg
+from conftest import REPO, free_port, jpeg
 from test_docs_commands import shell_commands
 from test_gpu_campaign import files_that_travel
 
@@ -38,7 +38,8 @@ def test_the_data_pages_commands_run_in_order_on_a_users_folders(tmp_path):
     (tree / '.venv').symlink_to(Path(sys.executable).parent.parent)  # this environment, as `make install` left it
     user_files(tree)
     env = {**os.environ, 'PATH': f'{tree / ".venv" / "bin"}:{os.environ["PATH"]}', 'OMP_NUM_THREADS': '1'}
-    env.update({'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'})
+    # Composer's launcher takes its master port from the environment: one of this test process's range.
+    env.update({'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', 'MASTER_PORT': str(free_port())})
     ran = []
     for command in shell_commands(REPO / 'docs' / 'data.md'):
         if any(word in command for word in ELSEWHERE):
