@@ -109,10 +109,9 @@ def transformer_pipeline(
     else:
         sampler = SCHEDULERS[scheduler].from_config(model.noise_scheduler.config)
     encoders = dict(zip(family.text_encoders, model.text_encoders))
-    tokenizer_names = [name.replace('text_encoder', 'tokenizer') for name in family.text_encoders]
     clip_pads = caption_pad_ids(model.model_dir)
-    tokenizers = {name: pipeline_tokenizer(None, pad) for name, pad in zip(tokenizer_names[:-1], clip_pads)}
-    tokenizers[tokenizer_names[-1]] = t5  # T5 last
+    tokenizers = {name: pipeline_tokenizer(None, pad) for name, pad in zip(family.tokenizers[:-1], clip_pads)}
+    tokenizers[family.tokenizers[-1]] = t5  # T5 last
     pipeline_class = getattr(diffusers, family.pipeline)
     return pipeline_class(vae=model.vae, transformer=transformer, scheduler=sampler, **encoders, **tokenizers)
 
@@ -172,7 +171,7 @@ def transformer_images(
     has no guidance embedding: its guidance is the true classifier-free kind), and a guidance-distilled
     transformer's embedded scale as it trained."""
     family = next(family for family in FAMILIES.values() if family.pipeline == type(pipeline).__name__)
-    t5 = getattr(pipeline, family.text_encoders[-1].replace('text_encoder', 'tokenizer'))  # as exported, or saved
+    t5 = getattr(pipeline, family.tokenizers[-1])  # as exported, or as the folder's pipeline saved it
     denoiser = pipeline.transformer
     arguments = dict(
         prompt=[clean_caption(prompt, lowercase=False) for prompt in prompts],

@@ -50,6 +50,11 @@ class Family:
     recipe: Recipe
     drawing_options: dict = field(default_factory=dict)  # the pipeline's other arguments, as training reads captions
 
+    @property
+    def tokenizers(self) -> tuple[str, ...]:
+        """The pipeline's tokenizer of each text encoder (tokenizer, tokenizer_2, ...), in the same order."""
+        return tuple(name.replace('text_encoder', 'tokenizer') for name in self.text_encoders)
+
 
 FAMILIES = {
     # Flux.1-schnell (black-forest-labs/FLUX.1-schnell): CLIP-L (pooled), T5-XXL of 256 tokens, as MLPerf's flux1
