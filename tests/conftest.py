@@ -209,28 +209,39 @@ def wait_until(condition, timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
-# Ports for child processes to listen on (master ports, servers that must not answer): each pytest-xdist worker
-# takes the next free one of a range of its own, below the ephemeral ports the OS hands out (bind to port 0, a
-# client's connect), so no other socket of this run is given it between the check and the child's bind.
-PORTS_PER_WORKER = 500
-PORTS_START = 20000
-_ports_taken = 0
+# Ports for child processes to listen on (master ports, servers that must not answer), below the ephemeral ports the
+# OS hands out (bind to port 0, a client's connect). A port is claimed with a lock held until this process ends, in a
+# folder every test process of the machine uses (pytest-xdist's workers, and CI's lanes that run side by side): no
+# other test process is given it between the check here and the child's bind.
+PORTS = range(20000, 30000)
+PORT_LOCKS = Path('/tmp/sd2-test-ports')
+_port_locks = []  # open, so locked, until this process ends
+_next_port = 0
 
 
 def free_port() -> int:
-    global _ports_taken
-    worker = int(os.environ.get('PYTEST_XDIST_WORKER', 'gw0').removeprefix('gw') or 0)
-    first = PORTS_START + worker * PORTS_PER_WORKER
-    for _ in range(PORTS_PER_WORKER):
-        port = first + _ports_taken % PORTS_PER_WORKER
-        _ports_taken += 1
+    import fcntl
+
+    global _next_port
+    PORT_LOCKS.mkdir(exist_ok=True)
+    while _next_port < len(PORTS):
+        port = PORTS[_next_port]
+        _next_port += 1
+        lock = open(PORT_LOCKS / str(port), 'w')
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another test process's
+            lock.close()
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(('127.0.0.1', port))
-            except OSError:
-                continue  # in use by something else on the machine, or still closing
-            return port
-    raise RuntimeError(f'no free port in {first}-{first + PORTS_PER_WORKER - 1}')
+            except OSError:  # in use by something else on the machine, or still closing
+                lock.close()
+                continue
+        _port_locks.append(lock)
+        return port
+    raise RuntimeError(f'no free port in {PORTS.start}-{PORTS.stop - 1}')
 
 
 S3_CREDENTIALS = {'AWS_ACCESS_KEY_ID': 'testing', 'AWS_SECRET_ACCESS_KEY': 'testing', 'AWS_DEFAULT_REGION': 'us-east-1'}
