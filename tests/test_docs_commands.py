@@ -18,7 +18,9 @@ import report
 from settings import flags
 
 PAGES = [REPO / 'README.md', *sorted((REPO / 'docs').glob('*.md'))]
-FENCE = re.compile(r'^```(?:bash|sh|shell)\n(.*?)^```', re.MULTILINE | re.DOTALL)
+# A bash block, and what the marker line above it says its commands need that a CPU machine lacks (a GPU, a
+# cluster, results of GPU runs, ten minutes of a measurement): the docs' journeys leave such a block out.
+FENCE = re.compile(r'^(?:<!-- needs: (.+?) -->\n)?```(?:bash|sh|shell)\n(.*?)^```', re.MULTILINE | re.DOTALL)
 # The programs whose flags are parsed, by script name.
 PARSERS = {
     'benchmark.py': flags.parse_args,
@@ -32,15 +34,19 @@ SHELL_OPERATORS = {'&&', '||', '|', ';', '>', '>>', '2>&1', '&'}
 MAKE_TARGETS = set(re.findall(r'^([\w.-]+):', (REPO / 'Makefile').read_text(), re.MULTILINE))
 
 
+def shell_blocks(page: Path) -> list[tuple[str, list[str]]]:
+    """Each of a page's bash blocks: what its marker says it needs ('' without one), and its commands, continuation
+    lines joined, comments and output lines left out."""
+    blocks = []
+    for needs, block in FENCE.findall(page.read_text()):
+        lines = (line.strip() for line in block.replace('\\\n', ' ').splitlines())
+        blocks.append((needs, [line for line in lines if line and not line.startswith('#')]))
+    return blocks
+
+
 def shell_commands(page: Path) -> list[str]:
-    """The commands of a page's bash blocks, continuation lines joined, comments and output lines left out."""
-    commands = []
-    for block in FENCE.findall(page.read_text()):
-        for line in block.replace('\\\n', ' ').splitlines():
-            line = line.strip()
-            if line and not line.startswith('#'):
-                commands.append(line)
-    return commands
+    """The commands of all a page's bash blocks, in its order."""
+    return [command for _, commands in shell_blocks(page) for command in commands]
 
 
 def segments(command: str) -> list[list[str]]:

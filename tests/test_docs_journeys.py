@@ -1,19 +1,21 @@
 """A page's commands run as a user pastes them: in the page's order, in a copy of the repo (on a CPU, the tiny
-model by default), on the files a user would have (the data page: a folder of photos with captions, one with a
-metadata.jsonl), each ending with exit status 0. The commands that need what this machine lacks (S3, a GPU, a
-cluster) are left out, and the measurement scripts of benchmarks/, which take as long as they measure (the
-loader's: 75 s here); test_docs_commands parses those. The pages whose commands read a user's own files (a
-checkpoint, results files) or run make (which could reinstall the shared environment) are not run here."""
+model by default), on the files a user would have (a folder of photos with captions, one with a metadata.jsonl),
+each ending with exit status 0. Left out: a block whose marker says it needs what this machine lacks (a GPU, a
+cluster, results of GPU runs, a measurement's minutes), a command naming S3, a GPU's or a cluster's tools, and the
+measurement scripts of benchmarks/, which take as long as they measure (the loader's: 75 s here); test_docs_commands
+parses those. The README's, install.md's and testing.md's commands install or run the test suite itself (what CI
+runs) and are not run here."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import REPO, free_port, jpeg
-from test_docs_commands import shell_commands
+from test_docs_commands import shell_blocks
 from test_gpu_campaign import files_that_travel
 
 # What a command needs that no CPU machine here has: it is not run.
@@ -39,9 +41,13 @@ def run_page(page: str, tree: Path) -> list[subprocess.CompletedProcess]:
     # Composer's launcher takes its master port from the environment: one of this test process's range.
     env.update({'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', 'MASTER_PORT': str(free_port())})
     runs = []
-    for command in shell_commands(REPO / 'docs' / page):
+    commands = [command for needs, block in shell_blocks(REPO / 'docs' / page) if not needs for command in block]
+    for command in commands:
         if any(word in command for word in ELSEWHERE):
             continue
+        if command.startswith('make '):  # its prerequisite is the shared .venv, which it must not reinstall
+            fresh = subprocess.run(['make', '-q', '.venv/.installed'], cwd=tree, env=env, capture_output=True)
+            assert fresh.returncode == 0, '.venv is older than the requirements or pyproject.toml: run make install'
         run = subprocess.run(['bash', '-c', command], cwd=tree, env=env, capture_output=True, text=True, timeout=900)
         assert run.returncode == 0, f'{command}\n{run.stdout[-2000:]}{run.stderr[-3000:]}'
         runs.append(run)
@@ -49,9 +55,13 @@ def run_page(page: str, tree: Path) -> list[subprocess.CompletedProcess]:
 
 
 def repo_copy(tmp_path) -> Path:
-    """The repo's files in a folder of their own, with this environment as its .venv (as `make install` left it)."""
+    """The repo's files in a folder of their own, with this environment as its .venv (as `make install` left it),
+    each file as old as its original (so that make sees the .venv as installed from them)."""
     tree = tmp_path / 'repo'
     files_that_travel(tree)
+    for copy in tree.rglob('*'):
+        original = (REPO / copy.relative_to(tree)).stat()
+        os.utime(copy, ns=(original.st_atime_ns, original.st_mtime_ns))
     (tree / '.venv').symlink_to(Path(sys.executable).parent.parent)
     return tree
 
@@ -81,3 +91,46 @@ def test_the_ema_pages_commands_run_in_order(tmp_path):
     runs = run_page('ema.md', tree)
     assert len(runs) == 2  # as published, then offloaded with the average exported
     assert (tree / 'results' / 'ema-unet' / 'config.json').is_file()
+
+
+@pytest.mark.slow
+def test_the_quality_pages_commands_run_in_order(tmp_path):
+    tree = repo_copy(tmp_path)
+    runs = run_page('quality.md', tree)
+    assert len(runs) == 4  # a short run with its checkpoints and pipeline, a prompts file, a drawing from each
+    assert len(list((tree / 'out' / 'pipeline').glob('*.png'))) >= 2, runs[2].stdout
+    assert len(list((tree / 'out' / 'ema').glob('*.png'))) >= 2, runs[3].stdout
+
+
+@pytest.mark.slow
+def test_the_report_pages_commands_print_the_tables_the_page_shows(tmp_path):
+    tree = repo_copy(tmp_path)
+    runs = run_page('report.md', tree)
+    assert len(runs) == 2  # the published table, then its prediction from the 8-GPU row
+    page = (REPO / 'docs' / 'report.md').read_text()
+    for run, figure in zip(runs, ('published_table.png', 'predicted_table.png')):
+        tables = re.findall(r'^\|.*\|\n(?:\|.*\|\n)+', run.stdout, re.MULTILINE)
+        assert any(table in page for table in tables), run.stdout  # the page shows a table as the command prints it
+        assert (tree / 'docs' / figure).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_the_models_pages_commands_run_in_order_on_a_users_photos(tmp_path):
+    tree = repo_copy(tmp_path)
+    user_files(tree)
+    runs = run_page('models.md', tree)
+    assert len(runs) == 3  # the T5 smoke tokenizer, a conversion, a diffusion transformer's run on it
+    assert runs[0].stdout.strip().endswith('data/t5-smoke-tokenizer'), runs[0].stdout
+    assert (tree / 'data' / 't5-smoke-tokenizer').is_dir()
+    assert 'throughput: ' in runs[2].stdout, runs[2].stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_the_scaling_out_and_speed_pages_commands_run_in_order(tmp_path):
+    tree = repo_copy(tmp_path)
+    runs = run_page('scaling-out.md', tree)
+    assert len(runs) == 2  # one node's launcher, the platform file checked offline
+    assert 'throughput: ' in runs[0].stdout, runs[0].stdout[-2000:]
+    runs = run_page('speed.md', tree)
+    assert len(runs) == 1  # a profile of a few batches
+    assert any((tree / 'results' / 'profile').iterdir())
