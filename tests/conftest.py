@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from forkserver import ForkServer
 from PIL import Image
 from streaming import MDSWriter
 
@@ -62,6 +63,7 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    FORK_SERVER.close()
     shutil.rmtree(getattr(config, 'session_tmp', ''), ignore_errors=True)
 
 
@@ -191,11 +193,36 @@ def settled(argv: list[str]) -> RunConfig:
     return resolve_config(parse_args(argv))
 
 
+# This process's parent of the Python commands that import Composer as they start (tests/forkserver.py), started
+# on first use: a command forked from it skips the seconds of imports a new interpreter spends.
+FORK_SERVER = ForkServer()
+
+
+def start_process(command: list, fork: bool = True, **popen) -> subprocess.Popen:
+    """subprocess.Popen(command, **popen); forked from the fork server where it is one of its commands, unless the
+    test is about the interpreter's own start (fork=False)."""
+    return FORK_SERVER.popen(command, **popen) if fork else subprocess.Popen(command, **popen)
+
+
+def run_process(command: list, timeout: float, check: bool = False, **popen) -> subprocess.CompletedProcess:
+    """subprocess.run(command, capture_output=True, text=True, ...) of start_process."""
+    with start_process(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+    if check and process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, command, stdout, stderr)
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
 def start_job(command: list[str], cwd) -> subprocess.Popen:
     """A command in a process group of its own, as a job is (os.killpg then signals all its processes), offline, one
     thread, its output piped."""
     env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', 'OMP_NUM_THREADS': '1'}
-    return subprocess.Popen(
+    return start_process(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
 
@@ -303,4 +330,6 @@ def run_cli(*args, launcher=('composer',), env=None, timeout=600) -> subprocess.
     env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', **(env or {})}
     executable = Path(sys.executable).parent / launcher[0]
     command = [str(executable), *launcher[1:], str(REPO / 'benchmark.py'), *args]
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if launcher[0] == 'python':
+        command[0] = sys.executable  # the same interpreter, which the fork server recognizes
+    return run_process(command, timeout=timeout, cwd=REPO, env=env)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY, settled, write_t5_tokenizer
+from conftest import REPO, TINY, run_process, settled, write_t5_tokenizer
 from PIL import Image
 
 import generate
@@ -29,7 +29,7 @@ PROMPT = ['--prompt', 'a red circle', '--steps', '1']
 def script(name: str, *args: str) -> subprocess.CompletedProcess:
     environment = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', 'OMP_NUM_THREADS': '1'}
     command = [sys.executable, str(REPO / name), *args]
-    return subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=600)
+    return run_process(command, cwd=REPO, env=environment, timeout=600)
 
 
 def refused(run: subprocess.CompletedProcess) -> str:

@@ -2,11 +2,10 @@
 the values Composer would take badly refused."""
 
 import os
-import subprocess
 import sys
 
 import pytest
-from conftest import TINY, settled
+from conftest import TINY, run_process, settled
 
 from guards.arguments import ConfigError
 from runs.run import main
@@ -118,7 +117,7 @@ def test_autoresume_on_s3_goes_on_from_the_newest_checkpoint_where_the_latest_li
     def run(*args):  # benchmark.py in a working directory of its own, where Composer downloads what it resumes
         env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
         command = [sys.executable, str(REPO / 'benchmark.py'), *args]
-        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        return run_process(command, cwd=tmp_path, env=env, timeout=600)
 
     flags = [*TINY, '--image_size', '32', '--batch_size', '4', '--save_folder', 's3://bucket/lagging']
     flags += ['--run_name', 'r', '--save_interval', '6ba']

@@ -16,7 +16,7 @@ from pathlib import Path
 import boto3
 import pytest
 from composer.core import Callback
-from conftest import REPO, free_port, jpeg, settled
+from conftest import REPO, free_port, jpeg, run_process, settled
 from streaming import StreamingDataset
 from test_data import RecordSamples
 
@@ -549,7 +549,7 @@ def test_remote_errors_name_the_remote_within_bounded_time(s3, tmp_path, monkeyp
         StreamingLAIONDataset(remote='s3://bucket/errors/wrong', batch_size=1)
     down = f'http://127.0.0.1:{free_port()}'
     env = {**os.environ, 'S3_ENDPOINT_URL': down, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
-    run = subprocess.run(
+    run = run_process(
         [
             sys.executable,
             str(REPO / 'benchmark.py'),
@@ -562,8 +562,6 @@ def test_remote_errors_name_the_remote_within_bounded_time(s3, tmp_path, monkeyp
         ],
         cwd=REPO,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert run.returncode == 2, run.stderr[-2000:]
@@ -609,7 +607,7 @@ def test_a_killed_run_does_not_block_the_next(s3, tmp_path):
     assert started == 'streaming'
     assert (cache / 'index.json').is_file()
     results = tmp_path / 'results.json'
-    run = subprocess.run(
+    run = run_process(
         [
             sys.executable,
             str(REPO / 'benchmark.py'),
@@ -628,8 +626,6 @@ def test_a_killed_run_does_not_block_the_next(s3, tmp_path):
         ],
         cwd=REPO,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert left_behind or not os.path.isdir('/dev/shm'), 'the killed job should have left shared memory behind'

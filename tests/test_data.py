@@ -10,7 +10,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from composer.core import Callback
-from conftest import LAUNCHER, REPO, final_weights, good_samples, jpeg, settled, write_dataset
+from conftest import LAUNCHER, REPO, final_weights, good_samples, jpeg, run_process, settled, write_dataset
 from PIL import Image
 
 from data import StreamingLAIONDataset, collate
@@ -343,7 +342,7 @@ def test_mostly_bad_dataset_stops_with_a_clear_error(tmp_path):
 @pytest.mark.slow
 def test_training_on_a_mostly_bad_dataset_ends_with_one_error_line(tmp_path):
     location = mostly_bad_dataset(tmp_path / 'mds', 160)
-    run = subprocess.run(
+    run = run_process(
         [
             sys.executable,
             str(REPO / 'benchmark.py'),
@@ -361,8 +360,6 @@ def test_training_on_a_mostly_bad_dataset_ends_with_one_error_line(tmp_path):
             '2',
         ],
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert run.returncode == 1
@@ -503,7 +500,7 @@ def test_mid_epoch_resumption_is_exact(workers, ema, tmp_path, monkeypatch, capf
 def test_two_ranks_see_every_sample_of_an_epoch_exactly_once(tmp_path):
     location = write_dataset(tmp_path / 'mds', good_samples(48))
     env = {**os.environ, 'PYTHONPATH': str(REPO), 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
-    run = subprocess.run(
+    run = run_process(
         [
             LAUNCHER,
             '-n',
@@ -520,8 +517,6 @@ def test_two_ranks_see_every_sample_of_an_epoch_exactly_once(tmp_path):
         ],
         cwd=REPO,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]

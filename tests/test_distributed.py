@@ -3,12 +3,11 @@ failures, and the mcloud.yaml check."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import LAUNCHER, REPO, TINY, fake_gpu, free_port, good_samples, write_dataset
+from conftest import LAUNCHER, REPO, TINY, fake_gpu, free_port, good_samples, run_process, write_dataset
 
 import mcloud
 from guards.arguments import ConfigError
@@ -34,12 +33,10 @@ def launch(tmp_path, name, *flags, fail_rank=None, fail_after=1, cpu_fsdp=False,
         env['PROBE_FAIL_RANK'], env['PROBE_FAIL_AFTER'] = str(fail_rank), str(fail_after)
     if cpu_fsdp:
         env['PROBE_CPU_FSDP'] = '1'
-    run = subprocess.run(
+    run = run_process(
         [LAUNCHER, '-n', '2', str(REPO / 'tests' / 'two_rank_probe.py'), *base, *flags],
         cwd=tmp_path,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=timeout,
     )
     ranks = [json.loads(path.read_text()) for path in sorted(probe_dir.glob('rank*.json'))]
@@ -141,12 +138,10 @@ def run_benchmark(command, tmp_path, env=None, timeout=300):
     """Runs a launcher command whose benchmark.py run writes tmp_path/results.json; returns that summary."""
     results = tmp_path / 'results.json'
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', **(env or {})}
-    run = subprocess.run(
+    run = run_process(
         [*command, *SMALL_RUN, '--max_duration', '2ba', '--results_json', str(results)],
         cwd=REPO,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=timeout,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]

@@ -30,8 +30,10 @@ from conftest import (
     good_samples,
     jpeg,
     run_cli,
+    run_process,
     s3_client,
     settled,
+    start_process,
     start_s3_server,
     write_dataset,
 )
@@ -276,11 +278,9 @@ def run_probe_against_s3(tmp_path, endpoint, workers, env):
     env = {**os.environ, 'S3_ENDPOINT_URL': endpoint, **S3_CREDENTIALS, 'PROBE_DIR': str(tmp_path), **env}
     env.update({'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'})
     flags = [*REAL_DATA, '--batch_size', '8', '--remote', 's3://bucket/mds', '--num_workers', workers]
-    return subprocess.run(
+    return run_process(
         [sys.executable, str(REPO / 'tests' / 'two_rank_probe.py'), *flags, '--results_json', str(tmp_path / 'r')],
         env=env,
-        capture_output=True,
-        text=True,
         timeout=400,
     )
 
@@ -458,7 +458,7 @@ def test_a_run_killed_while_training_resumes_to_the_uninterrupted_weights(tmp_pa
         }
         command = [sys.executable, str(REPO / 'tests' / 'two_rank_probe.py'), *flags, *extra]
         with open(tmp_path / name / 'output.log', 'w') as log:  # a file: a pipe left unread would fill and block
-            return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+            return start_process(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def output(name):
         return (tmp_path / name / 'output.log').read_text()[-3000:]
@@ -494,11 +494,9 @@ def test_shards_deleted_or_cut_short_mid_run_end_it_with_one_line(tmp_path, work
     env = {**os.environ, 'PROBE_DIR': str(tmp_path), f'PROBE_{damage}': f'{folder}/shard.*.mds'}
     env.update({'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'})
     flags = [*REAL_DATA, '--local', folder, '--num_workers', workers, '--results_json', str(tmp_path / 'r')]
-    run = subprocess.run(
+    run = run_process(
         [sys.executable, str(REPO / 'tests' / 'two_rank_probe.py'), *flags],
         env=env,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert run.returncode == 1, run.stderr[-3000:]
@@ -809,7 +807,7 @@ def test_a_signal_stops_the_run_in_one_line_with_a_checkpoint_of_the_batch_reach
     folder = tmp_path / 'ckpt'
     flags = [*TINY, '--image_size', '32', '--batch_size', '4', '--max_duration', '400ba', '--save_interval', '100ba']
     command = [sys.executable, str(REPO / 'benchmark.py'), *flags, '--save_folder', str(folder), '--run_name', 'r']
-    run = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = start_process(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in run.stdout:  # progress lines every 20 batches
         if line.startswith('batch 20 of 400'):
             break

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY, good_samples, jpeg, skip_unless_ci, write_dataset
+from conftest import REPO, TINY, good_samples, jpeg, run_process, skip_unless_ci, write_dataset
 
 from guards import outputs
 from guards.outputs import WriteFailed, staged_file, staged_folder
@@ -52,7 +52,7 @@ def grow(disk: Path, size: str = '64m') -> None:
 def script(name: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     environment = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', 'OMP_NUM_THREADS': '1', **(env or {})}
     command = [sys.executable, str(REPO / name), *args]
-    return subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=600)
+    return run_process(command, cwd=REPO, env=environment, timeout=600)
 
 
 def one_line(run: subprocess.CompletedProcess, status: int) -> str:

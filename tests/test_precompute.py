@@ -4,12 +4,11 @@ import copy
 import json
 import os
 import shutil
-import subprocess
 
 import pytest
 import torch
 from composer.utils import reproducibility
-from conftest import LAUNCHER, REPO, fixed_batch, good_samples, settled, write_dataset
+from conftest import LAUNCHER, REPO, fixed_batch, good_samples, run_process, settled, write_dataset
 from streaming import StreamingDataset
 from torch.utils.data import default_collate
 
@@ -209,7 +208,7 @@ def test_two_ranks_share_the_parts(source, tmp_path):
     # A folder of its own: Streaming refuses a local folder that a live dataset (here, in this process) reads.
     own_source = shutil.copytree(source, tmp_path / 'source')
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1'}
-    run = subprocess.run(
+    run = run_process(
         [
             LAUNCHER,
             '-n',
@@ -228,8 +227,6 @@ def test_two_ranks_share_the_parts(source, tmp_path):
         ],
         cwd=REPO,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_process
 
 import report
 from costs import calibration, figure, measurements
@@ -269,7 +269,7 @@ BENCHMARK = REPO / 'benchmark.py'
 def test_report_from_tiny_benchmark_run(tmp_path, capsys):
     results = tmp_path / 'tiny.json'
     env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
-    subprocess.run(
+    run_process(
         [
             sys.executable,
             str(BENCHMARK),
@@ -288,7 +288,6 @@ def test_report_from_tiny_benchmark_run(tmp_path, capsys):
         cwd=tmp_path,
         env=env,
         check=True,
-        capture_output=True,
         timeout=600,
     )
     data = json.loads(results.read_text())

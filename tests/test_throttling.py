@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from botocore.exceptions import ClientError, ConnectionClosedError
-from conftest import REPO, good_samples, s3_client, write_dataset
+from conftest import REPO, good_samples, run_process, s3_client, write_dataset
 from throttling_proxy import ThrottlingProxy
 
 from datapath.streaming_fixes import THROTTLED_ATTEMPTS, THROTTLED_MAX_SLEEP, retry_throttled
@@ -77,12 +77,10 @@ def test_a_run_through_a_throttling_bucket_reads_every_shard_and_uploads_every_c
     flags += ['--save_folder', 's3://bucket/throttled-ckpt', '--save_interval', '2ba', '--run_name', 't']
     env = {**os.environ, 'S3_ENDPOINT_URL': proxy.endpoint, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline'}
     try:
-        run = subprocess.run(
+        run = run_process(
             [sys.executable, str(REPO / 'benchmark.py'), *flags],
             cwd=tmp_path,
             env=env,
-            capture_output=True,
-            text=True,
             timeout=600,
         )
     finally:
@@ -109,7 +107,7 @@ def test_a_bucket_that_refuses_checkpoints_for_good_ends_in_one_line_and_loses_n
     def run(endpoint: str, *more: str) -> subprocess.CompletedProcess:
         command = [sys.executable, str(REPO / 'benchmark.py'), *flags, *more]
         env['S3_ENDPOINT_URL'] = endpoint
-        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        return run_process(command, cwd=tmp_path, env=env, timeout=600)
 
     env['AWS_MAX_ATTEMPTS'] = '2'  # fewer of botocore's retries (the proxy throttles every first try): quicker
     try:

@@ -7,11 +7,10 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 
 import pytest
-from conftest import LAUNCHER, REPO, TINY, good_samples, jpeg, start_job, wait_until, write_dataset
+from conftest import LAUNCHER, REPO, TINY, good_samples, jpeg, run_process, start_job, wait_until, write_dataset
 
 import convert
 import precompute
@@ -144,11 +143,9 @@ def test_a_second_run_on_a_save_folder_is_refused_while_the_first_trains(tmp_pat
     try:
         wait_until(lambda: (folder / LOCK_FILE).is_file(), 180, 'the first run holds the folder')
         assert any(re.match(r'batch \d+ of 1000000 ', line) for line in first.stdout), 'the first run never trained'
-        second = subprocess.run(
+        second = run_process(
             [sys.executable, str(REPO / 'benchmark.py'), *flags, '--seed', '2'],
             cwd=tmp_path,
-            capture_output=True,
-            text=True,
             timeout=180,
         )
         assert second.returncode == 2, second.stderr[-2000:]
@@ -179,11 +176,9 @@ def test_a_requeued_autoresume_takes_over_the_folder_of_a_killed_run(tmp_path):
     os.killpg(killed.pid, signal.SIGKILL)
     killed.communicate(timeout=60)
     assert (folder / LOCK_FILE).read_text().split()[0] == str(killed.pid)
-    requeued = subprocess.run(
+    requeued = run_process(
         [sys.executable, str(REPO / 'benchmark.py'), *flags, '--max_duration', '30ba'],
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert requeued.returncode == 0, requeued.stderr[-2000:]
@@ -199,12 +194,10 @@ def test_every_rank_of_a_refused_job_stops_in_one_line(tmp_path):
     env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', 'OMP_NUM_THREADS': '1'}
     flags = [*RUN, '--max_duration', '4ba', '--save_folder', str(folder)]
     with one_writer(folder, 'ckpt', 'fix'):  # another run, writing there
-        job = subprocess.run(
+        job = run_process(
             [LAUNCHER, '-n', '2', '--stderr', 'rank{rank}.err', str(REPO / 'benchmark.py'), *flags],
             cwd=tmp_path,
             env=env,
-            capture_output=True,
-            text=True,
             timeout=300,
         )
         assert sorted(path.name for path in folder.iterdir()) == [LOCK_FILE]  # the other writer's, nothing else
