@@ -5,7 +5,9 @@ folder for its life, and a second one is refused before it writes, in one line, 
 
 The lock is an flock on LOCK_FILE inside the folder, which holds the holder's pid and host for the refusal to name.
 The kernel drops it when the holder's process ends in any way, SIGKILL included, so a killed writer's folder is
-free again at once (a requeued --autoresume takes it over); a holder that ends normally also removes the file. Only
+free again at once (a requeued --autoresume takes it over): a child forked while it is held (a loader worker, which
+outlives a killed parent by a second or more) closes its copy of the descriptor at once, so that only the writer
+holds it; a holder that ends normally also removes the file. Only
 local folders are locked: an s3:// output is not, and two writers there still mix. On a file system where flock
 does not work (some Lustre and NFS mounts), a warning says the folder is not locked and the writer goes on.
 """
@@ -22,6 +24,10 @@ from guards.arguments import ConfigError
 LOCK_FILE = '.writer.lock'
 # flock refused by the file system itself, not by another holder.
 UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+
+
+# The descriptors of the locks this process holds, which a child it forks closes (drop_held_locks_in_child).
+held_locks: set[int] = set()
 
 
 class FolderBusy(ConfigError):
@@ -81,7 +87,19 @@ def lock(folder: Path, where: str, fix: str) -> int | None:
         os.close(fd)  # the last holder removed the file between our open and lock: lock the one there now
     os.ftruncate(fd, 0)
     os.pwrite(fd, f'{os.getpid()} {socket.gethostname()}\n'.encode(), 0)
+    held_locks.add(fd)
     return fd
+
+
+def drop_held_locks_in_child() -> None:
+    """In a child just forked: its copies of the held locks' descriptors closed (the writer keeps the lock)."""
+    for fd in held_locks:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    held_locks.clear()
+
+
+os.register_at_fork(after_in_child=drop_held_locks_in_child)
 
 
 def same_file(path: Path, fd: int) -> bool:
@@ -98,6 +116,7 @@ def unlock(folder: Path, fd: int) -> None:
     with contextlib.suppress(OSError):
         if same_file(folder / LOCK_FILE, fd):
             (folder / LOCK_FILE).unlink()
+    held_locks.discard(fd)
     os.close(fd)
 
 

@@ -77,6 +77,36 @@ def test_a_writer_killed_outright_frees_its_folder(tmp_path):
         assert (folder / LOCK_FILE).read_text() == f'{os.getpid()} {HOST}\n'
 
 
+FORKING_HOLDER = """
+import os, sys, time
+sys.path.insert(0, sys.argv[2])
+from guards.writer_lock import one_writer
+with one_writer(sys.argv[1], sys.argv[1], 'fix'):
+    child = os.fork()  # as a loader worker is, while the lock is held
+    if child == 0:
+        time.sleep(600)
+        os._exit(0)
+    print(child, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_writers_folder_is_free_while_a_child_it_forked_lives_on(tmp_path):
+    """A child forked while the lock is held (a loader worker, which outlives a killed parent for a while) does
+    not hold it: the writer killed outright, the next one takes the folder at once."""
+    folder = tmp_path / 'out'
+    holder = start_job([sys.executable, '-c', FORKING_HOLDER, str(folder), str(REPO)], tmp_path)
+    try:
+        child = int(holder.stdout.readline())
+        holder.kill()
+        holder.wait(timeout=30)
+        os.kill(child, 0)  # still there
+        with one_writer(folder, 'out', 'fix'):
+            assert (folder / LOCK_FILE).read_text() == f'{os.getpid()} {HOST}\n'
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)  # the child, in the holder's process group
+
+
 def test_a_lock_file_a_killed_writer_left_is_not_an_earlier_output(tmp_path):
     """A run killed before its first checkpoint leaves only the lock file: the same command runs again, without
     --autoresume, as in a folder it never wrote; so does a conversion."""
