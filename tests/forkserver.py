@@ -12,6 +12,7 @@ processes (conftest.start_process's `fork=False`).
     python tests/forkserver.py SOCKET   # the parent: serves until its own parent (the pytest process) ends
 """
 
+import contextlib
 import json
 import os
 import selectors
@@ -56,7 +57,11 @@ def serve(address: str) -> None:
         for key, _ in selector.select(timeout=1.0):
             if key.fileobj is listener:
                 connection, _ = listener.accept()
-                request, fds = receive_request(connection)
+                try:
+                    request, fds = receive_request(connection)
+                except (OSError, ValueError):  # the test that asked is gone: nothing to start
+                    connection.close()
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     try:
@@ -70,11 +75,13 @@ def serve(address: str) -> None:
                         os._exit(127)  # the command could not be started (its folder gone, say)
                 for fd in fds:
                     os.close(fd)
-                connection.sendall(STATUS.pack(pid))
                 children[pid] = connection
+                with contextlib.suppress(OSError):  # a test gone meanwhile: the child runs on, reaped below
+                    connection.sendall(STATUS.pack(pid))
             else:
-                while os.read(wakeup_read, 512) == 512:
-                    pass
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wakeup_read, 512):
+                        pass
         reap(children)
 
 
