@@ -23,7 +23,7 @@ from torch.utils.data import Dataset, default_collate
 
 from datapath.images import MAX_IMAGE_PIXELS, BadSample, decode_image, size_conditions
 from datapath.streaming_fixes import CheckedStreamingDataset
-from settings.dataset_checks import READ_TIMEOUT, RETRIES, SDXL_PRECOMPUTED_COLUMNS, DataError
+from settings.dataset_checks import RETRIES, SDXL_PRECOMPUTED_COLUMNS, DataError
 from settings.model_folder import CAPTION_LENGTH, T5_VOCAB_SIZE, CaptionInputs
 from settings.tokenizer import CaptionTokenizer, column_tokenizers, empty_caption_ids
 
@@ -196,7 +196,7 @@ class StreamingLAIONDataset(CheckedStreamingDataset):
         shuffle: bool = True,
         seed: int = 17,
         download_retry: int = RETRIES,
-        download_timeout: float = READ_TIMEOUT,
+        download_timeout: float | None = None,  # the read timeout in force (dataset_checks.read_timeout)
         max_bad_fraction: float = 0.5,
         max_image_pixels: int = MAX_IMAGE_PIXELS,
         keep_caption: bool = False,

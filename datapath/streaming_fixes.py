@@ -50,11 +50,11 @@ from streaming.base.storage.download import S3Downloader
 
 from guards.outputs import DISK_FULL
 from settings.dataset_checks import (
-    READ_TIMEOUT,
     RETRIES,
     DataError,
     check_columns,
     check_dataset,
+    read_timeout,
     shard_hash_mismatch,
 )
 
@@ -98,14 +98,17 @@ class S3DownloaderOneTransferAttempt(S3Downloader):
     downloads). One attempt in each leaves Streaming's download_retry the only retries of a hang or an error;
     retry_throttled retries what a busy bucket answers, inside each of them."""
 
-    def _create_s3_client(self, unsigned: bool = False, timeout: float = READ_TIMEOUT) -> None:
+    def _create_s3_client(self, unsigned: bool = False, timeout: float | None = None) -> None:
         from boto3.session import Session
         from botocore import UNSIGNED
         from botocore.config import Config
 
         # Streaming's own client less botocore's retries: this client's alone, where AWS_MAX_ATTEMPTS set for the
         # process would also take them from Composer's checkpoint uploads.
-        config = Config(read_timeout=timeout, retries={'mode': 'standard', 'total_max_attempts': 1})
+        config = Config(
+            read_timeout=read_timeout() if timeout is None else timeout,
+            retries={'mode': 'standard', 'total_max_attempts': 1},
+        )
         if unsigned:
             config = config.merge(Config(signature_version=UNSIGNED))
         self._s3_client = Session().client('s3', config=config, endpoint_url=os.environ.get('S3_ENDPOINT_URL'))
@@ -254,9 +257,10 @@ class CheckedStreamingDataset(StreamingDataset):
         shuffle: bool = True,
         seed: int = 17,
         download_retry: int = RETRIES,
-        download_timeout: float = READ_TIMEOUT,
+        download_timeout: float | None = None,
         **streaming_kwargs,
     ):
+        download_timeout = read_timeout() if download_timeout is None else download_timeout
         remote, local = resolve_location(remote, local, download_retry, download_timeout)
         self.location, self.cache = remote or local, local  # the cache: where a remote's shards are copied
         super().__init__(

@@ -16,8 +16,13 @@ from pathlib import Path
 # 2 retries after backoff (botocore's standard mode; Streaming's download_retry): a server that is down or
 # hung is reported in about a minute, not after minutes of silence. S3_READ_TIMEOUT_SECONDS sets the read timeout
 # (a slow link; the tests' hung servers).
-CONNECT_TIMEOUT, RETRIES = 10, 2
-READ_TIMEOUT = float(os.environ.get('S3_READ_TIMEOUT_SECONDS') or 20)
+CONNECT_TIMEOUT, RETRIES, READ_TIMEOUT = 10, 2, 20.0
+
+
+def read_timeout() -> float:
+    """The read timeout in force: S3_READ_TIMEOUT_SECONDS where set, else READ_TIMEOUT. Read when a reader is made,
+    not when this module is imported, so that the process's environment at that moment decides."""
+    return float(os.environ.get('S3_READ_TIMEOUT_SECONDS') or READ_TIMEOUT)
 
 
 # convert.py's output, and the sample dataset's: the image file's bytes and its caption (LAION's convention).
@@ -48,8 +53,10 @@ def is_remote(location: str) -> bool:
     return '://' in location
 
 
-def s3_client(timeout: float = READ_TIMEOUT, attempts: int = RETRIES + 1, unsigned: bool = False):
-    """boto3 S3 client at S3_ENDPOINT_URL (any S3-compatible server) or AWS, with bounded retries."""
+def s3_client(timeout: float | None = None, attempts: int = RETRIES + 1, unsigned: bool = False):
+    """boto3 S3 client at S3_ENDPOINT_URL (any S3-compatible server) or AWS, with bounded retries; `timeout`: the
+    read timeout in force by default."""
+    timeout = read_timeout() if timeout is None else timeout
     import boto3
     from botocore import UNSIGNED
     from botocore.config import Config
@@ -109,7 +116,7 @@ def check_columns(
         )
 
 
-def check_dataset(remote: str | None, local: str | None, retries: int = RETRIES, timeout: float = READ_TIMEOUT) -> None:
+def check_dataset(remote: str | None, local: str | None, retries: int = RETRIES, timeout: float | None = None) -> None:
     """Fail fast with a message naming the dataset when its index.json cannot be read: a missing folder,
     bucket or prefix, or a server that is down (after `retries` retries), rather than deep inside Streaming."""
     if remote is None:
@@ -209,12 +216,13 @@ def describe_dataset(
     local: str | None,
     precomputed: bool = False,
     retries: int = RETRIES,
-    timeout: float = READ_TIMEOUT,
+    timeout: float | None = None,
 ) -> DatasetDescription:
     """The size of an MDS dataset, read from its index.json, its columns checked; for precomputed latents also
     the shapes of the first sample (its shard is read into a temporary folder when the dataset is remote)."""
     if remote is not None and not is_remote(remote) and local is None:
         remote, local = None, remote  # a bare folder is read in place
+    timeout = read_timeout() if timeout is None else timeout
     check_dataset(remote, local, retries=retries, timeout=timeout)
     # Streaming (which loads torch) only from here on, so that config.py checks the flags before either loads.
     from streaming.base.compression import decompress

@@ -251,11 +251,13 @@ def hung_server():
     listener.close()
 
 
-def test_a_hung_server_is_given_up_on_in_about_a_minute_by_default():
+def test_a_hung_server_is_given_up_on_in_about_a_minute_by_default(monkeypatch):
     """The bound a hung or down server is reported within: each of 3 attempts waits at most 10 s to connect and
-    20 s for data."""
+    20 s for data; S3_READ_TIMEOUT_SECONDS, read as a reader is made (not at import), sets the wait for data."""
     assert 'S3_READ_TIMEOUT_SECONDS' not in os.environ
-    assert (dataset_checks.RETRIES + 1) * dataset_checks.READ_TIMEOUT == 60 and dataset_checks.CONNECT_TIMEOUT == 10
+    assert (dataset_checks.RETRIES + 1) * dataset_checks.read_timeout() == 60 and dataset_checks.CONNECT_TIMEOUT == 10
+    monkeypatch.setenv('S3_READ_TIMEOUT_SECONDS', '2.5')
+    assert dataset_checks.read_timeout() == 2.5 and dataset_checks.s3_client().meta.config.read_timeout == 2.5
 
 
 @pytest.mark.slow
