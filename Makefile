@@ -63,7 +63,7 @@ test-fast: install
 test-gpu: install
 	$(VENV)/bin/python -m pytest -m gpu
 
-# A GPU machine's verdict in one command (docs/testing.md), on a machine that can install .venv from PyPI (a lent
+# A GPU machine's verdict in one command (docs/testing.md), on a machine that can install .venv from PyPI (a GPU
 # machine without network runs `bash benchmarks/gpu_slice.sh` instead): the gpu tier, then SD2 base at 512px with
 # the published microbatch of 4, 4 microbatches per GPU for 12 batches, with the encoders online and from
 # precomputed latents (random tensors: the GPUs are measured, not the data); each run prints img/s, MFU and peak
@@ -79,7 +79,8 @@ gpu-check: install
 
 # The GPU campaign (benchmarks/gpu_campaign.py, docs/speed.md) on a machine with .venv: each call measures for at
 # most 7.5 minutes, then stops; the next call goes on where it stopped. Its folder, results/gpu-campaign, holds the
-# table and every row. A lent machine runs `bash benchmarks/gpu_slice.sh` with the wheels of `make gpu-wheels`.
+# table and every row. A GPU machine without network runs `bash benchmarks/gpu_slice.sh` with the wheels of
+# `make gpu-wheels`.
 gpu-campaign: install
 	$(VENV)/bin/python benchmarks/gpu_campaign.py --resume
 
