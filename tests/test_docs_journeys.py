@@ -44,8 +44,10 @@ def elsewhere(command: str) -> bool:
 
 
 # The pages whose commands the tests below run.
-JOURNEYS = {'README.md', 'data.md', 'precomputed-latents.md', 'ema.md', 'quality.md', 'report.md', 'models.md'}
-JOURNEYS |= {'scaling-out.md', 'speed.md'}
+JOURNEYS = {
+    *('README.md', 'data.md', 'precomputed-latents.md', 'ema.md', 'quality.md', 'report.md', 'models.md'),
+    *('scaling-out.md', 'speed.md'),
+}
 
 
 def test_every_page_with_commands_a_cpu_runs_is_run_below():
@@ -71,7 +73,7 @@ def run_page(page: str, tree: Path) -> list[subprocess.CompletedProcess]:
     env = {**os.environ, 'PATH': f'{tree / ".venv" / "bin"}:{os.environ["PATH"]}', 'OMP_NUM_THREADS': '1'}
     for name in ('MAKEFLAGS', 'MAKELEVEL', 'MFLAGS'):  # set where `make test` runs this: a user's shell has none
         env.pop(name, None)
-    # Composer's launcher takes its master port from the environment: one of this test process's range.
+    # Composer's launcher takes its master port from the environment: one claimed for this test (free_port).
     env.update({'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', 'MASTER_PORT': str(free_port())})
     runs = []
     for command in commands_run_here(REPO / page):
