@@ -22,6 +22,9 @@ from pathlib import Path
 from guards.arguments import ConfigError
 
 LOCK_FILE = '.writer.lock'
+# The scratch folders a writability check makes and removes (settings.output_paths.check_writable_folder): another
+# rank's, made while this one looks, is no output.
+WRITE_CHECK_PREFIX = '.write-check-'
 # flock refused by the file system itself, not by another holder.
 UNSUPPORTED = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
 
@@ -35,8 +38,10 @@ class FolderBusy(ConfigError):
 
 
 def contents(folder: Path) -> list[Path]:
-    """What a folder holds besides a writer's lock file."""
-    return [path for path in folder.iterdir() if path.name != LOCK_FILE]
+    """What a folder holds besides a writer's lock file and a writability check's scratch folder."""
+    return [
+        path for path in folder.iterdir() if path.name != LOCK_FILE and not path.name.startswith(WRITE_CHECK_PREFIX)
+    ]
 
 
 @contextlib.contextmanager

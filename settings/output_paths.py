@@ -13,7 +13,7 @@ import urllib.parse
 from pathlib import Path
 
 from guards.arguments import ConfigError
-from guards.writer_lock import contents
+from guards.writer_lock import WRITE_CHECK_PREFIX, contents
 from settings.dataset_checks import s3_folder_names
 
 
@@ -155,7 +155,7 @@ def check_writable_folder(flag: str, folder: str, given: str | None = None) -> N
         parent = parent.parent
     scratch = None
     try:
-        scratch = tempfile.mkdtemp(dir=parent, prefix='.write-check-')
+        scratch = tempfile.mkdtemp(dir=parent, prefix=WRITE_CHECK_PREFIX)
         Path(scratch, 'probe').write_bytes(bytes(4096))
     except OSError as error:
         raise ConfigError(f'{flag} {given or folder}: cannot write in {parent} ({error.strerror or error})') from None

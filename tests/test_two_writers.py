@@ -15,7 +15,7 @@ from conftest import LAUNCHER, REPO, TINY, good_samples, jpeg, run_process, star
 import convert
 import precompute
 from guards.arguments import ConfigError
-from guards.writer_lock import LOCK_FILE, FolderBusy, one_writer
+from guards.writer_lock import LOCK_FILE, WRITE_CHECK_PREFIX, FolderBusy, one_writer
 from settings.config import resolve_config
 from settings.flags import parse_args
 
@@ -119,6 +119,17 @@ def test_a_lock_file_a_killed_writer_left_is_not_an_earlier_output(tmp_path):
     (tmp_path / 'photos' / 'a.txt').write_text('a photo')
     convert.main([str(tmp_path / 'photos'), str(folder)])
     assert sorted(path.name for path in folder.iterdir()) == ['index.json', 'shard.00000.mds']
+
+
+def test_another_ranks_writability_check_in_a_new_save_folder_is_not_an_earlier_output(tmp_path):
+    """Every rank tries the save folder for writing with a scratch folder it makes and removes; one rank's, seen by
+    another while it looks, refused a two-rank job on a new folder as `is not empty`. Anything else still counts."""
+    folder = tmp_path / 'ckpt'
+    (folder / f'{WRITE_CHECK_PREFIX}rank1').mkdir(parents=True)  # rank 1's scratch, made while rank 0 looks
+    resolve_config(parse_args([*RUN, '--save_folder', str(folder), '--max_duration', '2ba']))
+    (folder / 'ep0-ba2-rank0.pt').write_bytes(b'a checkpoint')
+    with pytest.raises(ConfigError, match=re.escape(f'--save_folder {folder}: is not empty; give a new folder')):
+        resolve_config(parse_args([*RUN, '--save_folder', str(folder), '--max_duration', '2ba']))
 
 
 # ------------------------------------------------------------------------------------------ convert.py, precompute.py
