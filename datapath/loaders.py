@@ -13,7 +13,7 @@ import time
 
 from torch.utils.data import DataLoader
 
-from guards.stopping import quiet_loader_worker, stops_held
+from guards.stopping import STOPS, quiet_loader_worker
 
 # How long the run waits for a loader worker's next batch before it ends: far above a batch's worst honest wait
 # (a shard's download, tried 3 times against a hung server, about a minute), so that only a worker that stopped
@@ -71,7 +71,7 @@ class StoppableDataLoader(DataLoader):
         super().__init__(*args, worker_init_fn=quiet_loader_worker, **kwargs)
 
     def _get_iterator(self):
-        with stops_held():
+        with STOPS.holding():
             iterator = super()._get_iterator()
         main_thread = threading.current_thread() is threading.main_thread()  # where signal handlers are set
         if self.num_workers and main_thread and signal.getsignal(signal.SIGCHLD) not in (signal.SIG_DFL, None):

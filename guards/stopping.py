@@ -11,7 +11,7 @@ themselves.
 
 A signal's Stopped is raised wherever the main thread is, except where stopping there would leave a mess: inside
 os.fork (Python prints an exception raised in its fork hooks and goes on) and while a loader starts its workers.
-There it waits (`stops_held`) and is raised once they are done.
+There it waits (`Stops.holding`) and is raised once they are done.
 
 Light on purpose (no torch): convert.py answers --help without loading it.
 """
@@ -36,82 +36,80 @@ class Stopped(BaseException):
         self.exit_status = 128 + signum
 
 
-# Stops held: while a DataLoader starts its workers (stops_held), and inside os.fork, where Python runs its fork
-# hooks (logging's lock) and prints an exception raised there as a traceback and goes on. A stop that comes then
-# waits in _pending until it can be raised.
-_held = 0
-_pending: list[Stopped] = []
+class Stops:
+    """This process's stops by signal. A stop is raised where the main thread is, or, while stops are held, kept
+    and raised once they are not: while a DataLoader starts its workers (`holding`), and inside os.fork, where Python
+    runs its fork hooks (logging's lock) and prints an exception raised there as a traceback and goes on. Signal
+    handlers and fork hooks belong to the process: there is one, STOPS."""
+
+    def __init__(self):
+        self.held = 0
+        self.pending: Stopped | None = None
+
+    def stop(self, stopped: Stopped) -> None:
+        """Raises `stopped` now, or where stops are held, once they are not (on leaving `holding`, or at `check`)."""
+        if self.held:
+            self.pending = stopped
+            return
+        raise stopped
+
+    def check(self) -> None:
+        """Raises the stop that came while stops were held. Called where the work can stop between two steps."""
+        if self.pending is not None and not self.held:
+            stopped, self.pending = self.pending, None
+            raise stopped
+
+    @contextlib.contextmanager
+    def holding(self):
+        """Inside, a stop waits until the end, and is raised there: for a step that must not stop halfway, as a
+        DataLoader starting its workers (one stopped halfway prints a traceback as it is collected)."""
+        self.held += 1
+        try:
+            yield
+        finally:
+            self.held -= 1
+        self.check()
+
+    @contextlib.contextmanager
+    def handling(self, handle: Callable[[int], None]):
+        """Inside, SIGINT and SIGTERM call handle(signum) in this process; in a child forked from it (a loader worker
+        starting) they do nothing, its parent ends it. The handlers before are back after, and a stop kept from
+        before or inside is forgotten."""
+        owner = os.getpid()
+
+        def on_signal(signum, frame):
+            if os.getpid() == owner:
+                handle(signum)
+
+        previous = {signum: signal.signal(signum, on_signal) for signum in SIGNALS}
+        self.pending = None
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self.pending = None
+
+    def fork_begins(self) -> None:
+        self.held += 1
+
+    def fork_ends(self) -> None:
+        self.held -= 1
+
+    def forked(self) -> None:
+        self.held, self.pending = 0, None  # the child: its parent handles the stop
 
 
-def stop(stopped: Stopped) -> None:
-    """Raises `stopped` now, or where stops are held, once they are not (on leaving stops_held, or at check_stopped)."""
-    if _held:
-        _pending[:] = [stopped]
-        return
-    raise stopped
-
-
-def check_stopped() -> None:
-    """Raises the stop that came while stops were held. Called where the work can stop between two steps."""
-    if _pending and not _held:
-        raise _pending.pop()
-
-
-def forget_stops() -> None:
-    _pending.clear()
-
-
-@contextlib.contextmanager
-def stops_held():
-    """Inside, a stop waits until the end, and is raised there: for a step that must not stop halfway, as a
-    DataLoader starting its workers (one stopped halfway prints a traceback as it is collected)."""
-    global _held
-    _held += 1
-    try:
-        yield
-    finally:
-        _held -= 1
-    check_stopped()
-
-
-def _fork_begins() -> None:
-    global _held
-    _held += 1
-
-
-def _fork_ends() -> None:
-    global _held
-    _held -= 1
-
-
-def _forked() -> None:
-    global _held
-    _held = 0  # the child: its parent handles the stop
-    _pending.clear()
-
-
-os.register_at_fork(before=_fork_begins, after_in_parent=_fork_ends, after_in_child=_forked)
+STOPS = Stops()
+os.register_at_fork(before=STOPS.fork_begins, after_in_parent=STOPS.fork_ends, after_in_child=STOPS.forked)
 
 
 @contextlib.contextmanager
 def stop_on_signals(describe: Callable[[int], str]):
     """Inside, SIGINT and SIGTERM raise Stopped(signum, describe(signum)) in the main thread (or where stops are
-    held, after), each time one comes: a second Ctrl-C stops the cleanup of the first, and the line is still one.
-    The handlers before are back after."""
-    owner = os.getpid()
-
-    def handle(signum, frame):
-        if os.getpid() == owner:  # else a child forked from this process (a loader worker starting): ours to end
-            stop(Stopped(signum, describe(signum)))
-
-    previous = {signum: signal.signal(signum, handle) for signum in SIGNALS}
-    forget_stops()
-    try:
+    held, after), each time one comes: a second Ctrl-C stops the cleanup of the first, and the line is still one."""
+    with STOPS.handling(lambda signum: STOPS.stop(Stopped(signum, describe(signum)))):
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        forget_stops()
 
 
 def quiet_loader_worker(worker_id: int) -> None:

@@ -14,14 +14,12 @@ save folder (benchmark.py). There the stop also waits for the checkpoint's uploa
 (checkpoints.finish_uploads), which Composer would do only at the end of training.
 """
 
-import os
-import signal
 import zipfile
 from pathlib import Path
 
 from composer.core import Callback, State
 
-from guards.stopping import SIGNALS, Stopped, check_stopped, forget_stops, stop
+from guards.stopping import SIGNALS, STOPS, Stopped
 from runs.checkpoints import CHECKPOINT_FILE, checkpoint_files, set_aside_incomplete
 from settings.config import RunConfig
 
@@ -30,36 +28,24 @@ class StopOnSignal(Callback):
     def __init__(self, config: RunConfig):
         self.config = config
         self.writes_checkpoint = bool(config.save_folder) and config.world_size == 1
-        self.pid = os.getpid()
         self.state: State | None = None  # set when training starts
         self.save_checkpoint = None  # the Trainer's save_checkpoint_to_save_folder, given once the Trainer exists
         self.finish_uploads = None  # for a remote save folder: waits for the uploads, then points the latest link
         self.requested: int | None = None
-        self.previous = {}
 
-    def install(self) -> None:
-        forget_stops()
-        self.previous = {signum: signal.signal(signum, self.handle) for signum in SIGNALS}
-
-    def uninstall(self) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
-        forget_stops()
-
-    def handle(self, signum: int, frame) -> None:
-        if os.getpid() != self.pid:
-            return  # a loader worker forked from this process: the main process ends the run, and then the workers
+    def handle(self, signum: int) -> None:
+        """The signal handler while the run trains (STOPS.handling)."""
         if self.state is not None and self.requested is None and self.writes_checkpoint:
             self.requested = signum
             print(f'{SIGNALS[signum]}: stopping after this batch, with a checkpoint; again to stop at once', flush=True)
             return
-        stop(Stopped(signum, self.describe(signum, checkpoint_written=False)))  # at once, or once stops are not held
+        STOPS.stop(Stopped(signum, self.describe(signum, checkpoint_written=False)))  # now, or once stops are not held
 
     def fit_start(self, state: State, logger) -> None:
         self.state = state
 
     def batch_end(self, state: State, logger) -> None:
-        check_stopped()  # one that came while a loader started its workers
+        STOPS.check()  # one that came while a loader started its workers
         if self.requested is None:
             return
         folder = Path(self.config.save_folder)

@@ -30,7 +30,7 @@ from datapath.sample_dataset import ensure_sample_dataset
 from datapath.streaming_fixes import clean_stale_shared_memory
 from guards.arguments import ConfigError
 from guards.outputs import DISK_FULL, WriteFailed, free_space_fix, system_reason
-from guards.stopping import check_stopped
+from guards.stopping import STOPS
 from guards.writer_lock import contents, one_writer_on_rank_zero
 from models.parts import build_frozen_encoders
 from models.stable_diffusion import describe_weights, encode_captions
@@ -198,7 +198,7 @@ def precompute_part(dataset, indices: range, out: str, vae, text_encoders, devic
     writer = MDSWriter(out=target, columns=output_columns(args.model_dir), exist_ok=True, hashes=[SHARD_HASH])
     try:
         for batch in loader:
-            check_stopped()  # a Ctrl-C or SIGTERM that came while the loader started its workers
+            STOPS.check()  # a Ctrl-C or SIGTERM that came while the loader started its workers
             encoded = encode(args.model_dir, vae, text_encoders, batch, device)
             for row, replaced in enumerate(batch['bad_samples'].tolist()):
                 # A bad sample was replaced by the next good one, which has its own position too: keep it once.

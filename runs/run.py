@@ -27,6 +27,7 @@ from datapath.sample_dataset import ensure_sample_dataset
 from datapath.streaming_fixes import clean_stale_shared_memory
 from ema import export_ema_unet
 from guards.arguments import ConfigError, leave_verdict, stop
+from guards.stopping import STOPS
 from guards.writer_lock import one_writer_on_rank_zero
 from models.diffusion_transformer import convert_to_float8
 from models.kernels import attention_backends, use_kernels
@@ -65,12 +66,8 @@ def main(config: RunConfig, callbacks: tuple = (), announced: bool = False) -> T
     were before are back when it returns. A local --save_folder is this run's alone while it runs (writer_lock.py)."""
     check_stack()  # torch, numpy and transformers: silent on the pins, one line on others, an error on broken ones
     stop_on_signal = StopOnSignal(config)
-    stop_on_signal.install()
-    try:
-        with save_folder_lock(config):
-            return train(config, (stop_on_signal, *callbacks), stop_on_signal, announced)
-    finally:
-        stop_on_signal.uninstall()
+    with STOPS.handling(stop_on_signal.handle), save_folder_lock(config):
+        return train(config, (stop_on_signal, *callbacks), stop_on_signal, announced)
 
 
 def save_folder_lock(config: RunConfig):

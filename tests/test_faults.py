@@ -773,13 +773,13 @@ def test_a_second_signal_or_one_before_training_stops_at_once_naming_the_newest_
     torch.save({'state': {}}, folder / 'ep0-ba4-rank0.pt')
     stopper = StopOnSignal(config)
     with pytest.raises(Stopped, match=r'^SIGTERM: stopped before training started; nothing trained') as stopped:
-        stopper.handle(signal.SIGTERM, None)
+        stopper.handle(signal.SIGTERM)
     assert stopped.value.exit_status == 143
     stopper.fit_start(types.SimpleNamespace(timestamp=types.SimpleNamespace(batch=6)), None)
-    stopper.handle(signal.SIGINT, None)  # the first: after this batch
+    stopper.handle(signal.SIGINT)  # the first: after this batch
     assert stopper.requested == signal.SIGINT and 'stopping after this batch' in capsys.readouterr().out
     with pytest.raises(Stopped) as stopped:
-        stopper.handle(signal.SIGINT, None)
+        stopper.handle(signal.SIGINT)
     assert str(stopped.value) == (
         f'Ctrl-C (SIGINT): stopped at batch 6 of 9; the newest checkpoint is ep0-ba4-rank0.pt in {folder}; rerun the '
         'same command with --autoresume to continue'
@@ -794,8 +794,8 @@ def test_a_run_given_no_name_is_told_to_name_itself_and_resumes_under_the_name(t
     main(settled([*flags, '--max_duration', '2ba']))
     stopper.fit_start(types.SimpleNamespace(timestamp=types.SimpleNamespace(batch=2)), None)
     with pytest.raises(Stopped, match='rerun the same command with --run_name NAME --autoresume to continue$'):
-        stopper.handle(signal.SIGINT, None)  # one process with a --save_folder: the first signal waits for the batch
-        stopper.handle(signal.SIGINT, None)
+        stopper.handle(signal.SIGINT)  # one process with a --save_folder: the first signal waits for the batch
+        stopper.handle(signal.SIGINT)
     capfd.readouterr()
     trainer = main(settled([*flags, '--max_duration', '3ba', '--run_name', 'named', '--autoresume']))
     assert int(trainer.state.timestamp.batch) == 3 and 'from ep0-ba2-rank0.pt (batch 2 of 3)' in capfd.readouterr().out

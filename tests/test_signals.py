@@ -248,7 +248,7 @@ def test_a_second_signal_while_the_checkpoint_is_written_sets_the_file_aside(tmp
 
     class SecondCtrlC:
         def __reduce__(self):
-            stopper.handle(signal.SIGINT, None)  # arrives while torch.save pickles the state
+            stopper.handle(signal.SIGINT)  # arrives while torch.save pickles the state
 
     def save_checkpoint():
         with open(folder / 'ep0-ba6-rank0.pt', 'wb') as file:
@@ -257,7 +257,7 @@ def test_a_second_signal_while_the_checkpoint_is_written_sets_the_file_aside(tmp
         (folder / 'latest-rank0.pt').symlink_to('ep0-ba6-rank0.pt')
 
     stopper.save_checkpoint = save_checkpoint
-    stopper.handle(signal.SIGINT, None)  # the first: a checkpoint after this batch
+    stopper.handle(signal.SIGINT)  # the first: a checkpoint after this batch
     with pytest.raises(Stopped) as stopped:
         stopper.batch_end(None, None)
     assert stopped.value.exit_status == 130
