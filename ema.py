@@ -54,7 +54,7 @@ STAGING_NUMEL = 16 * 2**20
 def _parse_time(name: str, value: str | Time, units: tuple[TimeUnit, ...]) -> Time:
     examples = {TimeUnit.BATCH: "'1000ba'", TimeUnit.EPOCH: "'1ep'", TimeUnit.DURATION: "'0.5dur'"}
     allowed = ', '.join(examples[unit] for unit in units)
-    if isinstance(value, Time):  # parsed already (config.py settles --ema_half_life): only its unit is checked
+    if isinstance(value, Time):  # a Time given: only its unit and value are checked
         time = value
     else:
         try:
@@ -69,16 +69,10 @@ def _parse_time(name: str, value: str | Time, units: tuple[TimeUnit, ...]) -> Ti
 
 
 def parse_half_life(half_life: str | Time) -> Time:
-    """A half life as the EMA takes it: a positive whole number of batches or epochs. A Time (a run's
-    --ema_half_life, which config.py parsed once) is taken as it is, its unit and value checked; a time string is
-    parsed by durations.py's rules, the ones config.py checks the flag by."""
-    if not isinstance(half_life, Time):
-        parsed = durations.parse_half_life(str(half_life))
-        return Time(parsed.value, parsed.unit)
-    time = _parse_time('half_life', half_life, (TimeUnit.BATCH, TimeUnit.EPOCH))
-    if time.value <= 0:
-        raise ValueError(f'EMA half_life={half_life.to_timestring()!r}: must be positive')
-    return time
+    """A half life as the EMA takes it: a positive whole number of batches or epochs, by the one rule config.py
+    checks --ema_half_life by (durations.parse_half_life)."""
+    parsed = durations.parse_half_life(half_life.to_timestring() if isinstance(half_life, Time) else str(half_life))
+    return Time(parsed.value, parsed.unit)
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
