@@ -32,11 +32,11 @@ class CaptionDropout(Algorithm):
 
 
 def stability_algorithms(config, dataset) -> list[Algorithm]:
-    """Gradient clipping and caption dropout as the config asks; the empty caption is the training dataset's own
-    (data.py's `empty_caption_ids`: its tokenizers' ids of '')."""
+    """Gradient clipping and caption dropout as the config asks; the empty caption is the training
+    dataset's own (data.py's `empty_caption_ids`: its tokenizers' ids of '')."""
     algorithms = []
-    if config.grad_clip_norm:
-        algorithms.append(GradientClipping(clipping_type='norm', clipping_threshold=config.grad_clip_norm))
-    if config.caption_dropout:
-        algorithms.append(CaptionDropout(config.caption_dropout, dataset.empty_caption_ids()))
+    if config.objective.grad_clip_norm:
+        algorithms.append(GradientClipping(clipping_type='norm', clipping_threshold=config.objective.grad_clip_norm))
+    if config.objective.caption_dropout:
+        algorithms.append(CaptionDropout(config.objective.caption_dropout, dataset.empty_caption_ids()))
     return algorithms
