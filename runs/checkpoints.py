@@ -47,6 +47,7 @@ from guards.outputs import DISK_FULL
 from settings.config import RunConfig
 from settings.dataset_checks import s3_client, s3_folder, s3_folder_names
 from settings.run_record import write_run_description
+from settings.run_sections import OutputSection
 
 # What a Composer checkpoint of this repo holds besides tensors and plain values: the timestamp's total wall-clock
 # time, NumPy's random state (an array and its dtypes), and the torch version it was saved with. NumPy 2 moved
@@ -273,11 +274,11 @@ class KeepNewestCheckpoints(Callback):
         saver.saved_checkpoints[:0] = earlier  # deleted oldest first, at the next checkpoint written
 
 
-def keep_newest_checkpoints(config: RunConfig) -> tuple:
+def keep_newest_checkpoints(outputs: OutputSection) -> tuple:
     """The Trainer's callbacks for --save_num_checkpoints_to_keep: none where every checkpoint is kept."""
-    if config.outputs.save_num_checkpoints_to_keep == -1:
+    if outputs.save_num_checkpoints_to_keep == -1:
         return ()
-    return (KeepNewestCheckpoints(Path(config.outputs.save_folder)),)
+    return (KeepNewestCheckpoints(Path(outputs.save_folder)),)
 
 
 def run_description(config: RunConfig) -> dict:

@@ -38,6 +38,7 @@ from datapath.images import BadSample
 from datapath.loaders import StoppableDataLoader
 from settings.model_folder import CaptionInputs
 from settings.presets import VALIDATION_TIMESTEPS
+from settings.run_sections import EvaluationSection
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +240,7 @@ class ValidationReport(Callback):
             )
 
 
-def evaluation_callbacks(config) -> list[Callback]:
+def evaluation_callbacks(evaluation: EvaluationSection) -> list[Callback]:
     """The console lines and timing of the evaluators; the Trainer runs them before the sample grid (run.py adds
     export.SampleGrid after them), so that they time the grids too."""
-    return [ValidationReport()] if config.evaluation.eval_interval or config.evaluation.sample_interval else []
+    return [ValidationReport()] if evaluation.eval_interval or evaluation.sample_interval else []

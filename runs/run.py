@@ -172,7 +172,7 @@ def build_run_model(config: RunConfig) -> DiffusionModel:
     if config.speed.fp8:
         converted = convert_to_float8(model.denoiser)
         announce(f"fp8: {converted} of the transformer's linear layers train in float8 (torchao)")
-    for line in use_kernels(config, model):
+    for line in use_kernels(config.speed, model):
         announce(line)
     announce(describe_model(config, model))
     return model

@@ -46,6 +46,7 @@ from settings.config import RunConfig
 from settings.dataset_checks import DataError
 from settings.model_folder import LATENT_DOWNSAMPLE
 from settings.presets import SYNTHETIC_SAMPLES
+from settings.run_sections import ObjectiveSection
 from settings.tokenizer import TokenizerError
 
 # torch.compile options that --compile adds to its own (Inductor, in the mode it names, at static shapes): none for a
@@ -141,12 +142,12 @@ def build_optimizer(config: RunConfig, model: DiffusionModel) -> torch.optim.Opt
     return torch.optim.AdamW(model.denoiser.parameters(), **settings, fused=config.speed.fused_adamw or None)
 
 
-def build_lr_schedule(config: RunConfig) -> ComposerScheduler:
+def build_lr_schedule(objective: ObjectiveSection) -> ComposerScheduler:
     """The optimizer's published constant learning rate, reached by a linear warmup from 0 over --lr_warmup when
     given (Composer's ConstantWithWarmupScheduler)."""
-    if config.objective.lr_warmup is None:
+    if objective.lr_warmup is None:
         return ConstantScheduler()
-    return ConstantWithWarmupScheduler(t_warmup=config.objective.lr_warmup)
+    return ConstantWithWarmupScheduler(t_warmup=objective.lr_warmup)
 
 
 def mark_fsdp_units(model: DiffusionModel) -> None:
@@ -174,7 +175,7 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
         algorithms.append(ChannelsLast())
     if config.speed.low_precision_norm:
         algorithms += [LowPrecisionGroupNorm(), LowPrecisionLayerNorm()]
-    algorithms += stability_algorithms(config, dataloader.dataset)
+    algorithms += stability_algorithms(config.objective, dataloader.dataset)
     if config.outputs.save_folder:
         report_failed_writes()
         load_composer_checkpoints_weights_only(config.outputs.trust_checkpoint)
@@ -186,7 +187,7 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
         model=model,
         train_dataloader=dataloader,
         optimizers=optimizer,
-        schedulers=build_lr_schedule(config),
+        schedulers=build_lr_schedule(config.objective),
         max_duration=config.batch.max_duration,
         device_train_microbatch_size=config.batch.device_train_microbatch_size,
         precision=config.batch.precision,
@@ -194,8 +195,8 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
             SpeedMonitor(window_size=speed_window(config.batch.num_batches)),
             BadSampleCounter(),
             RunDescription(config),
-            *keep_newest_checkpoints(config),
-            *evaluation_callbacks(config),
+            *keep_newest_checkpoints(config.outputs),
+            *evaluation_callbacks(config.evaluation),
             *(() if bar else (ProgressLines(config.batch.num_batches),)),
             *callbacks,
         ],
