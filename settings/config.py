@@ -1,5 +1,5 @@
-"""What a run is: the frozen `RunConfig`, and `resolve_config`, which turns benchmark.py's parsed flags (flags.py)
-into one.
+"""What a run is: the frozen `RunConfig`, made of the sections of run_sections.py, and `resolve_config`, which turns
+benchmark.py's parsed flags (flags.py) into one.
 
 Every flag is checked here, before anything is built, and every value derived from the flags, the device, the model
 folder and the dataset is settled here once (device batch, microbatch, number of batches, the image size of
@@ -53,7 +53,7 @@ from settings.tokenizer import check_tokenizer
 @dataclass(frozen=True)
 class RunConfig:
     """Every flag of benchmark.py with its default settled, and the values derived from them, in sections
-    (run_sections.py) listed in the order resolve_config settles them, the data before the batch."""
+    (run_sections.py), one per part of a run."""
 
     model: ModelSection
     data: DataSection
@@ -69,9 +69,8 @@ class RunConfig:
         """The flags' values as JSON takes them (printed at start, in the results file), one flat dict in
         flag_order; derived objects left out."""
         fields = {}
-        for section in dataclasses.fields(self)[:-1]:  # all but the notes
-            value = getattr(self, section.name)
-            fields |= {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
+        for section in (getattr(self, field.name) for field in dataclasses.fields(self) if field.name != 'notes'):
+            fields |= {field.name: getattr(section, field.name) for field in dataclasses.fields(section)}
         del fields['caption_inputs'], fields['memory_plan']
         return {key: json_value(fields[key]) for key in flag_order(fields)}
 
