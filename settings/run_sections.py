@@ -26,8 +26,8 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class DataSection:
-    """The training data and how it is loaded; read by runs/training.py's data loaders and the validation split's
-    (runs/evaluation.py)."""
+    """The training data and how it is loaded; read by runs/training.py's data loaders, the validation split's
+    (runs/evaluation.py), and the checkpoints' record of the run (runs/checkpoints.py)."""
 
     use_synth_data: bool
     remote: str | None
@@ -65,7 +65,8 @@ class BatchSection:
 @dataclass(frozen=True)
 class EMASection:
     """The averaged weights (ema.py): whether they are kept, their half life, where they live and their export;
-    read by runs/training.py and runs/run.py."""
+    read by runs/training.py (the EMA algorithm), runs/evaluation.py (their evaluators) and runs/run.py (the
+    export)."""
 
     use_ema: bool
     ema_half_life: Duration

@@ -122,7 +122,7 @@ def test_a_recorded_tokenizer_folder_that_is_gone_is_one_line(checkpoint, tmp_pa
     )
     given = generate.parse_args(['--checkpoint', str(moved), '--tokenizer', str(tmp_path), *PROMPTS, '--out', 'o'])
     generate.check_args(given)  # given: the record's folder is not needed
-    assert given.model.model_name == 'tiny' and given.data.tokenizer == str(tmp_path)
+    assert given.model_name == 'tiny' and given.tokenizer == str(tmp_path)
 
 
 @pytest.mark.stack
