@@ -225,7 +225,7 @@ def planned_microbatch(model: str, size: int, batch: int) -> int:
     probe = (
         'from settings import config, flags; print(config.resolve_config(flags.parse_args(["--use_synth_data", '
         f'"--precomputed_latents", "--model_name", "{model}", "--image_size", "{size}", "--batch_size", '
-        f'"{batch}"])).device_train_microbatch_size)'
+        f'"{batch}"])).batch.device_train_microbatch_size)'
     )
     planned = subprocess.run([*PYTHON, '-c', probe], cwd=REPO, capture_output=True, text=True).stdout.strip()
     return int(planned) if planned.isdigit() else 4

@@ -15,7 +15,9 @@ from runs.training import build_dataloader, build_optimizer, build_trainer
 
 
 def model_of(args):
-    return build_model(args.model_dir, precomputed=args.precomputed_latents, encoders_bf16=args.encoders_bf16)
+    return build_model(
+        args.model.model_dir, precomputed=args.data.precomputed_latents, encoders_bf16=args.speed.encoders_bf16
+    )
 
 
 PHASES = ('data', 'forward', 'loss', 'backward', 'optimizer')
@@ -92,9 +94,9 @@ class InterleavedBareLoop(Callback):
 
     def __init__(self, args, timer: ComposerHostTimer):
         self.timer = timer
-        reproducibility.seed_all(args.seed)
+        reproducibility.seed_all(args.batch.seed)
         self.model = model_of(args)
-        if args.channels_last:  # what Composer's ChannelsLast algorithm does to the other model at INIT
+        if args.speed.channels_last:  # what Composer's ChannelsLast algorithm does to the other model at INIT
             apply_channels_last(self.model)
         self.optimizer = build_optimizer(args, self.model)
         self.model.train()
@@ -161,7 +163,7 @@ class InterleavedBareLoop(Callback):
 def interleaved_round(args, warmup: int) -> tuple[list[dict], list[dict], list[dict]]:
     with ComposerHostTimer() as timer:
         bare_loop = InterleavedBareLoop(args, timer)
-        reproducibility.seed_all(args.seed)
+        reproducibility.seed_all(args.batch.seed)
         model = model_of(args)
         trainer = build_trainer(args, model, build_dataloader(args, model), callbacks=(bare_loop,))
         trainer.fit()

@@ -9,15 +9,16 @@ import contextlib
 import torch
 
 from models.fused_groupnorm import use_fused_groupnorm_silu
+from settings.run_sections import SpeedSection
 
 
-def use_kernels(config, model) -> list[str]:
+def use_kernels(speed: SpeedSection, model) -> list[str]:
     """Turns on the kernels the run's flags ask for that change the model or the process; the lines saying so."""
     lines = []
-    if config.fused_groupnorm:
+    if speed.fused_groupnorm:
         fused = use_fused_groupnorm_silu(model.denoiser)
         lines.append(f'fused_groupnorm: {fused} GroupNorm + SiLU pairs of the UNet run as one Triton kernel')
-    if config.cudnn_benchmark:
+    if speed.cudnn_benchmark:
         # Each new convolution shape is tried with cuDNN's algorithms once: the first batch (left out of the
         # throughput windows) and the first validation batch pay for it.
         torch.backends.cudnn.benchmark = True

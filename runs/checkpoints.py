@@ -47,6 +47,7 @@ from guards.outputs import DISK_FULL
 from settings.config import RunConfig
 from settings.dataset_checks import s3_client, s3_folder, s3_folder_names
 from settings.run_record import write_run_description
+from settings.run_sections import OutputSection
 
 # What a Composer checkpoint of this repo holds besides tensors and plain values: the timestamp's total wall-clock
 # time, NumPy's random state (an array and its dtypes), and the torch version it was saved with. NumPy 2 moved
@@ -273,25 +274,25 @@ class KeepNewestCheckpoints(Callback):
         saver.saved_checkpoints[:0] = earlier  # deleted oldest first, at the next checkpoint written
 
 
-def keep_newest_checkpoints(config: RunConfig) -> tuple:
+def keep_newest_checkpoints(outputs: OutputSection) -> tuple:
     """The Trainer's callbacks for --save_num_checkpoints_to_keep: none where every checkpoint is kept."""
-    if config.save_num_checkpoints_to_keep == -1:
+    if outputs.save_num_checkpoints_to_keep == -1:
         return ()
-    return (KeepNewestCheckpoints(Path(config.save_folder)),)
+    return (KeepNewestCheckpoints(Path(outputs.save_folder)),)
 
 
 def run_description(config: RunConfig) -> dict:
     """The settings a checkpoint must share with the run that resumes from it."""
     return {
-        'run_name': config.run_name,
-        'model_name': config.model_name,
-        'image_size': config.image_size,
-        'precomputed_latents': config.precomputed_latents,
-        'batch_size': config.batch_size,  # another batch changes the data order and the steps under the run
-        'flux_guidance': config.flux_guidance,  # what a guidance-distilled Flux trains at, and samples with
+        'run_name': config.outputs.run_name,
+        'model_name': config.model.model_name,
+        'image_size': config.data.image_size,
+        'precomputed_latents': config.data.precomputed_latents,
+        'batch_size': config.batch.batch_size,  # another batch changes the data order and the steps under the run
+        'flux_guidance': config.objective.flux_guidance,  # what a guidance-distilled Flux trains at, and samples with
         # Streaming resumes mid-epoch by sample index: onto other data it reads other samples, or stops with a
         # traceback where the data is now smaller than the point reached.
-        'dataset_identity': config.dataset_identity,
+        'dataset_identity': config.data.dataset_identity,
     }
 
 
@@ -300,8 +301,8 @@ def drawing_settings(config: RunConfig) -> dict:
     own) and the tokenizer folder it read captions with (None: the default), as an absolute path that holds from any
     folder."""
     return {
-        'prediction_type': config.prediction_type,
-        'tokenizer': str(Path(config.tokenizer).resolve()) if config.tokenizer else None,
+        'prediction_type': config.model.prediction_type,
+        'tokenizer': str(Path(config.data.tokenizer).resolve()) if config.data.tokenizer else None,
     }
 
 
@@ -314,8 +315,8 @@ class RunDescription(Callback):
     def __init__(self, config: RunConfig):
         self.description = {
             **run_description(config),
-            'cpu_threads': config.cpu_threads,
-            'device_train_microbatch_size': config.device_train_microbatch_size,
+            'cpu_threads': config.data.cpu_threads,
+            'device_train_microbatch_size': config.batch.device_train_microbatch_size,
             **drawing_settings(config),
         }
 
@@ -335,7 +336,7 @@ def check_resumable(folder: Path, config: RunConfig, model: torch.nn.Module, ran
     if not latest.is_file():
         return {}
     try:
-        state = load_checkpoint_file(latest, trust=config.trust_checkpoint, mmap=True, what=RESUMED)['state']
+        state = load_checkpoint_file(latest, trust=config.outputs.trust_checkpoint, mmap=True, what=RESUMED)['state']
     except (OSError, RuntimeError, KeyError, pickle.UnpicklingError):
         return {}  # not a checkpoint file this check can read (Composer's own loading reports what is wrong)
     where = f'--autoresume: the checkpoint {latest.resolve()} is of another run'
@@ -347,7 +348,7 @@ def check_resumable(folder: Path, config: RunConfig, model: torch.nn.Module, ran
             f'{key} {saved[key]!r} there, {here[key]!r} here' for key in here if saved.get(key) not in (None, here[key])
         ]
         if saved.get('dataset_identity') not in (None, here.get('dataset_identity')):
-            data = config.remote or config.local or "this run's data"
+            data = config.data.remote or config.data.local or "this run's data"
             raise ConfigError(
                 f'--autoresume: the checkpoint {latest.resolve()} trained on a dataset of '
                 f'{saved["dataset_identity"]}; {data} now holds {here.get("dataset_identity") or "other data"} '
@@ -381,15 +382,15 @@ def resumed_cpu_threads(config: RunConfig, saved: dict) -> tuple[RunConfig, str 
     one: the checkpoint's thread count, which its weights were trained with, where this run chose its own (so the
     continuation is bitwise the uninterrupted run's on any machine); a count given that differs is kept, with a
     warning."""
-    threads = saved.get('cpu_threads')
-    if threads is None or config.cpu_threads is None or threads == config.cpu_threads:
+    threads, data = saved.get('cpu_threads'), config.data
+    if threads is None or data.cpu_threads is None or threads == data.cpu_threads:
         return config, None
-    if config.cpu_threads_given:
+    if data.cpu_threads_given:
         return config, (
-            f'warning: cpu threads: {config.cpu_threads} given, where the checkpoint was trained with {threads}: '
+            f'warning: cpu threads: {data.cpu_threads} given, where the checkpoint was trained with {threads}: '
             'the continuation will not be bitwise what one uninterrupted run trains'
         )
-    return dataclasses.replace(config, cpu_threads=threads), (
-        f"cpu threads: {threads}, the checkpoint's (this process would choose {config.cpu_threads}): the same count "
+    return dataclasses.replace(config, data=dataclasses.replace(data, cpu_threads=threads)), (
+        f"cpu threads: {threads}, the checkpoint's (this process would choose {data.cpu_threads}): the same count "
         'keeps the continuation bitwise; --cpu_threads N sets another'
     )

@@ -38,6 +38,7 @@ from datapath.images import BadSample
 from datapath.loaders import StoppableDataLoader
 from settings.model_folder import CaptionInputs
 from settings.presets import VALIDATION_TIMESTEPS
+from settings.run_sections import EvaluationSection
 
 log = logging.getLogger(__name__)
 
@@ -157,14 +158,14 @@ def build_evaluators(config, latent_shape: tuple[int, int, int]) -> list[Evaluat
     """The evaluators a RunConfig asks for, with their averaged-weights twins under --use_ema. The sample dataset's
     held-out split, where the run validates on it, is there already: the run writes it first
     (run.write_sample_datasets)."""
-    evaluators = []
-    microbatch = config.device_train_microbatch_size
-    batch_size = config.device_batch_size if microbatch == 'auto' else microbatch
-    weights = ('', '_ema') if config.use_ema else ('',)
-    if config.eval_interval:
-        folder = config.eval_local if config.eval_remote is None else fetch_split(config.eval_remote)
+    evaluators, evaluation, data = [], config.evaluation, config.data
+    microbatch = config.batch.device_train_microbatch_size
+    batch_size = config.batch.device_batch_size if microbatch == 'auto' else microbatch
+    weights = ('', '_ema') if config.ema.use_ema else ('',)
+    if evaluation.eval_interval:
+        folder = evaluation.eval_local if evaluation.eval_remote is None else fetch_split(evaluation.eval_remote)
         split = ValidationSplit(
-            folder, latent_shape, config.image_size, config.tokenizer, config.precomputed_latents, config.caption_inputs
+            folder, latent_shape, data.image_size, data.tokenizer, data.precomputed_latents, config.model.caption_inputs
         )
         loader = StoppableDataLoader(
             split,
@@ -172,8 +173,8 @@ def build_evaluators(config, latent_shape: tuple[int, int, int]) -> list[Evaluat
             # Composer's sampler, without shuffling: Composer's eval loop drops the samples it repeats to even out
             # the ranks, so each sample counts once.
             sampler=dist.get_sampler(split, shuffle=False, drop_last=False),
-            num_workers=config.num_workers,
-            persistent_workers=config.num_workers > 0,
+            num_workers=data.num_workers,
+            persistent_workers=data.num_workers > 0,
         )
         batches = loader if microbatch == 'auto' else whole_microbatches(loader)
         for suffix in weights:
@@ -182,17 +183,20 @@ def build_evaluators(config, latent_shape: tuple[int, int, int]) -> list[Evaluat
                     label=f'val{suffix}',
                     dataloader=batches,
                     metric_names=['ValidationLoss'],
-                    eval_interval=config.eval_interval,
+                    eval_interval=evaluation.eval_interval,
                     device_eval_microbatch_size=microbatch,
                 )
             )
-    if config.sample_interval:
+    if evaluation.sample_interval:
         # One batch, the same on every rank (no sampler): every rank draws the whole grid.
         marker = DataLoader([{'sample_grid': torch.zeros(())}], batch_size=1)
         for suffix in weights:
             evaluators.append(
                 Evaluator(
-                    label=f'samples{suffix}', dataloader=marker, metric_names=[], eval_interval=config.sample_interval
+                    label=f'samples{suffix}',
+                    dataloader=marker,
+                    metric_names=[],
+                    eval_interval=evaluation.sample_interval,
                 )
             )
     return evaluators
@@ -236,7 +240,7 @@ class ValidationReport(Callback):
             )
 
 
-def evaluation_callbacks(config) -> list[Callback]:
+def evaluation_callbacks(evaluation: EvaluationSection) -> list[Callback]:
     """The console lines and timing of the evaluators; the Trainer runs them before the sample grid (run.py adds
     export.SampleGrid after them), so that they time the grids too."""
-    return [ValidationReport()] if config.eval_interval or config.sample_interval else []
+    return [ValidationReport()] if evaluation.eval_interval or evaluation.sample_interval else []

@@ -294,39 +294,40 @@ class SampleGrid(Callback):
     def __init__(self, config):
         self.config = config
         # The UNets' prompts are tokenized here, as training does; a diffusion transformer's pipeline tokenizes its own.
-        self.tokenize = None if config.recipe else CaptionTokenizer(config.tokenizer, config.caption_inputs.pad_ids[0])
+        pad_id = config.model.caption_inputs.pad_ids[0]
+        self.tokenize = None if config.objective.recipe else CaptionTokenizer(config.data.tokenizer, pad_id)
         self.saved: list[Path] = []
 
     def eval_start(self, state: State, logger: Logger) -> None:
         if not str(state.dataloader_label).startswith('samples'):
             return
         model = state.model.module if hasattr(state.model, 'module') else state.model
-        config = self.config
-        pipeline = build_pipeline(model, config.sample_scheduler, config.tokenizer)
+        config, drawing = self.config, self.config.evaluation
+        pipeline = build_pipeline(model, drawing.sample_scheduler, config.data.tokenizer)
         pipeline.set_progress_bar_config(disable=True)
-        prompts = [prompt for _ in SAMPLE_SEEDS for prompt in config.sample_prompts]  # a row of the grid per seed
-        seeds = [seed for seed in SAMPLE_SEEDS for _ in config.sample_prompts]
+        prompts = [prompt for _ in SAMPLE_SEEDS for prompt in drawing.sample_prompts]  # a row of the grid per seed
+        seeds = [seed for seed in SAMPLE_SEEDS for _ in drawing.sample_prompts]
         with get_precision_context(state.precision, state.precision_config):
             images = generate(
                 pipeline,
                 prompts,
                 seeds,
-                config.sample_steps,
-                config.guidance_scale,
-                config.image_size,
+                drawing.sample_steps,
+                drawing.guidance_scale,
+                config.data.image_size,
                 self.tokenize,
-                config.flux_guidance,
+                config.objective.flux_guidance,
             )
         if dist.get_global_rank() != 0:
             return
-        columns = len(config.sample_prompts)
-        labels = [*config.sample_prompts, *[''] * (len(prompts) - columns)]  # above the first row only
+        columns = len(drawing.sample_prompts)
+        labels = [*drawing.sample_prompts, *[''] * (len(prompts) - columns)]  # above the first row only
         weights = 'ema-' if state.dataloader_label.endswith('_ema') else ''
         title = f'batch {int(state.timestamp.batch)}, {"EMA" if weights else "trained"} weights'
         grid = labeled_grid(images, labels, columns, title, [f'seed {seed}' for seed in SAMPLE_SEEDS])
-        path = Path(config.sample_dir) / f'samples-{weights}ba{int(state.timestamp.batch):06d}.png'
+        path = Path(drawing.sample_dir) / f'samples-{weights}ba{int(state.timestamp.batch):06d}.png'
         # Whole or not at all: a grid cut short by a full disk would look like a drawing of broken weights.
-        with staged_file(path, f'--sample_dir {config.sample_dir}', 'run again') as partial:
+        with staged_file(path, f'--sample_dir {drawing.sample_dir}', 'run again') as partial:
             grid.save(partial)
         self.saved.append(path)
         # As media, not in a table (Composer's default), whose images wandb keeps in its artifact staging folder,

@@ -27,7 +27,7 @@ from settings.config import RunConfig
 class StopOnSignal(Callback):
     def __init__(self, config: RunConfig):
         self.config = config
-        self.writes_checkpoint = bool(config.save_folder) and config.world_size == 1
+        self.writes_checkpoint = bool(config.outputs.save_folder) and config.batch.world_size == 1
         self.state: State | None = None  # set when training starts
         self.save_checkpoint = None  # the Trainer's save_checkpoint_to_save_folder, given once the Trainer exists
         self.finish_uploads = None  # for a remote save folder: waits for the uploads, then points the latest link
@@ -48,8 +48,8 @@ class StopOnSignal(Callback):
         STOPS.check()  # one that came while a loader started its workers
         if self.requested is None:
             return
-        folder = Path(self.config.save_folder)
-        local = '://' not in self.config.save_folder
+        folder = Path(self.config.outputs.save_folder)
+        local = '://' not in self.config.outputs.save_folder
         before = set(checkpoint_files(folder)) if local and folder.is_dir() else set()
         try:
             self.save_checkpoint()
@@ -65,7 +65,7 @@ class StopOnSignal(Callback):
         """Renames the checkpoint file a second signal stopped NAME.incomplete, and links the latest to the newest
         whole one; returns the stop's line. torch.save, interrupted, still ends its zip archive: the file would pass
         for a whole checkpoint. One the write had finished is set aside too: the signal cannot say which it was."""
-        folder = Path(self.config.save_folder)
+        folder = Path(self.config.outputs.save_folder)
         cut = [path for path in checkpoint_files(folder) if path not in before] if folder.is_dir() else []
         for path in cut:
             path.rename(path.with_name(f'{path.name}.incomplete'))
@@ -76,27 +76,29 @@ class StopOnSignal(Callback):
     def describe(self, signum: int, checkpoint_written: bool, cut_short: str | None = None) -> str:
         """e.g. 'Ctrl-C (SIGINT): stopped at batch 3 of 12; checkpoint ep0-ba3-rank0.pt written in ckpt; rerun with
         --autoresume to continue'."""
-        config = self.config
+        outputs = self.config.outputs
         if self.state is None:
             return f'{SIGNALS[signum]}: stopped before training started; nothing trained, no results written'
-        reached = f'stopped at batch {int(self.state.timestamp.batch)} of {config.num_batches}'
+        reached = f'stopped at batch {int(self.state.timestamp.batch)} of {self.config.batch.num_batches}'
         if cut_short:
             reached += f', while writing its checkpoint: {cut_short} set aside as {cut_short}.incomplete'
         # --autoresume needs a --run_name; a run given none may resume under any name (checkpoints.check_resumable).
-        resume = f'rerun the same command with {"--run_name NAME " * (config.run_name is None)}--autoresume to continue'
-        if not config.save_folder:
+        resume = (
+            f'rerun the same command with {"--run_name NAME " * (outputs.run_name is None)}--autoresume to continue'
+        )
+        if not outputs.save_folder:
             return f'{SIGNALS[signum]}: {reached}; no checkpoint (no --save_folder), no results written'
-        newest = newest_checkpoint(config.save_folder)
-        if '://' in config.save_folder:
+        newest = newest_checkpoint(outputs.save_folder)
+        if '://' in outputs.save_folder:
             if checkpoint_written:
-                where = f'its checkpoint uploaded to {config.save_folder}, which the latest link there names'
+                where = f'its checkpoint uploaded to {outputs.save_folder}, which the latest link there names'
                 return f'{SIGNALS[signum]}: {reached}; {where}; {resume}'
-            return f'{SIGNALS[signum]}: {reached}; its checkpoints are in {config.save_folder}; {resume}'
+            return f'{SIGNALS[signum]}: {reached}; its checkpoints are in {outputs.save_folder}; {resume}'
         if checkpoint_written:
-            return f'{SIGNALS[signum]}: {reached}; checkpoint {newest} written in {config.save_folder}; {resume}'
+            return f'{SIGNALS[signum]}: {reached}; checkpoint {newest} written in {outputs.save_folder}; {resume}'
         if newest is None:
-            return f'{SIGNALS[signum]}: {reached}; no checkpoint written yet in {config.save_folder}'
-        return f'{SIGNALS[signum]}: {reached}; the newest checkpoint is {newest} in {config.save_folder}; {resume}'
+            return f'{SIGNALS[signum]}: {reached}; no checkpoint written yet in {outputs.save_folder}'
+        return f'{SIGNALS[signum]}: {reached}; the newest checkpoint is {newest} in {outputs.save_folder}; {resume}'
 
 
 def newest_checkpoint(folder: str) -> str | None:

@@ -73,10 +73,10 @@ def main(config: RunConfig, callbacks: tuple = (), announced: bool = False) -> T
 def save_folder_lock(config: RunConfig):
     """Refuses a second run on a local --save_folder in one line (FolderBusy, exit status 2) before it builds
     anything, and holds the folder for this one; an s3:// folder is not locked."""
-    if not config.save_folder or '://' in config.save_folder:
+    if not config.outputs.save_folder or '://' in config.outputs.save_folder:
         return contextlib.nullcontext()
     fix = 'wait for it to end or stop it (then --autoresume continues its run), or pass another --save_folder'
-    return one_writer_on_rank_zero(config.save_folder, f'--save_folder {config.save_folder}', fix)
+    return one_writer_on_rank_zero(config.outputs.save_folder, f'--save_folder {config.outputs.save_folder}', fix)
 
 
 def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, announced: bool = False) -> Trainer:
@@ -87,29 +87,29 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
     model = build_run_model(config)
     config = prepare_resumption(config, model)
     write_sample_datasets(config)
-    sample_grids = (SampleGrid(config),) if config.sample_interval else ()
-    if config.save_folder and '://' in config.save_folder:
+    sample_grids = (SampleGrid(config),) if config.evaluation.sample_interval else ()
+    if config.outputs.save_folder and '://' in config.outputs.save_folder:
         keep_failed_uploads(not_uploaded_folder(config))
     trainer = build_trainer(config, model, build_dataloader(config, model), (*sample_grids, *callbacks))
-    if config.autoresume and config.save_folder.startswith('s3://'):
+    if config.outputs.autoresume and config.outputs.save_folder.startswith('s3://'):
         dist.barrier()  # every rank of the node has loaded the copy Composer downloaded
         if dist.get_local_rank() == 0:
-            remove_s3_resume_copy(config.save_folder)
-    stop_on_signal.save_checkpoint = trainer.save_checkpoint_to_save_folder if config.save_folder else None
+            remove_s3_resume_copy(config.outputs.save_folder)
+    stop_on_signal.save_checkpoint = trainer.save_checkpoint_to_save_folder if config.outputs.save_folder else None
     stop_on_signal.finish_uploads = functools.partial(finish_uploads, trainer)
     resumed_at = int(trainer.state.timestamp.batch)
     if trained_to_the_end(trainer):  # resumed from the last checkpoint of a finished run: Composer would raise
-        exports = ' and exported below' if config.export_pipeline or config.export_ema_unet else ''
+        exports = ' and exported below' if config.evaluation.export_pipeline or config.ema.export_ema_unet else ''
         announce(
-            f'run {config.run_name!r} is complete: its checkpoints in {config.save_folder} hold all '
-            f'{resumed_at} batches of --max_duration {config.max_duration}; nothing to train and no results '
+            f'run {config.outputs.run_name!r} is complete: its checkpoints in {config.outputs.save_folder} hold all '
+            f'{resumed_at} batches of --max_duration {config.batch.max_duration}; nothing to train and no results '
             f'written{exports} (a longer --max_duration trains on from there)'
         )
         export(trainer, config)
         return trainer
     if resumed_at:
         announce_resumed(config, resumed_at)
-    with attention_backends(config.attention):
+    with attention_backends(config.model.attention):
         if trainer.state.evaluators:
             trainer.eval()  # the start of the learning curve, and the untrained model's samples
         try:
@@ -119,7 +119,9 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
                 raise
             raise IncompleteRun(line + checkpoint_of_batch_reached(trainer, config, stop_on_signal)) from None
         except UploadFailed as error:  # the bucket refused a checkpoint for good: it and the batch reached kept here
-            raise IncompleteRun(f'--save_folder {config.save_folder}: {error}; {keep_batch_reached(trainer, config)}')
+            raise IncompleteRun(
+                f'--save_folder {config.outputs.save_folder}: {error}; {keep_batch_reached(trainer, config)}'
+            )
     check_finished(trainer, config)
     warn_of_cuda_graphs_skipped(config)
     report(trainer, config, resumed_at)
@@ -133,12 +135,12 @@ def start(config: RunConfig, announced: bool) -> None:
     if not announced:
         for line in start_lines(config):
             announce(line)
-    if config.cpu_threads:
-        torch.set_num_threads(config.cpu_threads)
-    microbatch = config.device_train_microbatch_size
-    accumulation = '?' if microbatch == 'auto' else config.device_batch_size // microbatch
+    if config.data.cpu_threads:
+        torch.set_num_threads(config.data.cpu_threads)
+    microbatch = config.batch.device_train_microbatch_size
+    accumulation = '?' if microbatch == 'auto' else config.batch.device_batch_size // microbatch
     announce(
-        f'batch: global {config.batch_size} = {config.world_size} device(s) x microbatch {microbatch} '
+        f'batch: global {config.batch.batch_size} = {config.batch.world_size} device(s) x microbatch {microbatch} '
         f'x {accumulation} accumulation step(s)'
     )
     # One process group for the whole run, made now through Composer (the Trainer then reuses it). Otherwise
@@ -146,7 +148,7 @@ def start(config: RunConfig, announced: bool) -> None:
     # that runs) before the Trainer makes its own, each time on MASTER_PORT, and a rank that reaches the next
     # one while rank 0 still serves the last joins the old one and waits forever (seen: two CPU ranks).
     dist.initialize_dist(get_device(None))
-    reproducibility.seed_all(config.seed)  # same random init on every run and rank
+    reproducibility.seed_all(config.batch.seed)  # same random init on every run and rank
 
 
 def build_run_model(config: RunConfig) -> DiffusionModel:
@@ -154,20 +156,20 @@ def build_run_model(config: RunConfig) -> DiffusionModel:
     # On a GPU the random init runs there: Composer set this rank's device in initialize_dist.
     init_device = torch.device('cuda', torch.cuda.current_device()) if torch.cuda.is_available() else None
     model = build_model(
-        config.model_dir,
-        config.prediction_type,
-        config.attention,
-        config.precomputed_latents,
-        config.encoders_bf16,
+        config.model.model_dir,
+        config.model.prediction_type,
+        config.model.attention,
+        config.data.precomputed_latents,
+        config.speed.encoders_bf16,
         init_device,
-        config.recipe,
+        config.objective.recipe,
     )
-    if config.activation_checkpointing:
+    if config.speed.activation_checkpointing:
         model.denoiser.enable_gradient_checkpointing()  # Diffusers' own: each block recomputed in the backward
-    if config.fp8:
+    if config.speed.fp8:
         converted = convert_to_float8(model.denoiser)
         announce(f"fp8: {converted} of the transformer's linear layers train in float8 (torchao)")
-    for line in use_kernels(config, model):
+    for line in use_kernels(config.speed, model):
         announce(line)
     announce(describe_model(config, model))
     return model
@@ -178,41 +180,45 @@ def prepare_resumption(config: RunConfig, model: DiffusionModel) -> RunConfig:
     local folder, its incomplete checkpoints set aside and the newest checked against this run (on S3, the latest
     link pointed at the newest checkpoint); the config as the resumed run continues (its checkpoint's CPU threads
     where none were given)."""
-    if not config.use_synth_data:
+    if not config.data.use_synth_data:
         clean_stale_shared_memory()  # a killed run's Streaming shared memory would block this one
-    if config.autoresume and config.save_folder.startswith('s3://'):
+    autoresume, folder = config.outputs.autoresume, config.outputs.save_folder
+    if autoresume and folder.startswith('s3://'):
         if dist.get_local_rank() == 0:
-            remove_s3_resume_copy(config.save_folder)  # an earlier resumption's, which Composer would load
-        if dist.get_global_rank() == 0 and (line := point_s3_link_at_newest(config.save_folder)):
+            remove_s3_resume_copy(folder)  # an earlier resumption's, which Composer would load
+        if dist.get_global_rank() == 0 and (line := point_s3_link_at_newest(folder)):
             announce(f'warning: {line}')
         dist.barrier()  # every rank reads the link as rank 0 left it
-    if not (config.autoresume and '://' not in config.save_folder and Path(config.save_folder).is_dir()):
+    if not (autoresume and '://' not in folder and Path(folder).is_dir()):
         return config
     if dist.get_global_rank() == 0:
-        for change in set_aside_incomplete(Path(config.save_folder)):
+        for change in set_aside_incomplete(Path(folder)):
             announce(f'warning: {change}')
     dist.barrier()  # every rank resumes from the folder as rank 0 left it
-    saved = check_resumable(Path(config.save_folder), config, model, dist.get_global_rank())
+    saved = check_resumable(Path(folder), config, model, dist.get_global_rank())
     config, line = resumed_cpu_threads(config, saved)
     if line:
         announce(line)
-        torch.set_num_threads(config.cpu_threads)
+        torch.set_num_threads(config.data.cpu_threads)
     return config
 
 
 def write_sample_datasets(config: RunConfig) -> None:
     """The generated sample dataset and its held-out split, where the run reads them (no dataset given), written
     once, on first use (sample_dataset.py), before the loaders and evaluators that read them are built."""
-    if config.sample_data:
-        ensure_sample_dataset(Path(config.local))
-    if config.sample_validation:
-        ensure_sample_dataset(Path(config.eval_local), SAMPLE_VALIDATION_SIZE, SAMPLE_VALIDATION_SEED, broken=False)
+    if config.data.sample_data:
+        ensure_sample_dataset(Path(config.data.local))
+    split = config.evaluation
+    if split.sample_validation:
+        ensure_sample_dataset(Path(split.eval_local), SAMPLE_VALIDATION_SIZE, SAMPLE_VALIDATION_SEED, broken=False)
 
 
 def announce_resumed(config: RunConfig, resumed_at: int) -> None:
-    remote = '://' in config.save_folder  # Composer fetched the checkpoint its latest link names
-    source = f'the latest in {config.save_folder}' if remote else Path(config.save_folder, LATEST_LINK).resolve().name
-    announce(f'resumed run {config.run_name!r} from {source} (batch {resumed_at} of {config.num_batches})')
+    folder = config.outputs.save_folder
+    remote = '://' in folder  # Composer fetched the checkpoint its latest link names
+    source = f'the latest in {folder}' if remote else Path(folder, LATEST_LINK).resolve().name
+    run = config.outputs.run_name
+    announce(f'resumed run {run!r} from {source} (batch {resumed_at} of {config.batch.num_batches})')
 
 
 def report(trainer: Trainer, config: RunConfig, resumed_at: int) -> None:
@@ -220,12 +226,12 @@ def report(trainer: Trainer, config: RunConfig, resumed_at: int) -> None:
     if dist.get_global_rank() == 0:
         results = summarize(trainer, config)
         log_summary_to_wandb(trainer, results)
-        leave_verdict(print_summary(results, trained=config.num_batches - resumed_at, resumed=resumed_at > 0))
-        if config.results_json:
-            write_whole(Path(config.results_json), results.to_json())
-            print(f'results written to {config.results_json}')
-    if config.profile:
-        traces = sorted(str(path) for path in Path(config.profile).glob('*.json'))
+        leave_verdict(print_summary(results, trained=config.batch.num_batches - resumed_at, resumed=resumed_at > 0))
+        if config.outputs.results_json:
+            write_whole(Path(config.outputs.results_json), results.to_json())
+            print(f'results written to {config.outputs.results_json}')
+    if config.outputs.profile:
+        traces = sorted(str(path) for path in Path(config.outputs.profile).glob('*.json'))
         announce(f'profiler traces: {", ".join(traces)} (python benchmarks/profile_summary.py {traces[0]})')
 
 
@@ -233,20 +239,20 @@ def export(trainer: Trainer, config: RunConfig) -> None:
     """The exports asked for, of the weights trained (or, for a finished run resumed, of its last checkpoint's)."""
     # After a failed export (a full disk), a run with checkpoints exports again without training again.
     again = 'rerun the same command with --autoresume, which exports its last checkpoint'
-    again = again if config.save_folder and config.run_name else 'run again'
-    if config.export_ema_unet:
-        export_ema_unet(trainer, config.export_ema_unet, again)
-        announce(f'EMA UNet saved to {config.export_ema_unet}')
-    if config.export_pipeline:
-        pipeline = export_pipeline(trainer, config.export_pipeline, config.sample_scheduler, config.tokenizer, again)
-        announce(f'pipeline saved to {config.export_pipeline} ({pipeline}.from_pretrained loads it)')
+    again = again if config.outputs.save_folder and config.outputs.run_name else 'run again'
+    if config.ema.export_ema_unet:
+        export_ema_unet(trainer, config.ema.export_ema_unet, again)
+        announce(f'EMA UNet saved to {config.ema.export_ema_unet}')
+    if folder := config.evaluation.export_pipeline:
+        pipeline = export_pipeline(trainer, folder, config.evaluation.sample_scheduler, config.data.tokenizer, again)
+        announce(f'pipeline saved to {folder} ({pipeline}.from_pretrained loads it)')
 
 
 def warn_of_cuda_graphs_skipped(config: RunConfig) -> None:
     """Inductor runs a graph it cannot capture (dynamic shapes, CPU work, mutated inputs) without CUDA graphs, and
     says so only in its log: one line says it here, as the run's launches are then not the one replay asked for."""
     skipped = torch._dynamo.utils.counters['inductor']['cudagraph_skips']
-    if config.compile == 'reduce-overhead' and skipped:
+    if config.speed.compile == 'reduce-overhead' and skipped:
         announce(
             f'warning: --compile reduce-overhead: Inductor ran {skipped} graph(s) without CUDA graphs (its log line '
             '"skipping cudagraphs due to ..." says why); the throughput is of that run'
@@ -260,22 +266,21 @@ def checkpoint_of_batch_reached(trainer: Trainer, config: RunConfig, stop_on_sig
     batch = int(trainer.state.timestamp.batch)
     if not stop_on_signal.writes_checkpoint or batch == 0:
         return ''
-    local = '://' not in config.save_folder
+    folder = config.outputs.save_folder
+    local = '://' not in folder
     written = local and any(
-        int(CHECKPOINT_FILE.match(path.name).group(2)) == batch for path in checkpoint_files(Path(config.save_folder))
+        int(CHECKPOINT_FILE.match(path.name).group(2)) == batch for path in checkpoint_files(Path(folder))
     )
     if not written:
         stop_on_signal.save_checkpoint()
         if not local:
             stop_on_signal.finish_uploads()
-    return (
-        f'; batch {batch} is checkpointed in {config.save_folder}: rerun the same command with --autoresume to continue'
-    )
+    return f'; batch {batch} is checkpointed in {folder}: rerun the same command with --autoresume to continue'
 
 
 def not_uploaded_folder(config: RunConfig) -> Path:
     """Where checkpoints that a remote --save_folder refused for good are kept, under their names there."""
-    return Path('results', 'not-uploaded', config.run_name).resolve()
+    return Path('results', 'not-uploaded', config.outputs.run_name).resolve()
 
 
 def keep_batch_reached(trainer: Trainer, config: RunConfig) -> str:
@@ -285,19 +290,19 @@ def keep_batch_reached(trainer: Trainer, config: RunConfig) -> str:
     for saver in remote_checkpoint_savers(trainer):
         settle_failed_uploads(saver.remote_uploader)
     batch = int(trainer.state.timestamp.batch)
-    folder = not_uploaded_folder(config) / config.save_folder.split('://', 1)[1].partition('/')[2]
+    folder = not_uploaded_folder(config) / config.outputs.save_folder.split('://', 1)[1].partition('/')[2]
     name = f'ep{int(trainer.state.timestamp.epoch)}-ba{batch}-rank0.pt'  # Composer's checkpoint name
     if dist.get_world_size() > 1:
         return (
-            f'the checkpoints not uploaded are in {folder}: copy them to {config.save_folder} once it answers, then '
-            'rerun the same command with --autoresume to continue from the newest'
+            f'the checkpoints not uploaded are in {folder}: copy them to {config.outputs.save_folder} once it answers, '
+            'then rerun the same command with --autoresume to continue from the newest'
         )
     kept = checkpoint_files(folder) if folder.is_dir() else []
     if not any(int(CHECKPOINT_FILE.match(path.name).group(2)) == batch for path in kept):
         trainer.save_checkpoint(str(folder / name))
     return (
-        f'batch {batch} is checkpointed in {folder}: copy its files to {config.save_folder} once it answers, then '
-        'rerun the same command with --autoresume to continue'
+        f'batch {batch} is checkpointed in {folder}: copy its files to {config.outputs.save_folder} once it answers, '
+        'then rerun the same command with --autoresume to continue'
     )
 
 
@@ -309,10 +314,10 @@ def check_finished(trainer: Trainer, config: RunConfig) -> None:
     """A run that trained fewer batches than asked for must not look like a finished one: Composer ends an epoch
     when the loader runs dry, and counts it done, however few batches it held."""
     trained = int(trainer.state.timestamp.batch)
-    if trained < config.num_batches:
+    if trained < config.batch.num_batches:
         raise IncompleteRun(
-            f'training stopped after {trained} of the {config.num_batches} batches of --max_duration '
-            f'{config.max_duration}: the data ran out early (a shard or remote that failed?); no results written'
+            f'training stopped after {trained} of the {config.batch.num_batches} batches of --max_duration '
+            f'{config.batch.max_duration}: the data ran out early (a shard or remote that failed?); no results written'
         )
 
 
@@ -335,8 +340,8 @@ def write_whole(path: Path, text: str) -> None:
 
 
 def describe_model(config: RunConfig, model: DiffusionModel) -> str:
-    where = f'model {config.model_name!r} from {config.model_dir}'
-    if config.precomputed_latents:
+    where = f'model {config.model.model_name!r} from {config.model.model_dir}'
+    if config.data.precomputed_latents:
         return (
             f'{where}: {model.denoiser_name} only ({"weights loaded" if model.weights_loaded else "random init"}); '
             'no VAE or text encoder: the data holds their outputs'
@@ -379,15 +384,15 @@ def summarize(trainer: Trainer, config: RunConfig) -> Results:
     device_name = torch.cuda.get_device_name() if has_gpu else cpu_name()
     flops_per_sec = median('throughput/flops_per_sec')
     # MFU against the dense bf16/fp16 tensor-core peak (results.PEAK_FLOPS): the peak of mixed precision.
-    peak = peak_flops(device_name) if has_gpu and config.precision != 'fp32' else None
+    peak = peak_flops(device_name) if has_gpu and config.batch.precision != 'fp32' else None
     return Results(
         img_per_sec=median('throughput/samples_per_sec'),
         img_per_sec_per_device=median('throughput/device/samples_per_sec'),
-        flops_per_image=model.flops_per_image(config.image_size, config.image_size),
-        trained_flops_per_image=model.trained_flops_per_image(config.image_size, config.image_size),
+        flops_per_image=model.flops_per_image(config.data.image_size, config.data.image_size),
+        trained_flops_per_image=model.trained_flops_per_image(config.data.image_size, config.data.image_size),
         trained_parameters=sum(p.numel() for p in model.denoiser.parameters()),
         flops_per_sec=flops_per_sec,
-        mfu=mfu(flops_per_sec, config.world_size, peak),
+        mfu=mfu(flops_per_sec, config.batch.world_size, peak),
         throughput_windows=len(logged.get('throughput/samples_per_sec', [])),
         peak_gpu_memory_gb=torch.cuda.max_memory_allocated() / 1e9 if has_gpu else None,
         peak_gpu_memory_reserved_gb=torch.cuda.max_memory_reserved() / 1e9 if has_gpu else None,
@@ -398,10 +403,10 @@ def summarize(trainer: Trainer, config: RunConfig) -> Results:
         else 0,
         device_type='gpu' if has_gpu else 'cpu',
         device_name=device_name,
-        num_devices=config.world_size,
-        world_size=config.world_size,
-        image_size=config.image_size,
-        model_name=config.model_name,
+        num_devices=config.batch.world_size,
+        world_size=config.batch.world_size,
+        image_size=config.data.image_size,
+        model_name=config.model.model_name,
         **validation_results(trainer),
         config=config.as_dict(),
         versions=package_versions(),
@@ -495,7 +500,7 @@ def main_reporting_errors(config: RunConfig, callbacks: tuple = (), announced: b
     try:
         return main(config, callbacks, announced)
     except torch.OutOfMemoryError as error:
-        if config.device_train_microbatch_size == 'auto':
+        if config.batch.device_train_microbatch_size == 'auto':
             raise  # Composer's search catches an OOM in a step itself: one that escapes it is left as it is
         stop(1, out_of_memory(config, error))
     except Stopped as stopped:
@@ -513,7 +518,7 @@ def main_reporting_errors(config: RunConfig, callbacks: tuple = (), announced: b
     except torch._dynamo.exc.TorchDynamoException as error:  # --compile: tracing, compiling or a CUDA graph failed
         lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
         reason = ' '.join(lines[:2]) if lines[0].endswith(':') else lines[0]  # "backend='inductor' raised:", why
-        stop(1, f'--compile {config.compile}: {reason}; run without --compile, or with another mode')
+        stop(1, f'--compile {config.speed.compile}: {reason}; run without --compile, or with another mode')
     except (DataError, TokenizerError) as error:  # found while training, e.g. a dataset of mostly bad samples
         # Raised in a dataloader worker, the message carries the worker's traceback: its last line is the reason.
         last_line = str(error).strip().splitlines()[-1]
@@ -543,12 +548,12 @@ def after_failed_checkpoint(file: Path) -> str:
 def out_of_memory(config: RunConfig, error: torch.OutOfMemoryError) -> str:
     """What ran out of memory (the microbatch, with its plan's figures where memory_plan.py planned it), the peaks
     this process reached, and a smaller microbatch to try."""
-    microbatch, device_batch = config.device_train_microbatch_size, config.device_batch_size
+    microbatch, device_batch = config.batch.device_train_microbatch_size, config.batch.device_batch_size
     on_gpu = torch.cuda.is_available()
-    line = f'out of {"GPU " if on_gpu else ""}memory with microbatch {microbatch} of {config.model_name} at '
-    line += f'{config.image_size}px'
-    if config.memory_plan is not None and config.memory_plan.microbatch == microbatch:
-        line += f' (planned: {config.memory_plan.sum()})'
+    line = f'out of {"GPU " if on_gpu else ""}memory with microbatch {microbatch} of {config.model.model_name} at '
+    line += f'{config.data.image_size}px'
+    if config.batch.memory_plan is not None and config.batch.memory_plan.microbatch == microbatch:
+        line += f' (planned: {config.batch.memory_plan.sum()})'
     tried = re.search(r'Tried to allocate ([\d.]+ \w+)', str(error))
     if tried:
         line += f', allocating {tried[1]}'

@@ -9,6 +9,8 @@ from composer.algorithms import GradientClipping
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 
+from settings.run_sections import ObjectiveSection
+
 
 class CaptionDropout(Algorithm):
     """Replaces each caption of a batch by the empty one with probability `probability`, after the loader: in every
@@ -31,12 +33,12 @@ class CaptionDropout(Algorithm):
             ids[dropped.to(ids.device)] = empty.to(ids.device)
 
 
-def stability_algorithms(config, dataset) -> list[Algorithm]:
-    """Gradient clipping and caption dropout as the config asks; the empty caption is the training dataset's own
-    (data.py's `empty_caption_ids`: its tokenizers' ids of '')."""
+def stability_algorithms(objective: ObjectiveSection, dataset) -> list[Algorithm]:
+    """Gradient clipping and caption dropout as the run's objective asks; the empty caption is the training
+    dataset's own (data.py's `empty_caption_ids`: its tokenizers' ids of '')."""
     algorithms = []
-    if config.grad_clip_norm:
-        algorithms.append(GradientClipping(clipping_type='norm', clipping_threshold=config.grad_clip_norm))
-    if config.caption_dropout:
-        algorithms.append(CaptionDropout(config.caption_dropout, dataset.empty_caption_ids()))
+    if objective.grad_clip_norm:
+        algorithms.append(GradientClipping(clipping_type='norm', clipping_threshold=objective.grad_clip_norm))
+    if objective.caption_dropout:
+        algorithms.append(CaptionDropout(objective.caption_dropout, dataset.empty_caption_ids()))
     return algorithms

@@ -46,6 +46,7 @@ from settings.config import RunConfig
 from settings.dataset_checks import DataError
 from settings.model_folder import LATENT_DOWNSAMPLE
 from settings.presets import SYNTHETIC_SAMPLES
+from settings.run_sections import ObjectiveSection
 from settings.tokenizer import TokenizerError
 
 # torch.compile options that --compile adds to its own (Inductor, in the mode it names, at static shapes): none for a
@@ -63,32 +64,32 @@ def compile_config(mode: str | None) -> dict | None:
 
 
 def build_dataloader(config: RunConfig, model: DiffusionModel) -> DataLoader:
-    if not config.use_synth_data:
+    if not config.data.use_synth_data:
         return build_streaming_dataloader(config)
-    if config.precomputed_latents:
+    if config.data.precomputed_latents:
         dataset = SyntheticLatentsDataset(
-            **model.precomputed_shapes(config.image_size // LATENT_DOWNSAMPLE),
+            **model.precomputed_shapes(config.data.image_size // LATENT_DOWNSAMPLE),
             num_samples=SYNTHETIC_SAMPLES,
-            seed=config.seed,
+            seed=config.batch.seed,
         )
     else:
         dataset = SyntheticImageCaptionDataset(
-            config.image_size,
+            config.data.image_size,
             num_samples=SYNTHETIC_SAMPLES,
-            seed=config.seed,
-            inputs=config.caption_inputs,
-            tokenizer=config.tokenizer,
+            seed=config.batch.seed,
+            inputs=config.model.caption_inputs,
+            tokenizer=config.data.tokenizer,
         )
     # Composer's sampler gives each rank its own slice of every global batch.
     sampler = dist.get_sampler(dataset, shuffle=False, drop_last=True)
     return StoppableDataLoader(  # a job-wide Ctrl-C or SIGTERM is the main process's to handle
         dataset,
-        batch_size=config.device_batch_size,
+        batch_size=config.batch.device_batch_size,
         sampler=sampler,
         drop_last=True,
-        num_workers=config.num_workers,
-        pin_memory=config.pin_memory,
-        persistent_workers=config.num_workers > 0,
+        num_workers=config.data.num_workers,
+        pin_memory=config.speed.pin_memory,
+        persistent_workers=config.data.num_workers > 0,
     )
 
 
@@ -98,36 +99,36 @@ def build_streaming_dataloader(config: RunConfig) -> DataLoader:
     sample dataset, where the run trains on it, is there already: the run writes it first
     (run.write_sample_datasets)."""
     try:
-        if config.precomputed_latents:
+        if config.data.precomputed_latents:
             dataset = PrecomputedLatentsDataset(
-                remote=config.remote,
-                local=config.local,
-                batch_size=config.device_batch_size,
+                remote=config.data.remote,
+                local=config.data.local,
+                batch_size=config.batch.device_batch_size,
                 shuffle=True,
-                seed=config.seed,
+                seed=config.batch.seed,
             )
         else:
             dataset = StreamingLAIONDataset(
-                remote=config.remote,
-                local=config.local,
-                image_size=config.image_size,
-                tokenizer=config.tokenizer,
-                inputs=config.caption_inputs,
-                batch_size=config.device_batch_size,
+                remote=config.data.remote,
+                local=config.data.local,
+                image_size=config.data.image_size,
+                tokenizer=config.data.tokenizer,
+                inputs=config.model.caption_inputs,
+                batch_size=config.batch.device_batch_size,
                 shuffle=True,
-                seed=config.seed,
-                epoch_size=config.epoch_size,
+                seed=config.batch.seed,
+                epoch_size=config.data.epoch_size,
             )
     except (DataError, TokenizerError) as error:
         raise ConfigError(str(error))
     return StoppableDataLoader(  # a job-wide Ctrl-C or SIGTERM is the main process's to handle
         dataset,
-        batch_size=config.device_batch_size,
+        batch_size=config.batch.device_batch_size,
         drop_last=True,
-        num_workers=config.num_workers,
-        collate_fn=None if config.precomputed_latents else collate,
-        pin_memory=config.pin_memory,
-        persistent_workers=config.num_workers > 0,
+        num_workers=config.data.num_workers,
+        collate_fn=None if config.data.precomputed_latents else collate,
+        pin_memory=config.speed.pin_memory,
+        persistent_workers=config.data.num_workers > 0,
     )
 
 
@@ -135,18 +136,18 @@ def build_optimizer(config: RunConfig, model: DiffusionModel) -> torch.optim.Opt
     """The published optimizer for the UNets, a diffusion transformer's recipe's for it. fused=True: one kernel for
     all parameters, the same update."""
     settings = {'lr': 1e-4, 'weight_decay': 1e-3}
-    if config.recipe is not None:
-        recipe = config.recipe
+    if config.objective.recipe is not None:
+        recipe = config.objective.recipe
         settings = {'lr': recipe.learning_rate, 'betas': recipe.betas, 'weight_decay': recipe.weight_decay}
-    return torch.optim.AdamW(model.denoiser.parameters(), **settings, fused=config.fused_adamw or None)
+    return torch.optim.AdamW(model.denoiser.parameters(), **settings, fused=config.speed.fused_adamw or None)
 
 
-def build_lr_schedule(config: RunConfig) -> ComposerScheduler:
+def build_lr_schedule(objective: ObjectiveSection) -> ComposerScheduler:
     """The optimizer's published constant learning rate, reached by a linear warmup from 0 over --lr_warmup when
     given (Composer's ConstantWithWarmupScheduler)."""
-    if config.lr_warmup is None:
+    if objective.lr_warmup is None:
         return ConstantScheduler()
-    return ConstantWithWarmupScheduler(t_warmup=config.lr_warmup)
+    return ConstantWithWarmupScheduler(t_warmup=objective.lr_warmup)
 
 
 def mark_fsdp_units(model: DiffusionModel) -> None:
@@ -164,66 +165,66 @@ def mark_fsdp_units(model: DiffusionModel) -> None:
 
 def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoader, callbacks: tuple = ()) -> Trainer:
     optimizer = build_optimizer(config, model)
-    if config.fsdp != 'none':
+    if config.batch.fsdp != 'none':
         mark_fsdp_units(model)
     algorithms = []
-    if config.use_ema:  # evaluation.py evaluates both weights: the trained ones under 'val' and 'samples'
-        half_life = Time(config.ema_half_life.value, config.ema_half_life.unit)  # parsed by config.py, once
-        algorithms.append(EMA(half_life, offload=config.ema_offload, trained_labels=('val', 'samples')))
-    if config.channels_last:
+    if config.ema.use_ema:  # evaluation.py evaluates both weights: the trained ones under 'val' and 'samples'
+        half_life = Time(config.ema.ema_half_life.value, config.ema.ema_half_life.unit)  # parsed by config.py, once
+        algorithms.append(EMA(half_life, offload=config.ema.ema_offload, trained_labels=('val', 'samples')))
+    if config.speed.channels_last:
         algorithms.append(ChannelsLast())
-    if config.low_precision_norm:
+    if config.speed.low_precision_norm:
         algorithms += [LowPrecisionGroupNorm(), LowPrecisionLayerNorm()]
-    algorithms += stability_algorithms(config, dataloader.dataset)
-    if config.save_folder:
+    algorithms += stability_algorithms(config.objective, dataloader.dataset)
+    if config.outputs.save_folder:
         report_failed_writes()
-        load_composer_checkpoints_weights_only(config.trust_checkpoint)
+        load_composer_checkpoints_weights_only(config.outputs.trust_checkpoint)
     bar = draws_a_bar()
     loggers = [InMemoryLogger()]
-    if config.wandb_project:
+    if config.outputs.wandb_project:
         loggers.append(wandb_logger(config))
     trainer = Trainer(
         model=model,
         train_dataloader=dataloader,
         optimizers=optimizer,
-        schedulers=build_lr_schedule(config),
-        max_duration=config.max_duration,
-        device_train_microbatch_size=config.device_train_microbatch_size,
-        precision=config.precision,
+        schedulers=build_lr_schedule(config.objective),
+        max_duration=config.batch.max_duration,
+        device_train_microbatch_size=config.batch.device_train_microbatch_size,
+        precision=config.batch.precision,
         callbacks=[
-            SpeedMonitor(window_size=speed_window(config.num_batches)),
+            SpeedMonitor(window_size=speed_window(config.batch.num_batches)),
             BadSampleCounter(),
             RunDescription(config),
-            *keep_newest_checkpoints(config),
-            *evaluation_callbacks(config),
-            *(() if bar else (ProgressLines(config.num_batches),)),
+            *keep_newest_checkpoints(config.outputs),
+            *evaluation_callbacks(config.evaluation),
+            *(() if bar else (ProgressLines(config.batch.num_batches),)),
             *callbacks,
         ],
         eval_dataloader=build_evaluators(config, latent_shape(config, model)) or None,
         loggers=loggers,
         progress_bar=bar,
-        seed=config.seed,
-        run_name=config.run_name,
-        save_folder=composer_folder(config.save_folder),
-        save_interval=config.save_interval,
-        save_num_checkpoints_to_keep=config.save_num_checkpoints_to_keep,
-        autoresume=config.autoresume,
+        seed=config.batch.seed,
+        run_name=config.outputs.run_name,
+        save_folder=composer_folder(config.outputs.save_folder),
+        save_interval=config.outputs.save_interval,
+        save_num_checkpoints_to_keep=config.outputs.save_num_checkpoints_to_keep,
+        autoresume=config.outputs.autoresume,
         algorithms=algorithms,
-        compile_config=compile_config(config.compile),
-        profiler=None if config.profile is None else build_profiler(config),
+        compile_config=compile_config(config.speed.compile),
+        profiler=None if config.outputs.profile is None else build_profiler(config),
         parallelism_config=None
-        if config.fsdp == 'none'
+        if config.batch.fsdp == 'none'
         else {
             'fsdp': {
-                'sharding_strategy': config.fsdp.upper(),
+                'sharding_strategy': config.batch.fsdp.upper(),
                 'use_orig_params': True,
-                'state_dict_type': config.fsdp_state_dict_type,
+                'state_dict_type': config.batch.fsdp_state_dict_type,
             }
         },
     )
     restore_random_state_mid_epoch(trainer)
     if int(trainer.state.timestamp.batch) > 0:
-        fit_speed_window(trainer, config.num_batches - int(trainer.state.timestamp.batch))
+        fit_speed_window(trainer, config.batch.num_batches - int(trainer.state.timestamp.batch))
         # Resumed at the end of an epoch, Composer first finishes that epoch, which has no batch left, and warns
         # that no batches were trained; a run that trains none at all ends in run.check_finished instead.
         warnings.filterwarnings('ignore', message='No batches were trained for global rank')
@@ -247,7 +248,7 @@ def fit_speed_window(trainer: Trainer, batches: int) -> None:
 
 
 def latent_shape(config: RunConfig, model: DiffusionModel) -> tuple[int, int, int]:
-    side = config.image_size // LATENT_DOWNSAMPLE
+    side = config.data.image_size // LATENT_DOWNSAMPLE
     return (model.latent_channels, side, side)
 
 
@@ -305,7 +306,7 @@ class RunWandBLogger(WandBLogger):
 
     def __init__(self, config: RunConfig):
         init_kwargs = {'config': config.as_dict(), 'settings': offline_images_without_the_server()}
-        super().__init__(project=config.wandb_project, name=config.wandb_name, init_kwargs=init_kwargs)
+        super().__init__(project=config.outputs.wandb_project, name=config.outputs.wandb_name, init_kwargs=init_kwargs)
 
     def init(self, state, logger) -> None:
         """Composer's, less wandb's `URL not available in offline run` warning: Composer asks an offline run for
@@ -397,10 +398,10 @@ def build_profiler(config: RunConfig) -> Profiler:
         # failed` in a run that goes on fine: its own logging, quietened to fatal errors (read when it starts).
         os.environ.setdefault('KINETO_LOG_LEVEL', '5')
     return Profiler(
-        schedule=cyclic_schedule(skip_first=config.num_batches - 2, wait=0, warmup=1, active=1, repeat=1),
+        schedule=cyclic_schedule(skip_first=config.batch.num_batches - 2, wait=0, warmup=1, active=1, repeat=1),
         trace_handlers=[],
         sys_prof_cpu=False,
-        torch_prof_folder=composer_folder(config.profile),
+        torch_prof_folder=composer_folder(config.outputs.profile),
         torch_prof_remote_file_name=None,
         torch_prof_memory_remote_file_name=None,
         torch_prof_with_flops=False,  # FLOP counting adds CPU time to every op; SpeedMonitor counts FLOPs

@@ -1,5 +1,5 @@
-"""What a run is: the frozen `RunConfig`, and `resolve_config`, which turns benchmark.py's parsed flags (flags.py)
-into one.
+"""What a run is: the frozen `RunConfig`, made of the sections of run_sections.py, and `resolve_config`, which turns
+benchmark.py's parsed flags (flags.py) into one.
 
 Every flag is checked here, before anything is built, and every value derived from the flags, the device, the model
 folder and the dataset is settled here once (device batch, microbatch, number of batches, the image size of
@@ -21,12 +21,11 @@ from settings import hardware
 from settings.datasets import check_data_flags, held_out_prompts, read_data, settle_epoch, settle_validation_split
 from settings.device_checks import check_device, check_shared_memory
 from settings.durations import Duration, parse_half_life, parse_interval, parse_time
-from settings.families import EMBEDDED_GUIDANCE, FAMILIES, Recipe, is_flow_matching
+from settings.families import EMBEDDED_GUIDANCE, FAMILIES, is_flow_matching
 from settings.memory_plan import Plan, plan, plans_for
 from settings.memory_plan import Run as PlannedRun
 from settings.model_folder import (
     LATENT_DOWNSAMPLE,
-    CaptionInputs,
     caption_inputs,
     check_training_fields,
     denoiser_config,
@@ -38,106 +37,55 @@ from settings.model_folder import (
 from settings.output_paths import check_outputs, settle_sample_and_export_folders
 from settings.presets import PRESETS, SAMPLE_PROMPTS, SD2_BASE, SYNTHETIC_SAMPLES, Preset
 from settings.run_record import RUN_DESCRIPTION_FILE, exported_run
+from settings.run_sections import (
+    BatchSection,
+    DataSection,
+    EMASection,
+    EvaluationSection,
+    ModelSection,
+    ObjectiveSection,
+    OutputSection,
+    SpeedSection,
+)
 from settings.tokenizer import check_tokenizer
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Every flag of benchmark.py with its default settled, and the values derived from them."""
+    """Every flag of benchmark.py with its default settled, and the values derived from them, in sections
+    (run_sections.py), one per part of a run."""
 
-    # model
-    model_name: str
-    model_dir: Path  # the folder the model is built from (a built-in config, or the user's)
-    caption_inputs: CaptionInputs  # what its batches carry beside the image (caption columns, SDXL's time_ids)
-    prediction_type: str | None
-    attention: str
-    run_recipe: str  # 'fast' or 'published': where the speed paths' and precision's defaults come from
-    # data
-    use_synth_data: bool
-    remote: str | None
-    local: str | None
-    sample_data: bool  # no dataset given: the generated sample dataset at `local`, written on first use
-    precomputed_latents: bool
-    tokenizer: str | None
-    image_size: int  # with precomputed latents: the size the data was precomputed at
-    num_workers: int
-    cpu_threads: int | None  # PyTorch's threads; None: its own choice (on a GPU)
-    # --cpu_threads or OMP_NUM_THREADS gave the count; else it was chosen, and a resumed run takes its checkpoint's
-    cpu_threads_given: bool
-    # batch and duration
-    batch_size: int
-    world_size: int
-    device_batch_size: int  # batch_size / world_size
-    device_train_microbatch_size: int | str  # an int dividing device_batch_size, or 'auto'
-    memory_plan: Plan | None  # the arithmetic of a microbatch planned for this GPU (memory_plan.py); None: unplanned
-    max_duration: str
-    num_batches: int  # the run's length in batches, whatever unit max_duration is in
-    epoch_size: int | None  # samples per epoch of the sample dataset (None: the whole dataset)
-    dataset_identity: str | None  # a converted dataset's samples and index digest (dataset_checks.dataset_identity)
-    precision: str
-    fsdp: str
-    fsdp_state_dict_type: str
-    # EMA
-    use_ema: bool
-    ema_half_life: Duration
-    ema_offload: bool
-    export_ema_unet: str | None
-    seed: int
-    # speed paths
-    channels_last: bool
-    compile: str | None  # an Inductor mode (flags.COMPILE_MODES), None: eager
-    activation_checkpointing: bool
-    fp8: bool
-    fused_groupnorm: bool  # fused_groupnorm.py's Triton GroupNorm + SiLU in the UNet
-    cudnn_benchmark: bool
-    fused_adamw: bool
-    low_precision_norm: bool
-    encoders_bf16: bool
-    pin_memory: bool
-    # checkpoints and outputs
-    run_name: str | None
-    save_folder: str | None
-    save_interval: str
-    save_num_checkpoints_to_keep: int  # -1: all
-    autoresume: bool
-    trust_checkpoint: bool  # load a checkpoint that names code beyond tensors and plain values (flags.py)
-    wandb_name: str | None
-    wandb_project: str | None
-    results_json: str | None
-    profile: str | None
-    # does it learn: validation loss, sample images, pipeline export (evaluation.py, export.py)
-    eval_local: str | None  # the held-out split's folder (the sample dataset's own split by default on it)
-    sample_validation: bool  # eval_local is the sample dataset's held-out split, written on first use
-    eval_remote: str | None
-    eval_interval: str | None  # a Composer time string; None: no validation
-    sample_interval: str | None  # None: no sample images
-    sample_dir: str | None
-    sample_prompts: tuple[str, ...]
-    sample_scheduler: str
-    sample_steps: int
-    guidance_scale: float
-    export_pipeline: str | None
-    # stability options (stability.py), off by default for the UNets
-    grad_clip_norm: float | None
-    lr_warmup: str | None
-    caption_dropout: float
-    # flow matching (diffusion_transformer.py): None for the UNets and PixArt
-    timestep_density: str | None
-    logit_mean: float | None
-    logit_std: float | None
-    mode_scale: float | None
-    loss_weighting: str | None
-    precondition_outputs: bool | None
-    flux_guidance: float | None  # the guidance a guidance-distilled Flux embeds in training; None for other models
-    recipe: Recipe | None  # a diffusion transformer's training recipe, with the flags above applied
-    # what resolving chose on the user's behalf, printed at start
-    notes: tuple[str, ...] = ()
+    model: ModelSection
+    data: DataSection
+    batch: BatchSection
+    ema: EMASection
+    speed: SpeedSection
+    outputs: OutputSection
+    evaluation: EvaluationSection
+    objective: ObjectiveSection
+    notes: tuple[str, ...] = ()  # what resolving chose on the user's behalf, printed at start
 
     def as_dict(self) -> dict:
-        """The flags' values as JSON takes them (printed at start, in the results file); derived objects left out."""
-        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        del fields['notes'], fields['caption_inputs'], fields['memory_plan']
-        return {key: json_value(value) for key, value in fields.items()}
+        """The flags' values as JSON takes them (printed at start, in the results file), one flat dict in
+        flag_order; derived objects left out."""
+        fields = {}
+        for section in (getattr(self, field.name) for field in dataclasses.fields(self) if field.name != 'notes'):
+            fields |= {field.name: getattr(section, field.name) for field in dataclasses.fields(section)}
+        del fields['caption_inputs'], fields['memory_plan']
+        return {key: json_value(fields[key]) for key in flag_order(fields)}
+
+
+# The fields the printed configuration and the results file list among another section's, each after the field
+# named: results files are compared key by key across runs, so a section's order is not theirs.
+LISTED_AFTER = {'epoch_size': 'num_batches', 'dataset_identity': 'epoch_size', 'seed': 'export_ema_unet'}
+
+
+def flag_order(names) -> list[str]:
+    """The names in the sections' order, with LISTED_AFTER's moved after their fields."""
+    order = [name for name in names if name not in LISTED_AFTER]
+    for name, after in LISTED_AFTER.items():  # in turn: dataset_identity follows epoch_size once placed
+        order.insert(order.index(after) + 1, name)
+    return order
 
 
 def json_value(value):
@@ -179,8 +127,34 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     settle_validation_split(draft)
     settle_samples(draft)
     settle_sample_and_export_folders(draft)
-    draft.notes = tuple(draft.notes)
-    return RunConfig(**vars(draft))
+    return sectioned(draft)
+
+
+SECTIONS = {
+    'model': ModelSection,
+    'data': DataSection,
+    'batch': BatchSection,
+    'ema': EMASection,
+    'speed': SpeedSection,
+    'outputs': OutputSection,
+    'evaluation': EvaluationSection,
+    'objective': ObjectiveSection,
+}
+
+
+def sectioned(draft: argparse.Namespace) -> RunConfig:
+    """The settled draft in its sections. A value no section holds is a mistake of this code (a new flag not
+    placed in one), not of the user's: it would be dropped from the run without a word."""
+    placed = {field.name for kind in SECTIONS.values() for field in dataclasses.fields(kind)} | {'notes'}
+    if unplaced := sorted(set(vars(draft)) - placed):
+        raise AssertionError(f'settled values in no section of RunConfig (settings/run_sections.py): {unplaced}')
+    sections = {name: section(kind, draft) for name, kind in SECTIONS.items()}
+    return RunConfig(**sections, notes=tuple(draft.notes))
+
+
+def section(kind: type, draft: argparse.Namespace):
+    """A section of the RunConfig, its fields picked from the settled draft."""
+    return kind(**{field.name: getattr(draft, field.name) for field in dataclasses.fields(kind)})
 
 
 def check_values(draft: argparse.Namespace) -> None:

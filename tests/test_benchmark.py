@@ -182,7 +182,8 @@ def test_a_compile_that_fails_stops_in_one_line_naming_the_flag(monkeypatch, cap
     monkeypatch.setattr(training, 'EXTRA_COMPILE_OPTIONS', {'backend': failing_backend})
     config = resolve_config(parse_args(TINY + ['--batch_size', '4', '--max_duration', '1ba', '--num_workers', '0']))
     with pytest.raises(SystemExit) as stopped:
-        run.main_reporting_errors(dataclasses.replace(config, compile='default'))  # refused on CPU by resolve_config
+        compiled = dataclasses.replace(config.speed, compile='default')  # refused on CPU by resolve_config
+        run.main_reporting_errors(dataclasses.replace(config, speed=compiled))
     error = capfd.readouterr().err.strip().splitlines()[-1].split('\x1b[A')[-1]  # after the progress bar's
     assert stopped.value.code == 1
     assert error.startswith('error: --compile default: ') and 'RuntimeError: capture failed' in error
@@ -210,12 +211,12 @@ def test_compile_traces_the_whole_step_in_one_graph_and_trains_as_eager(monkeypa
     for compiled in (False, True):
         args = resolve_config(parse_args(flags + (['--precomputed_latents'] if data == 'precomputed' else [])))
         # resolve_config refuses --compile on CPU (Inductor)
-        args = dataclasses.replace(args, compile='default' if compiled else None)
+        args = dataclasses.replace(args, speed=dataclasses.replace(args.speed, compile='default' if compiled else None))
         torch._dynamo.reset()
         counters.clear()
         keep = KeepLosses()
         reproducibility.seed_all(0)
-        model = build_model(CONFIGS_DIR / 'tiny', precomputed=args.precomputed_latents)
+        model = build_model(CONFIGS_DIR / 'tiny', precomputed=args.data.precomputed_latents)
         trainer = build_trainer(args, model, build_dataloader(args, model), callbacks=(keep,))
         forwards[compiled] = trainer.state.model.forward
         trainer.fit()
@@ -428,8 +429,9 @@ def test_published_flags_keep_their_names_and_defaults():
     assert (args.batch_size, args.image_size, args.device_train_microbatch_size) == (2048, 512, '4')
     # Left unset, they resolve to the published run: 512px, global batch 2048 in microbatches of 4.
     published = resolve_config(parse_args(['--model_name', 'sd2-base', '--use_synth_data']))
-    assert (published.image_size, published.batch_size, published.device_train_microbatch_size) == (512, 2048, 4)
-    assert (published.attention, published.use_ema, published.fsdp) == ('sdpa', False, 'none')
+    batch = published.batch
+    assert (published.data.image_size, batch.batch_size, batch.device_train_microbatch_size) == (512, 2048, 4)
+    assert (published.model.attention, published.ema.use_ema, published.batch.fsdp) == ('sdpa', False, 'none')
 
 
 def test_the_model_line_names_the_parts_randomly_initialized(capfd):
@@ -444,7 +446,7 @@ def test_the_model_line_names_the_parts_randomly_initialized(capfd):
 
 def test_cpu_defaults_to_the_tiny_preset_and_says_so():
     args = resolve_config(parse_args(['--use_synth_data']))
-    assert (args.model_name, args.image_size, args.precision) == ('tiny', 64, 'fp32')
+    assert (args.model.model_name, args.data.image_size, args.batch.precision) == ('tiny', 64, 'fp32')
     assert any("using 'tiny'" in note for note in args.notes)  # main() prints the notes first
 
 

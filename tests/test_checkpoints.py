@@ -53,7 +53,7 @@ def test_a_checkpoint_set_aside_as_incomplete_is_neither_counted_nor_deleted(tmp
 
 def test_every_checkpoint_is_kept_by_default(tmp_path):
     config = resolve_config(parse_args([*KEPT, '--save_folder', str(tmp_path / 'ckpt')]))
-    assert config.save_num_checkpoints_to_keep == -1
+    assert config.outputs.save_num_checkpoints_to_keep == -1
 
 
 @pytest.mark.parametrize(

@@ -382,14 +382,14 @@ def test_training_with_eval_interval_finds_the_converted_split(tmp_path, capfd):
     # Sample grids draw the split's captions: its first four (the tiny run's count of prompts).
     split_captions = [caption for _, caption in read_mds(out / 'validation')][:4]
     sampled = resolve_config(parse_args([*flags, '--eval_interval', '2ba', '--sample_interval', '2ba']))
-    assert list(sampled.sample_prompts) == split_captions and len(split_captions) == min(4, held_out)
+    assert list(sampled.evaluation.sample_prompts) == split_captions and len(split_captions) == min(4, held_out)
     assert any(note.startswith('sample grids: the first ') for note in sampled.notes)
     given = tmp_path / 'prompts.txt'
     given.write_text('a lighthouse\n')
     chosen = resolve_config(
         parse_args([*flags, '--eval_interval', '2ba', '--sample_interval', '2ba', '--sample_prompts', str(given)])
     )
-    assert chosen.sample_prompts == ('a lighthouse',)  # a flag given wins
+    assert chosen.evaluation.sample_prompts == ('a lighthouse',)  # a flag given wins
     # A converted folder without a split: the error says how to make one.
     convert.convert([str(photos)], str(out), overwrite=True, progress=False)
     how = r'no held-out split to validate on: .*, or convert with --validation_fraction, which writes one'

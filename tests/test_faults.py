@@ -128,15 +128,15 @@ def test_a_damaged_dataset_ends_the_command_with_one_line(dataset, tmp_path):
 def test_a_run_that_trains_less_than_asked_fails_and_writes_no_results(dataset, tmp_path):
     results = tmp_path / 'results.json'
     config = resolve_config(parse_args([*REAL_DATA, '--local', str(dataset), '--results_json', str(results)]))
-    assert config.num_batches == 6  # 24 samples in batches of 4
+    assert config.batch.num_batches == 6  # 24 samples in batches of 4
     # As when a loader runs dry early: Composer ends the epoch after the batches it got, and counts it done.
     with pytest.raises(IncompleteRun, match=r'training stopped after 6 of the 9 batches of --max_duration 1ep'):
-        main(dataclasses.replace(config, num_batches=9))
+        main(dataclasses.replace(config, batch=dataclasses.replace(config.batch, num_batches=9)))
     assert not results.exists()
 
 
 def test_synthetic_and_sample_counts_are_whole_runs():
-    assert resolve_config(parse_args([*TINY, '--batch_size', '4', '--max_duration', '10sp'])).num_batches == 3
+    assert resolve_config(parse_args([*TINY, '--batch_size', '4', '--max_duration', '10sp'])).batch.num_batches == 3
 
 
 # ----------------------------------------------------------------------------------------------- bad input
@@ -669,9 +669,11 @@ def test_out_of_memory_names_the_plan_and_the_peaks_on_a_gpu(monkeypatch):
         'fits) or --device_train_microbatch_size 32'
     )
     # Half of an odd microbatch: the largest below it that divides the device batch (9 of 27: 3, not 4).
-    odd = dataclasses.replace(config, device_train_microbatch_size=9, device_batch_size=27)
+    odd = dataclasses.replace(
+        config, batch=dataclasses.replace(config.batch, device_train_microbatch_size=9, device_batch_size=27)
+    )
     assert out_of_memory(odd, torch.OutOfMemoryError('CUDA out of memory.')).endswith('microbatch_size 3')
-    one = dataclasses.replace(config, device_train_microbatch_size=1)
+    one = dataclasses.replace(config, batch=dataclasses.replace(config.batch, device_train_microbatch_size=1))
     assert out_of_memory(one, torch.OutOfMemoryError('CUDA out of memory.')).endswith(
         ': microbatch 1 is the smallest: pass --activation_checkpointing, or shard with --fsdp full_shard'
     )
@@ -733,15 +735,15 @@ def test_a_resumed_cpu_run_takes_its_checkpoints_thread_count_unless_one_is_give
 
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)  # else the count is given
     chosen = resolve_config(parse_args([*TINY, '--max_duration', '2ba']))
-    threads = chosen.cpu_threads
-    assert not chosen.cpu_threads_given
+    threads = chosen.data.cpu_threads
+    assert not chosen.data.cpu_threads_given
     resumed, line = checkpoints.resumed_cpu_threads(chosen, {'cpu_threads': threads + 1})
-    assert resumed.cpu_threads == threads + 1 and f"cpu threads: {threads + 1}, the checkpoint's" in line
+    assert resumed.data.cpu_threads == threads + 1 and f"cpu threads: {threads + 1}, the checkpoint's" in line
     assert checkpoints.resumed_cpu_threads(chosen, {'cpu_threads': threads}) == (chosen, None)
     assert checkpoints.resumed_cpu_threads(chosen, {}) == (chosen, None)  # a checkpoint of an older version
     given = resolve_config(parse_args([*TINY, '--max_duration', '2ba', '--cpu_threads', str(threads + 2)]))
     kept, line = checkpoints.resumed_cpu_threads(given, {'cpu_threads': threads})
-    assert kept.cpu_threads == threads + 2 and line == (
+    assert kept.data.cpu_threads == threads + 2 and line == (
         f'warning: cpu threads: {threads + 2} given, where the checkpoint was trained with {threads}: the '
         'continuation will not be bitwise what one uninterrupted run trains'
     )

@@ -169,11 +169,13 @@ def plain_bf16(tmp_path_factory):
 
 def test_gpu_defaults_are_the_fast_recipe_and_the_published_run_on_request():
     fast = resolve_config(parse_args(['--use_synth_data']))
-    assert fast.model_name == 'sd2-base' and any('a GPU is present' in note for note in fast.notes)
-    assert (fast.image_size, fast.batch_size) == (512, 2048) and any('(planned)' in note for note in fast.notes)
-    assert (fast.precision, fast.pin_memory, fast.num_workers) == ('amp_bf16', True, 8)
+    assert fast.model.model_name == 'sd2-base' and any('a GPU is present' in note for note in fast.notes)
+    assert (fast.data.image_size, fast.batch.batch_size) == (512, 2048)
+    assert any('(planned)' in note for note in fast.notes)
+    assert (fast.batch.precision, fast.speed.pin_memory, fast.data.num_workers) == ('amp_bf16', True, 8)
     published = resolve_config(parse_args(['--use_synth_data', '--recipe', 'published']))
-    assert (published.device_train_microbatch_size, published.precision, published.use_ema) == (4, 'amp_fp16', True)
+    batch = published.batch
+    assert (batch.device_train_microbatch_size, batch.precision, published.ema.use_ema) == (4, 'amp_fp16', True)
 
 
 def test_tiny_model_trains_on_the_gpu_in_bf16(plain_bf16):
@@ -386,11 +388,11 @@ def test_the_planned_microbatch_fits_the_gpu(tmp_path):
     """SD2 base from precomputed latents at the microbatch the plan gives this GPU: it trains, and its peak
     memory stays under the plan's total (the margin is calibrated on an H100)."""
     planned = resolve_config(parse_args(['--use_synth_data', '--precomputed_latents']))
-    microbatch = planned.device_train_microbatch_size
+    microbatch = planned.batch.device_train_microbatch_size
     flags = ['--use_synth_data', '--precomputed_latents', '--batch_size', str(microbatch), '--max_duration', '3ba']
     run = train(tmp_path, *flags)
-    assert run.results['device_train_microbatch_size'] == microbatch == planned.memory_plan.microbatch >= 8
-    assert run.results['peak_gpu_memory_gb'] < planned.memory_plan.total / 1e9
+    assert run.results['device_train_microbatch_size'] == microbatch == planned.batch.memory_plan.microbatch >= 8
+    assert run.results['peak_gpu_memory_gb'] < planned.batch.memory_plan.total / 1e9
 
 
 @pytest.mark.parametrize('flags', BF16_FLAGS, ids=' '.join)

@@ -92,8 +92,9 @@ def test_a_shared_memory_too_small_for_the_workers_batches_is_refused_at_start(m
         '--num_workers 4: /dev/shm holds 67 MB, and the loader workers hand over up to 101 MB of batches there '
         '(2 batches of 16 at 512px each): give the container more shared memory (docker run --shm-size 8g'
     )
-    assert resolve_config(parse_args([*flags, '--num_workers', '2'])).num_workers == 2  # 50 MB: fits
-    assert resolve_config(parse_args([*flags, '--num_workers', '0'])).num_workers == 0  # no workers, no handing over
+    assert resolve_config(parse_args([*flags, '--num_workers', '2'])).data.num_workers == 2  # 50 MB: fits
+    none = resolve_config(parse_args([*flags, '--num_workers', '0']))
+    assert none.data.num_workers == 0  # no workers, no handing over
 
 
 def test_a_shared_memory_too_small_for_streamings_sample_order_is_refused_at_start(monkeypatch, tmp_path):
@@ -120,8 +121,8 @@ def test_a_shared_memory_too_small_for_streamings_sample_order_is_refused_at_sta
         'give the container more shared memory'
     )
     limit['bytes'] = 4096  # the order fits; 2 batches of 4 images of 8x8 from each of 2 workers (3,072 bytes) too
-    assert resolve_config(parse_args(flags)).num_workers == 0
-    assert resolve_config(parse_args([*flags[:-1], '2'])).num_workers == 2
+    assert resolve_config(parse_args(flags)).data.num_workers == 0
+    assert resolve_config(parse_args([*flags[:-1], '2'])).data.num_workers == 2
     limit['bytes'] = 3300  # the order and the batches do not
     with pytest.raises(ConfigError, match=r'^--num_workers 2: /dev/shm holds 0 MB, and the loader workers hand over'):
         resolve_config(parse_args([*flags[:-1], '2']))

@@ -133,17 +133,17 @@ def test_latents_precomputed_at_256px_are_planned_for_256px_without_image_size(m
     flags = ['--model_name', 'sd2-base', '--precomputed_latents', '--local', str(folder), '--batch_size', '256']
     read = resolve_config(parse_args(flags))
     given = resolve_config(parse_args([*flags, '--image_size', '256']))
-    assert read.image_size == given.image_size == 256
-    assert read.device_train_microbatch_size == given.device_train_microbatch_size == 128
+    assert read.data.image_size == given.data.image_size == 256
+    assert read.batch.device_train_microbatch_size == given.batch.device_train_microbatch_size == 128
 
 
 def test_the_fast_recipe_on_a_gpu_plans_the_microbatch_and_turns_the_speed_paths_on(monkeypatch):
     config = settle(monkeypatch, '--precomputed_latents')
-    assert config.model_name == 'sd2-base' and config.run_recipe == 'fast'
-    assert config.device_train_microbatch_size == 32 and config.precision == 'amp_bf16'
-    assert config.fused_adamw and config.low_precision_norm and config.pin_memory
-    assert not config.channels_last  # measured slower on an H200 (config.FAST_PATHS)
-    assert not config.encoders_bf16 and not config.use_ema  # precomputed: no encoders; EMA as the flags say
+    assert config.model.model_name == 'sd2-base' and config.model.run_recipe == 'fast'
+    assert config.batch.device_train_microbatch_size == 32 and config.batch.precision == 'amp_bf16'
+    assert config.speed.fused_adamw and config.speed.low_precision_norm and config.speed.pin_memory
+    assert not config.speed.channels_last  # measured slower on an H200 (config.FAST_PATHS)
+    assert not config.speed.encoders_bf16 and not config.ema.use_ema  # precomputed: no encoders; EMA as the flags say
     planned = next(note for note in config.notes if 'planned' in note)
     assert planned.startswith('microbatch 32 (planned): 13.9 GB state + 32 x 1.03 GB activations')
     defaults = next(note for note in config.notes if note.startswith('defaults:'))
@@ -153,38 +153,40 @@ def test_the_fast_recipe_on_a_gpu_plans_the_microbatch_and_turns_the_speed_paths
         in defaults
     )
     online = settle(monkeypatch)
-    assert online.encoders_bf16 and online.device_train_microbatch_size == 32
+    assert online.speed.encoders_bf16 and online.batch.device_train_microbatch_size == 32
 
 
 def test_the_published_recipe_is_the_2023_run(monkeypatch):
     config = settle(monkeypatch, '--recipe', 'published')
-    assert config.device_train_microbatch_size == 4 and config.precision == 'amp_fp16' and config.use_ema
-    assert not any(getattr(config, flag) for flag in ('channels_last', 'fused_adamw', 'low_precision_norm'))
-    assert not config.encoders_bf16 and not config.pin_memory and not config.compile
-    assert config.attention == ('xformers' if importlib.util.find_spec('xformers') else 'sdpa')  # SDPA without it
+    assert config.batch.device_train_microbatch_size == 4 and config.batch.precision == 'amp_fp16'
+    assert config.ema.use_ema
+    assert not any(getattr(config.speed, flag) for flag in ('channels_last', 'fused_adamw', 'low_precision_norm'))
+    assert not config.speed.encoders_bf16 and not config.speed.pin_memory and not config.speed.compile
+    assert config.model.attention == ('xformers' if importlib.util.find_spec('xformers') else 'sdpa')  # SDPA without it
     with pytest.raises(ConfigError, match="--recipe published: the 2023 run's settings are SD2's"):
         settle(monkeypatch, '--recipe', 'published', '--model_name', 'pixart-sigma')
 
 
 def test_a_flag_given_wins_over_the_recipe_and_the_plan(monkeypatch):
     config = settle(monkeypatch, '--device_train_microbatch_size', '8', '--no-channels_last', '--precision', 'fp32')
-    assert config.device_train_microbatch_size == 8 and not config.channels_last
-    assert not config.low_precision_norm  # needs autocast: not a default under fp32
+    assert config.batch.device_train_microbatch_size == 8 and not config.speed.channels_last
+    assert not config.speed.low_precision_norm  # needs autocast: not a default under fp32
     assert not any('planned' in note for note in config.notes)
     published = settle(monkeypatch, '--recipe', 'published', '--no-use_ema', '--fused_adamw')
-    assert not published.use_ema and published.fused_adamw
+    assert not published.ema.use_ema and published.speed.fused_adamw
 
 
 def test_a_model_without_counts_takes_its_preset_microbatch(monkeypatch):
     config = settle(monkeypatch, '--model_name', 'tiny')
-    assert config.device_train_microbatch_size == config.device_batch_size  # the tiny preset's: the whole batch
+    batch = config.batch
+    assert batch.device_train_microbatch_size == batch.device_batch_size  # the tiny preset's: the whole batch
 
 
 def test_activation_checkpointing_is_planned_with_its_own_counts(monkeypatch):
     # SD2 512px, online in bf16, EMA, checkpointed: 239,201,536 bytes an image; room on an H100 (0.9 x 85.03 GB less
     # 21.02 GB) 55.51 GB: 232 images, so the whole device batch of 128 (--batch_size 128).
     config = settle(monkeypatch, '--use_ema', '--activation_checkpointing', '--batch_size', '128')
-    assert config.device_train_microbatch_size == 128
+    assert config.batch.device_train_microbatch_size == 128
     assert next(note for note in config.notes if 'planned' in note).startswith(
         'microbatch 128 (planned): 18.2 GB state + 128 x 0.24 GB activations'
     )
@@ -220,10 +222,11 @@ def test_cuda_graphs_are_refused_with_several_microbatches_a_step(monkeypatch):
     one_a_step = settle(
         monkeypatch, '--compile', 'reduce-overhead', '--batch_size', '64', '--device_train_microbatch_size', '64'
     )
-    assert one_a_step.compile == 'reduce-overhead' and one_a_step.device_train_microbatch_size == 64
+    assert one_a_step.speed.compile == 'reduce-overhead' and one_a_step.batch.device_train_microbatch_size == 64
     tiny = settle(monkeypatch, '--compile', 'reduce-overhead', '--model_name', 'tiny')  # as tests/test_gpu.py's runs
-    assert tiny.device_train_microbatch_size == tiny.device_batch_size
-    assert settle(monkeypatch, '--compile', 'default', *given).device_train_microbatch_size == 64  # no CUDA graphs
+    assert tiny.batch.device_train_microbatch_size == tiny.batch.device_batch_size
+    default = settle(monkeypatch, '--compile', 'default', *given)
+    assert default.batch.device_train_microbatch_size == 64  # no CUDA graphs
 
 
 def test_the_gpu_tiers_runs_settle_on_a_faked_gpu(monkeypatch):
@@ -238,9 +241,10 @@ def test_the_gpu_tiers_runs_settle_on_a_faked_gpu(monkeypatch):
     runs += [[*tier.RUN, *flags] for flags in tier.OTHER_PATHS]
     for flags in runs:
         settled = settle(monkeypatch, *flags)
-        assert settled.num_batches == 4 and settled.precision in ('fp32', 'amp_bf16'), flags
+        assert settled.batch.num_batches == 4 and settled.batch.precision in ('fp32', 'amp_bf16'), flags
     reduce_overhead = settle(monkeypatch, *tier.BF16, '--compile', 'reduce-overhead')
-    assert reduce_overhead.device_train_microbatch_size == reduce_overhead.device_batch_size  # one microbatch a step
+    batch = reduce_overhead.batch
+    assert batch.device_train_microbatch_size == batch.device_batch_size  # one microbatch a step
 
 
 # What a campaign row may change of the headline recipe, and what each row past the headline changes.
@@ -288,12 +292,13 @@ def test_the_campaigns_rows_are_the_headline_recipe_changed_in_one_thing_on_a_fa
     campaign = campaign_rows.Campaign(argparse.Namespace(batches=None), True, tmp_path)
     campaign._planned = 32  # what memory_plan.py plans for it on an H100 (asked in a process of its own)
     headline = settle(monkeypatch, '--precomputed_latents', '--compile', '--batch_size', '256')
-    assert headline.device_train_microbatch_size == 32 and headline.compile == 'default' and headline.fused_adamw
+    assert headline.batch.device_train_microbatch_size == 32
+    assert headline.speed.compile == 'default' and headline.speed.fused_adamw
     seen = set()
     for step in ('channels_last', 'profile', 'kernels', 'sweep', 'paths'):
         for row in campaign.rows(step, {}):
             settled = settle(monkeypatch, *row['argv'][1:])
-            changed = {name for name in SETTLED if getattr(settled, name) != getattr(headline, name)}
+            changed = {name for name in SETTLED if settled.as_dict()[name] != headline.as_dict()[name]}
             assert changed == CHANGED[row['key']], row['key']
             assert row.get('record', {}).get('microbatch_from', 'the memory plan').startswith('the memory plan')
             seen.add(row['key'])
@@ -301,6 +306,6 @@ def test_the_campaigns_rows_are_the_headline_recipe_changed_in_one_thing_on_a_fa
     sweep = {f'sweep mb{m}': {'microbatch': m, 'img_per_sec_per_device': 100 + m % 32} for m in (4, 8, 16, 32)}
     paths = campaign.rows('paths', sweep)  # fastest: microbatch 16
     assert all(row['record'] == {'microbatch_from': 'the sweep'} for row in paths)
-    assert all(settle(monkeypatch, *row['argv'][1:]).device_train_microbatch_size == 16 for row in paths)
+    assert all(settle(monkeypatch, *row['argv'][1:]).batch.device_train_microbatch_size == 16 for row in paths)
     cpu = campaign_rows.Campaign(argparse.Namespace(batches=None), False, tmp_path)
     assert all(row['kind'] == 'skipped' for row in cpu.rows('kernels', {}))  # CUDA kernels

@@ -160,7 +160,7 @@ def test_presets_and_model_names():
     for name in ('sd1.5', 'sd2-768-v', 'sdxl-base'):
         assert name in model_folder.BUILTIN_MODELS and f'tiny-{name}' in model_folder.BUILTIN_MODELS
     run = resolve_config(parse_args(['--model_name', 'tiny-sd2-768-v', '--use_synth_data']))
-    assert run.image_size == 96 and run.batch_size == 16  # the twin's preset
+    assert run.data.image_size == 96 and run.batch.batch_size == 16  # the twin's preset
     assert json.loads((CONFIGS_DIR / 'sdxl-base' / 'vae' / 'config.json').read_text())['scaling_factor'] == 0.13025
 
 

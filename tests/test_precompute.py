@@ -453,4 +453,4 @@ def test_the_held_out_split_beside_the_input_is_precomputed_beside_the_output(so
     assert (again['skipped_parts'], again['validation']['skipped_parts']) == (3, 1)
     flags = ['--model_name', 'tiny', '--precomputed_latents', '--local', str(out), '--batch_size', '8']
     config = resolve_config(parse_args([*flags, '--max_duration', '2ba', '--eval_interval', '1ba']))
-    assert config.eval_local == str(out / 'validation')
+    assert config.evaluation.eval_local == str(out / 'validation')

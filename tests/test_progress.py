@@ -75,11 +75,12 @@ def test_the_configuration_is_printed_as_grouped_lines_of_the_fields_set():
 
 def test_a_duration_rounded_to_whole_batches_and_the_synthetic_epoch_are_said():
     rounded = resolve_config(parse_args(['--model_name', 'tiny', '--use_synth_data', '--max_duration', '100sp']))
-    assert rounded.num_batches == 7 and any('7 whole batches of 16, 112 samples' in note for note in rounded.notes)
+    assert rounded.batch.num_batches == 7
+    assert any('7 whole batches of 16, 112 samples' in note for note in rounded.notes)
     exact = resolve_config(parse_args(['--model_name', 'tiny', '--use_synth_data', '--max_duration', '96sp']))
     assert not [note for note in exact.notes if '--max_duration' in note]
     epoch = resolve_config(parse_args(['--model_name', 'tiny', '--use_synth_data', '--max_duration', '1ep']))
-    assert epoch.num_batches == 6250
+    assert epoch.batch.num_batches == 6250
     assert any('an epoch of --use_synth_data is 100,000 samples, 6,250 batches of 16' in n for n in epoch.notes)
 
 

@@ -146,16 +146,17 @@ def test_output_folders_and_prompt_files_are_checked(tmp_path):
     prompts = tmp_path / 'prompts.txt'
     prompts.write_text('a red circle\n\n  a blue square \n')
     config = resolve_config(parse_args([*TINY, '--sample_interval', '1ba', '--sample_prompts', str(prompts)]))
-    assert config.sample_prompts == ('a red circle', 'a blue square')
+    assert config.evaluation.sample_prompts == ('a red circle', 'a blue square')
 
 
 def test_everything_new_is_off_by_default(split):
     for flags in (['--model_name', 'sd2-base', '--use_synth_data'], ['--model_name', 'tiny']):
         config = resolve_config(parse_args(flags))
-        assert (config.eval_interval, config.sample_interval, config.export_pipeline) == (None, None, None)
-        assert (config.grad_clip_norm, config.lr_warmup, config.caption_dropout) == (None, None, 0.0)
+        evaluation, objective = config.evaluation, config.objective
+        assert (evaluation.eval_interval, evaluation.sample_interval, evaluation.export_pipeline) == (None, None, None)
+        assert (objective.grad_clip_norm, objective.lr_warmup, objective.caption_dropout) == (None, None, 0.0)
     # A split given: validated at the start and at the end of the run.
-    assert resolve_config(parse_args([*SMALL, '--eval_local', split])).eval_interval == '40ba'
+    assert resolve_config(parse_args([*SMALL, '--eval_local', split])).evaluation.eval_interval == '40ba'
 
 
 # ------------------------------------------------------------------------------------ stability options
@@ -598,11 +599,11 @@ def test_a_run_on_an_exported_folder_takes_what_its_run_trained_with(tmp_path, c
     flags += ['--device_train_microbatch_size', '3', '--prediction_type', 'v_prediction', '--max_duration', '1ba']
     main(settled([*flags, '--export_pipeline', str(pipe)]))
     config = resolve_config(parse_args(['--model_name', str(pipe), '--use_synth_data']))
-    assert (config.image_size, config.batch_size, config.device_train_microbatch_size) == (32, 6, 3)
-    assert config.prediction_type == 'v_prediction'
+    assert (config.data.image_size, config.batch.batch_size, config.batch.device_train_microbatch_size) == (32, 6, 3)
+    assert config.model.prediction_type == 'v_prediction'
     assert f"from the exported run's ({pipe / 'run_description.json'}) preset" in config.notes[0]
     given = resolve_config(parse_args(['--model_name', str(pipe), '--use_synth_data', '--image_size', '64']))
-    assert given.image_size == 64 and given.batch_size == 6
+    assert given.data.image_size == 64 and given.batch.batch_size == 6
     pipeline = StableDiffusionPipeline.from_pretrained(pipe, local_files_only=True)
     assert pipeline.unet.config.sample_size * pipeline.vae_scale_factor == 32
     capfd.readouterr()

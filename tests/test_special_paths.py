@@ -189,4 +189,4 @@ def test_a_name_that_would_leave_its_folder_is_refused(flag, name, tmp_path):
 
 def test_a_name_with_dots_inside_is_a_name(tmp_path):
     config = resolve_config(parse_args([*QUICK, '--run_name', 'v1..2', '--sample_interval', '1ba']))
-    assert Path(config.sample_dir) == Path('results', 'samples', 'v1..2')
+    assert Path(config.evaluation.sample_dir) == Path('results', 'samples', 'v1..2')

@@ -276,17 +276,20 @@ def test_flags_a_transformer_cannot_take_are_refused_in_one_line(flags, message)
 
 def test_the_recipe_sets_the_defaults_and_flags_override_it():
     config = resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data']))
-    assert (config.grad_clip_norm, config.caption_dropout, config.timestep_density) == (1.0, 0.1, 'uniform')
-    assert config.recipe.betas == (0.9, 0.95) and config.recipe.weight_decay == 0.1
+    objective = config.objective
+    assert (objective.grad_clip_norm, objective.caption_dropout, objective.timestep_density) == (1.0, 0.1, 'uniform')
+    assert objective.recipe.betas == (0.9, 0.95) and objective.recipe.weight_decay == 0.1
     flags = ['--model_name', 'tiny-sd3.5-medium', '--use_synth_data', '--timestep_density', 'mode', '--mode_scale', '2']
     config = resolve_config(parse_args([*flags, '--caption_dropout', '0.2']))
-    assert (config.recipe.timestep_density, config.recipe.mode_scale, config.caption_dropout) == ('mode', 2.0, 0.2)
+    recipe = config.objective.recipe
+    assert (recipe.timestep_density, recipe.mode_scale, config.objective.caption_dropout) == ('mode', 2.0, 0.2)
     precomputed = resolve_config(
         parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--precomputed_latents'])
     )
-    assert precomputed.caption_dropout == 0.0 and any('drops none' in note for note in precomputed.notes)
+    assert precomputed.objective.caption_dropout == 0.0 and any('drops none' in note for note in precomputed.notes)
     unet = resolve_config(parse_args(['--model_name', 'tiny', '--use_synth_data']))
-    assert unet.recipe is None and unet.caption_dropout == 0.0 and unet.grad_clip_norm is None
+    objective = unet.objective
+    assert objective.recipe is None and objective.caption_dropout == 0.0 and objective.grad_clip_norm is None
 
 
 @pytest.mark.parametrize('name', TWINS.values())
@@ -623,7 +626,7 @@ def test_fp8_is_refused_where_it_cannot_run(monkeypatch):
         with pytest.raises(ConfigError, match=message):
             resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--fp8', *flags]))
     fake_gpu(monkeypatch, h100)
-    assert resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--fp8'])).fp8
+    assert resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--fp8'])).speed.fp8
 
 
 def test_the_campaigns_transformer_step_compiles_the_forward_and_backward_it_times(monkeypatch):
@@ -792,8 +795,9 @@ def test_a_guidance_distilled_flux_folder_trains_and_samples_at_its_guidance(tmp
     at_trained, at_other = (generate_images(pipeline, ['a cat'], [0], 1, 1.0, 32, None, g) for g in (2.5, 9.0))
     assert (at_trained - at_other).abs().max() > 1e-4
     config = resolve_config(parse_args(flags))
-    assert (config.flux_guidance, config.recipe.flux_guidance) == (3.5, 3.5)
-    assert resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data'])).flux_guidance is None
+    assert (config.objective.flux_guidance, config.objective.recipe.flux_guidance) == (3.5, 3.5)
+    schnell = resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data']))
+    assert schnell.objective.flux_guidance is None
 
 
 def test_pixart_trains_the_target_its_scheduler_names(tmp_path):
@@ -813,7 +817,8 @@ def test_pixart_trains_the_target_its_scheduler_names(tmp_path):
     assert model.loss((prediction, target, weights), batch).item() == pytest.approx(
         ((prediction - velocity) ** 2).mean().item(), rel=1e-5
     )
-    assert resolve_config(parse_args(['--model_name', str(folder), '--use_synth_data', '--image_size', '64'])).recipe
+    pixart = resolve_config(parse_args(['--model_name', str(folder), '--use_synth_data', '--image_size', '64']))
+    assert pixart.objective.recipe
 
 
 @pytest.mark.parametrize(
@@ -855,7 +860,7 @@ def test_a_field_the_step_would_not_honour_is_refused_in_one_line(tmp_path, name
 def test_a_unet_folders_target_is_the_flags_where_given(tmp_path):
     folder = twin_folder(tmp_path, 'tiny', {SCHEDULER: {'prediction_type': 'sample'}})
     flags = ['--model_name', str(folder), '--use_synth_data', '--image_size', '64', '--prediction_type', 'epsilon']
-    assert resolve_config(parse_args(flags)).prediction_type == 'epsilon'
+    assert resolve_config(parse_args(flags)).model.prediction_type == 'epsilon'
 
 
 @pytest.mark.parametrize('weighting', ['none', 'cosmap'])
@@ -889,6 +894,6 @@ def test_preconditioned_outputs_give_the_sd3_examples_loss(weighting):
 
 def test_precondition_outputs_is_a_flow_recipe_option_off_by_default():
     flags = ['--model_name', 'tiny-sd3.5-medium', '--use_synth_data']
-    assert resolve_config(parse_args(flags)).recipe.precondition_outputs is False
+    assert resolve_config(parse_args(flags)).objective.recipe.precondition_outputs is False
     config = resolve_config(parse_args([*flags, '--precondition_outputs']))
-    assert config.precondition_outputs is True and config.recipe.precondition_outputs is True
+    assert config.objective.precondition_outputs is True and config.objective.recipe.precondition_outputs is True

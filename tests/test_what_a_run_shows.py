@@ -2,15 +2,19 @@
 vary) and the keys of its results file. A change inside the configuration or the run's steps keeps both; a change
 meant to alter them records them again with RECORD_EXPECTED=1 and shows in the diff of tests/expected/."""
 
+import argparse
 import json
 import os
 import re
 from pathlib import Path
 
+import pytest
 from conftest import REPO, TINY
 
 import benchmark
 from costs.results import cpu_name
+from settings.config import resolve_config
+from settings.flags import parse_args
 
 EXPECTED = Path(__file__).parent / 'expected'
 FLAGS = [*TINY, '--image_size', '32', '--batch_size', '4', '--max_duration', '4ba', '--cpu_threads', '1']
@@ -44,3 +48,12 @@ def test_a_tiny_runs_lines_and_results_keys_are_as_recorded(tmp_path, monkeypatc
     held_against('tiny-run-lines.txt', masked(capsys.readouterr().out))
     results = json.loads((tmp_path / 'results.json').read_text())
     held_against('tiny-run-results-keys.json', json.dumps(keys(results), indent=1) + '\n')
+
+
+def test_every_flag_is_held_by_a_section_and_shown_and_a_value_in_none_is_refused():
+    """The run's configuration is its sections (settings/run_sections.py): each flag is in one, so the start lines
+    and the results file show it; a settled value no section holds would be dropped, and is refused."""
+    args = parse_args([*TINY, '--image_size', '32'])
+    assert set(vars(args)) <= set(resolve_config(args).as_dict())
+    with pytest.raises(AssertionError, match=r"in no section of RunConfig .*\['a_new_flag'\]"):
+        resolve_config(argparse.Namespace(**vars(args), a_new_flag=1))
