@@ -306,7 +306,7 @@ class CheckedStreamingDataset(StreamingDataset):
                     failure = self._reading_failed(error)
                 self._record_failure(failure)  # before the shard state changes, which wakes the waiting workers
             # Streaming leaves a shard whose download failed in its PREPARING state, and every thread or loader
-            # worker that needs the shard waits for it forever (seen: runs hung at 0% CPU after a server died).
+            # worker that needs the shard waits for it forever, idle, after a server dies.
             # Marked remote again, they wake, find the failure recorded, and stop with it.
             if self._shard_states[shard_id] == _ShardState.PREPARING:
                 self._shard_states[shard_id] = _ShardState.REMOTE
@@ -322,7 +322,7 @@ class CheckedStreamingDataset(StreamingDataset):
             self._record_failure(self._reading_failed(error))
             self._event.set()  # as Streaming does on a thread's failure: the other threads and the yield loop stop
             # A thread that raises never reports its exit, and the iterator's exit() waited for it forever when
-            # the yield loop ended first (seen: loader workers hung at 0% CPU after a server died).
+            # the yield loop ended first: loader workers hung, idle, after a server died.
             it.on_exit()
 
     def __iter__(self):

@@ -75,8 +75,8 @@ def build_part(
             {'low_cpu_mem_usage': is_accelerate_available()} if model_class.__module__.startswith('diffusers') else {}
         )
         return model_class.from_pretrained(model_dir, subfolder=part, **options), True
-    # SD2 base's 1.3B parameters take about 20 s of CPU time and 5 GB of host memory per rank to initialize
-    # (measured on 2 cores); built on the GPU the Trainer would move them to anyway, well under a second.
+    # Initializing SD2 base's 1.3B parameters on the host takes many seconds of CPU and gigabytes of memory per rank;
+    # built on the GPU the Trainer would move them to anyway, it is quick.
     with contextlib.nullcontext() if init_device is None else torch.device(init_device):
         text_encoder = next((pair for pair in TEXT_ENCODERS.values() if pair[0] is model_class), None)
         if text_encoder:  # Transformers' models take a config object

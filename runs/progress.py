@@ -25,9 +25,9 @@ def draws_a_bar() -> bool:
 class ProgressLines(Callback):
     """e.g. `batch 8 of 12 (67%): loss 0.9717, 3.21 img/s, 0:00:02 elapsed, about 0:00:01 left`, on rank 0.
     The img/s is training's alone, as the summary's: time spent in validation and sample grids between two lines
-    is left out (else the line after a sample grid read as a collapse, 5.6 img/s among lines at 70). The time left
-    is reckoned from the batches after the first, which carries the start's one-off work (a compile: 2 minutes and
-    more on an H100), else one compiled batch of 12 said `about 0:24:44 left` where 30 s were."""
+    is left out (else the line after a sample grid would read as a collapse of the rate). The time left is reckoned
+    from the batches after the first, which carries the start's one-off work (a compile takes minutes), else a short
+    compiled run's first line would say it has many times its real length left."""
 
     def __init__(self, num_batches: int):
         self.num_batches = num_batches

@@ -27,7 +27,7 @@ def read_timeout() -> float:
 
 # convert.py's output, and the sample dataset's: the image file's bytes and its caption (LAION's convention).
 # The hash every shard's bytes are written with (MDSWriter's hashes), and checked against as a run reads them:
-# xxh64, about 11 GB/s on one core of an EPYC, where SHA-1 is 1.7 (docs/data.md).
+# xxh64, several times faster than SHA-1 on one core (docs/data.md has its cost).
 SHARD_HASH = 'xxh64'
 IMAGE_CAPTION_COLUMNS = {'jpg': 'bytes', 'caption': 'str'}
 # precompute.py's output: the VAE's latent distribution and the text encoder's output, fp16, and the caption;

@@ -44,9 +44,8 @@ def world_size() -> int:
 
 
 # PyTorch's threads on a CPU where none are given: one. The count changes how sums are split, so the weights a run
-# trains: one thread trains the same weights on every machine, and never waits for cores that other work holds.
-# The tiny model's `make bench` on a 2-core EPYC (docs/speed.md): idle, 92-101 img/s with 1 thread and 112-121 with 2;
-# beside two busy processes, 61 with 1 and 21 with 2.
+# trains: one thread trains the same weights on every machine, and never waits for cores that other work holds
+# (two threads beside busy processes ran the tiny model several times slower; docs/measurement.md has the figures).
 DEFAULT_CPU_THREADS = 1
 
 
