@@ -84,6 +84,7 @@ from guards.writer_lock import one_writer
 with one_writer(sys.argv[1], sys.argv[1], 'fix'):
     child = os.fork()  # as a loader worker is, while the lock is held
     if child == 0:
+        print('forked', flush=True)  # os.fork has returned here: the child's fork hooks have run
         time.sleep(600)
         os._exit(0)
     print(child, flush=True)
@@ -97,7 +98,9 @@ def test_a_killed_writers_folder_is_free_while_a_child_it_forked_lives_on(tmp_pa
     folder = tmp_path / 'out'
     holder = start_job([sys.executable, '-c', FORKING_HOLDER, str(folder), str(REPO)], tmp_path)
     try:
-        child = int(holder.stdout.readline())
+        lines = {holder.stdout.readline().strip() for _ in range(2)}  # the child's pid, and the child's word
+        (child,) = (int(line) for line in lines if line != 'forked')
+        assert 'forked' in lines, lines
         holder.kill()
         holder.wait(timeout=30)
         os.kill(child, 0)  # still there

@@ -88,7 +88,8 @@ def cpu_fsdp() -> None:
 
     def resolve_on_cpu(args):
         config = resolve_config(argparse.Namespace(**{**vars(args), 'fsdp': 'none', 'fsdp_state_dict_type': 'full'}))
-        return dataclasses.replace(config, fsdp=args.fsdp, fsdp_state_dict_type=args.fsdp_state_dict_type)
+        batch = dataclasses.replace(config.batch, fsdp=args.fsdp, fsdp_state_dict_type=args.fsdp_state_dict_type)
+        return dataclasses.replace(config, batch=batch)
 
     benchmark.resolve_config = resolve_on_cpu
 
