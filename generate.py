@@ -183,7 +183,7 @@ def settle_checkpoint_flags(args: argparse.Namespace, recorded: dict) -> None:
         args.model_dir = resolve_model_dir(args.model_name)  # once, for the model and its tokenizer's padding
     except ConfigError as error:
         raise GenerateError(str(error))
-    args.model_folder = read_model_folder(args.model_dir)  # read once, for the model and its tokenizer's padding
+    args.model_folder = read_model_folder(args.model_dir)
     transformer = args.model_folder.is_transformer
     if transformer:
         if args.tokenizer is None:

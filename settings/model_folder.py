@@ -240,12 +240,29 @@ class ModelFolder:
 
 def read_model_folder(model_dir: Path) -> ModelFolder:
     """The description of a model folder whose layout resolve_model_dir has checked; read once per folder, as the
-    scripts and precompute.py's batches ask again and again."""
-    return read_resolved_folder(Path(model_dir).resolve())
+    scripts and precompute.py's batches ask again and again, and read again only where a config file has changed
+    since (a folder written anew at the same path)."""
+    path = Path(model_dir).resolve()
+    return read_resolved_folder(path, config_stamps(path))
 
 
-@functools.cache
-def read_resolved_folder(path: Path) -> ModelFolder:
+def config_stamps(path: Path) -> tuple:
+    """What tells each config file's version without reading it (inode, size, modification time); None: missing."""
+    stamps = []
+    for name in (TRANSFORMER_CONFIG, *CONFIG_FILES, SECOND_ENCODER_CONFIG, 'text_encoder_3/config.json'):
+        try:
+            stat = (path / name).stat()
+        except OSError:
+            stamps.append(None)
+            continue
+        stamps.append((stat.st_ino, stat.st_size, stat.st_mtime_ns))
+    return tuple(stamps)
+
+
+@functools.lru_cache(maxsize=64)  # bounded: a process that rewrites folders keeps only the recent versions
+def read_resolved_folder(path: Path, stamps: tuple) -> ModelFolder:
+    """The configs of a resolved folder's path; its config_stamps are read by the cache alone, as part of the key."""
+
     def config(name: str) -> Mapping:
         return MappingProxyType(read_config(str(path), path, name))
 
