@@ -31,7 +31,7 @@ from settings.model_folder import (
     UNET_PIPELINE_NAME,
     WEIGHT_FILES,
     caption_inputs,
-    is_transformer_folder,
+    read_model_folder,
     resolve_model_dir,
     weight_files,
     weights_problem,
@@ -118,6 +118,7 @@ def check_args(args: argparse.Namespace) -> list[str]:
         raise GenerateError('no prompt: pass --prompt TEXT (repeatable) or --prompts FILE')
     transformer = False  # a diffusion transformer's: images in multiples of 16 pixels (2x2 latent patches)
     args.model_dir = None  # with --checkpoint, once the run's record settles --model_name (settle_checkpoint_flags)
+    args.model_folder = None  # its configs, read with it
     if args.checkpoint:
         if not Path(args.checkpoint).is_file():
             raise GenerateError(
@@ -182,7 +183,8 @@ def settle_checkpoint_flags(args: argparse.Namespace, recorded: dict) -> None:
         args.model_dir = resolve_model_dir(args.model_name)  # once, for the model and its tokenizer's padding
     except ConfigError as error:
         raise GenerateError(str(error))
-    transformer = is_transformer_folder(args.model_dir)
+    args.model_folder = read_model_folder(args.model_dir)
+    transformer = args.model_folder.is_transformer
     if transformer:
         if args.tokenizer is None:
             raise GenerateError(
@@ -191,7 +193,7 @@ def settle_checkpoint_flags(args: argparse.Namespace, recorded: dict) -> None:
         if args.prediction_type:
             raise GenerateError(f'--prediction_type: a UNet option; {args.model_name} is a diffusion transformer')
     if args.tokenizer is not None:
-        check_tokenizer_file(args.tokenizer, caption_inputs(args.model_dir))  # another family's is named now
+        check_tokenizer_file(args.tokenizer, caption_inputs(args.model_folder))  # another family's is named now
     check_image_size(args, transformer)
 
 

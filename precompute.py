@@ -24,7 +24,7 @@ from guards.outputs import one_line
 from guards.stopping import SIGNALS, Stopped, stop_on_signals
 from settings import hardware
 from settings.dataset_checks import DataError, is_remote
-from settings.model_folder import caption_inputs, is_transformer_folder, resolve_model_dir, t5_tokenizer_needed
+from settings.model_folder import caption_inputs, read_model_folder, resolve_model_dir, t5_tokenizer_needed
 from settings.presets import PRESETS, SAMPLE_DATASET, SD2_BASE
 from settings.tokenizer import check_tokenizer
 
@@ -119,11 +119,12 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
         args.num_workers = 8 if has_gpu else 0
     if args.precision is None:
         args.precision = 'bf16' if has_gpu else 'fp32'
-    if is_transformer_folder(args.model_dir) and args.image_size % 16:
+    args.model_folder = read_model_folder(args.model_dir)  # its configs, read once for the checks and every batch
+    if args.model_folder.is_transformer and args.image_size % 16:
         raise ConfigError(
             f'--image_size {args.image_size}: {args.model_name} takes multiples of 16 (2x2 patches of latents)'
         )
-    inputs = caption_inputs(args.model_dir)
+    inputs = caption_inputs(args.model_folder)
     if args.tokenizer is not None:
         check_tokenizer(args.tokenizer, inputs)  # here, once, rather than in every loader worker
     elif inputs.uses_t5:

@@ -38,7 +38,7 @@ from benchmarks import profile_summary
 from costs.results import load_results
 from costs.results import mfu as results_mfu
 from guards.arguments import ConfigError
-from settings.model_folder import is_transformer_folder, resolve_model_dir
+from settings.model_folder import read_model_folder, resolve_model_dir
 from settings.presets import PRESETS, SD2_BASE
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
@@ -317,7 +317,7 @@ def sweep(args, rows: list[dict], profiles: list[str], report) -> None:
         report()
 
     try:
-        transformer = is_transformer_folder(resolve_model_dir(args.model_name))
+        transformer = read_model_folder(resolve_model_dir(args.model_name)).is_transformer
     except ConfigError:  # a bad --model_name: every row's benchmark.py says why
         transformer = False
     for size in args.sizes:

@@ -23,7 +23,7 @@ from torchmetrics import Metric
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
 from datapath.images import unit_range
-from settings.model_folder import has_weights, text_encoder_folders
+from settings.model_folder import has_weights, read_model_folder
 from settings.presets import VALIDATION_TIMESTEPS
 
 # The class of each part folder of SD's layout, where its config names none.
@@ -90,7 +90,7 @@ def build_frozen_encoders(
     """The VAE and every text encoder of a model folder (in the order its pipeline names them), and the names of
     the parts whose weights were loaded."""
     modules, loaded = [], []
-    for part in ('vae', *text_encoder_folders(model_dir)):
+    for part in ('vae', *read_model_folder(model_dir).text_encoder_folders):
         module, weights = build_part(model_dir, part, init_device)
         modules.append(module.to(torch.bfloat16) if encoders_bf16 else module)
         loaded += [part] * weights

@@ -36,10 +36,10 @@ from settings.model_folder import (
     CAPTION_LENGTH,
     LATENT_DOWNSAMPLE,
     MICRO_CONDITIONS,
+    ModelFolder,
     has_micro_conditioning,
-    is_transformer_folder,
     pooled_text_width,
-    transformer_family,
+    read_model_folder,
 )
 
 __all__ = [
@@ -284,12 +284,11 @@ def build_encoders(
     return vae, text_encoders[0], text_encoders[1] if len(text_encoders) > 1 else None, loaded
 
 
-def encode_captions(model_dir: Path, text_encoders: list[torch.nn.Module], batch: dict) -> dict[str, torch.Tensor]:
+def encode_captions(folder: ModelFolder, text_encoders: list[torch.nn.Module], batch: dict) -> dict[str, torch.Tensor]:
     """What a model folder's denoiser is conditioned on, from caption token ids (precompute.py's text columns):
     encode_text here for the UNets, diffusion_transformer.encode_text for a transformer."""
-    family = transformer_family(model_dir)
-    if family is not None:
-        return encode_transformer_text(family, text_encoders, batch)
+    if folder.is_transformer:
+        return encode_transformer_text(folder.family, text_encoders, batch)
     return encode_text(text_encoders[0], text_encoders[1] if len(text_encoders) > 1 else None, batch)
 
 
@@ -312,7 +311,7 @@ def build_model(
     instead of a unet/ gets diffusion_transformer.py's model, trained by `recipe` (default: its family's);
     prediction_type and attention are UNet options."""
     model_dir = Path(model_dir)
-    if is_transformer_folder(model_dir):
+    if read_model_folder(model_dir).is_transformer:
         return build_transformer_model(model_dir, precomputed, encoders_bf16, init_device, recipe)
     unet, unet_loaded = build_part(model_dir, 'unet', init_device)  # first: the same init with or without encoders
     scheduler_config = DDPMScheduler.load_config(model_dir, subfolder='scheduler')

@@ -23,7 +23,7 @@ from runs.checkpoints import RunDescription, load_checkpoint_file
 from runs.evaluation import ValidationSplit
 from runs.export import SCHEDULERS, build_pipeline, generate, labeled_grid
 from settings.families import is_flow_matching
-from settings.model_folder import caption_pad_ids, is_transformer_folder
+from settings.model_folder import caption_pad_ids
 from settings.run_record import RUN_DESCRIPTION_FILE, exported_run
 from settings.tokenizer import CaptionTokenizer
 
@@ -43,7 +43,7 @@ def draw(args: argparse.Namespace, prompts: list[str]) -> torch.Tensor:
     if not isinstance(pipeline, StableDiffusionPipeline):
         tokenizer = None  # a diffusion transformer's pipeline holds the training tokenizers and uses them
     elif args.checkpoint:  # the training tokenizer, padded as the model's text encoder was trained
-        tokenizer = CaptionTokenizer(args.tokenizer, caption_pad_ids(args.model_dir)[0])
+        tokenizer = CaptionTokenizer(args.tokenizer, caption_pad_ids(args.model_folder)[0])
     else:
         tokenizer = CaptionTokenizer(str(Path(args.pipeline) / 'tokenizer'))
     if args.image_size:
@@ -103,13 +103,13 @@ def load_pipeline(args: argparse.Namespace) -> tuple[DiffusionPipeline, dict]:
                 )
             pipeline.scheduler = SCHEDULERS[args.scheduler].from_config(pipeline.scheduler.config)
         return pipeline, recorded_description(Path(args.pipeline) / RUN_DESCRIPTION_FILE)
-    model_dir = args.model_dir
-    if (model_dir / 'text_encoder_2').is_dir() and not is_transformer_folder(model_dir):
+    folder = args.model_folder
+    if 'text_encoder_2' in folder.text_encoder_folders and not folder.is_transformer:
         raise ConfigError(
             f"--model_name {args.model_name}: SDXL's two text encoders need Diffusers' StableDiffusionXLPipeline, "
             'which generate.py does not build'
         )
-    model = build_model(model_dir, args.prediction_type)
+    model = build_model(args.model_dir, args.prediction_type)
     if args.scheduler and isinstance(model, DiffusionTransformer) and is_flow_matching(model.family):
         raise ConfigError(
             f'--scheduler {args.scheduler}: {args.model_name} is a flow-matching model, which samples with its own '

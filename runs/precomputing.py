@@ -47,7 +47,7 @@ from settings.dataset_checks import (
 )
 from settings.datasets import CONVERTED_VALIDATION_SPLIT
 from settings.families import FAMILIES
-from settings.model_folder import caption_inputs, text_encoder_folders, transformer_family
+from settings.model_folder import ModelFolder, caption_inputs
 from settings.tokenizer import TokenizerError
 
 SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun never mixes two settings
@@ -156,7 +156,7 @@ def without_streaming_notices():
 
 
 @torch.no_grad()
-def encode(model_dir: Path, vae, text_encoders: list, batch: dict, device: torch.device) -> dict[str, np.ndarray]:
+def encode(folder: ModelFolder, vae, text_encoders: list, batch: dict, device: torch.device) -> dict[str, np.ndarray]:
     """The columns precompute.py writes for a batch: the latent distribution's mean and log-variance and the text
     embedding(s) as fp16, exactly what the model's encode samples from online (the log-variance is Diffusers'
     clamped one); SDXL's size and crop conditioning as the loader made it; PixArt's mask of T5's padding."""
@@ -164,7 +164,7 @@ def encode(model_dir: Path, vae, text_encoders: list, batch: dict, device: torch
     latent_dist = vae.encode(images).latent_dist
     token_ids = {name: ids.to(device) for name, ids in batch.items() if name.startswith('input_ids')}
     columns = {'latent_mean': latent_dist.mean, 'latent_logvar': latent_dist.logvar}
-    columns.update(encode_captions(model_dir, text_encoders, token_ids))
+    columns.update(encode_captions(folder, text_encoders, token_ids))
     columns = {
         name: tensor.to(torch.uint8 if name == 'text_mask' else torch.float16) for name, tensor in columns.items()
     }
@@ -173,13 +173,12 @@ def encode(model_dir: Path, vae, text_encoders: list, batch: dict, device: torch
     return {name: tensor.cpu().numpy() for name, tensor in columns.items()}
 
 
-def output_columns(model_dir: Path) -> dict[str, str]:
+def output_columns(folder: ModelFolder) -> dict[str, str]:
     """The MDS columns of a model's precomputed dataset."""
-    family = transformer_family(model_dir)
-    if family is not None:
-        extra = FAMILIES[family].caption_extra
+    if folder.is_transformer:
+        extra = FAMILIES[folder.family].caption_extra
         return PRECOMPUTED_COLUMNS | {extra: TRANSFORMER_PRECOMPUTED_COLUMNS[extra]}
-    sdxl = (model_dir / 'text_encoder_2').is_dir()
+    sdxl = 'text_encoder_2' in folder.text_encoder_folders
     return PRECOMPUTED_COLUMNS | (SDXL_PRECOMPUTED_COLUMNS if sdxl else {})
 
 
@@ -195,11 +194,11 @@ def precompute_part(dataset, indices: range, out: str, vae, text_encoders, devic
     written = bad = 0
     # A local part absolute: Streaming reads a relative folder with a colon (`run:2`) as a URL of an unknown cloud.
     target = out if is_remote(out) else str(Path(out).resolve())
-    writer = MDSWriter(out=target, columns=output_columns(args.model_dir), exist_ok=True, hashes=[SHARD_HASH])
+    writer = MDSWriter(out=target, columns=output_columns(args.model_folder), exist_ok=True, hashes=[SHARD_HASH])
     try:
         for batch in loader:
             STOPS.check()  # a Ctrl-C or SIGTERM that came while the loader started its workers
-            encoded = encode(args.model_dir, vae, text_encoders, batch, device)
+            encoded = encode(args.model_folder, vae, text_encoders, batch, device)
             for row, replaced in enumerate(batch['bad_samples'].tolist()):
                 # A bad sample was replaced by the next good one, which has its own position too: keep it once.
                 if replaced:
@@ -339,7 +338,7 @@ def precompute_split(args: argparse.Namespace, device, encoders) -> dict:
             local=args.local,
             image_size=args.image_size,
             tokenizer=args.tokenizer,
-            inputs=caption_inputs(args.model_dir),
+            inputs=caption_inputs(args.model_folder),
             shuffle=False,
             keep_caption=True,
         )
@@ -354,7 +353,7 @@ def precompute_split(args: argparse.Namespace, device, encoders) -> dict:
     num_parts = -(-num_samples // args.part_size)
     mine = [part for part in range(rank, num_parts, world_size)]
     todo = [part for part in mine if args.overwrite or read_text(part_out(args.out, part), 'index.json') is None]
-    encoder_names = ['vae', *text_encoder_folders(args.model_dir)]
+    encoder_names = ['vae', *args.model_folder.text_encoder_folders]
     if rank == 0:
         print(
             f'precompute: {num_samples} samples of {args.remote or args.local} in {num_parts} part(s) of '

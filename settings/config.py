@@ -28,9 +28,8 @@ from settings.model_folder import (
     LATENT_DOWNSAMPLE,
     caption_inputs,
     check_training_fields,
-    denoiser_config,
     embeds_guidance,
-    is_transformer_folder,
+    read_model_folder,
     resolve_model_dir,
     t5_tokenizer_needed,
 )
@@ -71,7 +70,7 @@ class RunConfig:
         fields = {}
         for section in (getattr(self, field.name) for field in dataclasses.fields(self) if field.name != 'notes'):
             fields |= {field.name: getattr(section, field.name) for field in dataclasses.fields(section)}
-        del fields['caption_inputs'], fields['memory_plan']
+        del fields['model_folder'], fields['caption_inputs'], fields['memory_plan']
         return {key: json_value(fields[key]) for key in flag_order(fields)}
 
 
@@ -236,9 +235,10 @@ def fill_defaults(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
         why = 'a GPU is present' if has_gpu else 'no GPU found; pass --model_name sd2-base for the real model'
         draft.notes.append(f'--model_name not given: using {draft.model_name!r} ({why})')
     draft.model_dir = resolve_model_dir(draft.model_name)
-    draft.caption_inputs = caption_inputs(draft.model_dir)
+    draft.model_folder = read_model_folder(draft.model_dir)  # its configs, read once for every step that asks
+    draft.caption_inputs = caption_inputs(draft.model_folder)
     published = draft.run_recipe == 'published'
-    if published and is_transformer_folder(draft.model_dir):
+    if published and draft.model_folder.is_transformer:
         raise ConfigError(
             f"--recipe published: the 2023 run's settings are SD2's (a UNet); {draft.model_name} is a diffusion "
             'transformer: leave out --recipe'
@@ -367,25 +367,26 @@ def settle_recipe(draft: argparse.Namespace) -> None:
     (model_folder.check_training_fields)."""
     given_flow = [flag for flag in FLOW_FLAGS if getattr(draft, flag) is not None]
     draft.recipe = None
-    guidance = embeds_guidance(draft.model_dir)
+    folder = draft.model_folder
+    guidance = embeds_guidance(folder)
     if draft.flux_guidance is not None and not guidance:
         raise ConfigError(
             f'--flux_guidance: {draft.model_name} embeds no guidance scale (a Flux whose transformer config has '
             'guidance_embeds: true does, as Flux.1-dev); the sampling scale is --guidance_scale'
         )
-    if not is_transformer_folder(draft.model_dir):
+    if not folder.is_transformer:
         if given_flow:
             raise ConfigError(f'--{given_flow[0]}: a flow matching option; {draft.model_name} is a UNet (DDPM)')
-        check_training_fields(draft.model_name, draft.model_dir, draft.prediction_type)
+        check_training_fields(draft.model_name, folder, draft.prediction_type)
         if draft.caption_dropout is None:
             draft.caption_dropout = 0.0
         return
-    family = denoiser_config(draft.model_dir)['_class_name']
+    family = folder.family
     objective = "the family's objective is fixed, PixArt's by its scheduler's prediction_type"
     for flag, why in (('prediction_type', objective), ('export_ema_unet', 'a UNet export')):
         if getattr(draft, flag) is not None:
             raise ConfigError(f'--{flag}: a UNet option ({why}); {draft.model_name} is a diffusion transformer')
-    check_training_fields(draft.model_name, draft.model_dir)
+    check_training_fields(draft.model_name, folder)
     if draft.attention == 'xformers':
         raise ConfigError('--attention xformers: the diffusion transformers run PyTorch SDPA attention only')
     if draft.fused_groupnorm:
@@ -399,7 +400,7 @@ def settle_recipe(draft: argparse.Namespace) -> None:
     patch = LATENT_DOWNSAMPLE * 2  # Flux's 2x2 latent packing, SD3's and PixArt's 2x2 patches
     if draft.image_size % patch:
         raise ConfigError(f'--image_size {draft.image_size}: {draft.model_name} takes multiples of {patch}')
-    transformer = denoiser_config(draft.model_dir)
+    transformer = folder.denoiser_config
     if draft.image_size // patch > transformer.get('pos_embed_max_size', float('inf')):
         largest = transformer['pos_embed_max_size'] * patch
         raise ConfigError(f'--image_size {draft.image_size}: {draft.model_name} takes at most {largest}px')
@@ -533,7 +534,8 @@ def settle_samples(draft: argparse.Namespace) -> None:
     their prompts (docs/quality.md)."""
     draft.sample_interval = parse_interval('--sample_interval', draft.sample_interval)
     needs_encoders = [flag for flag in ('sample_interval', 'export_pipeline') if getattr(draft, flag)]
-    sdxl = (draft.model_dir / 'text_encoder_2').is_dir() and not is_transformer_folder(draft.model_dir)
+    folder = draft.model_folder
+    sdxl = 'text_encoder_2' in folder.text_encoder_folders and not folder.is_transformer
     if needs_encoders and sdxl:
         raise ConfigError(
             f"--{needs_encoders[0]}: sample images and pipeline exports use Diffusers' StableDiffusionPipeline, "

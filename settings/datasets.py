@@ -5,7 +5,6 @@ captions as the sample grids' prompts. config.py's `resolve_config` calls these 
 reads a sample's bytes beyond an index and the first shard (dataset_checks.py)."""
 
 import argparse
-import json
 from pathlib import Path
 
 from guards.arguments import ConfigError
@@ -14,8 +13,6 @@ from settings.durations import parse_duration, parse_interval
 from settings.families import FAMILIES
 from settings.model_folder import (
     LATENT_DOWNSAMPLE,
-    denoiser_config,
-    is_transformer_folder,
     pooled_text_width,
     text_shapes,
 )
@@ -104,11 +101,11 @@ def settle_epoch(draft: argparse.Namespace, dataset: DatasetDescription | None) 
 
 def settle_precomputed_shapes(draft: argparse.Namespace, dataset: DatasetDescription) -> None:
     """The stored shapes must fit this model's denoiser; the image size is the one the data was precomputed at."""
-    denoiser = denoiser_config(draft.model_dir)
-    if is_transformer_folder(draft.model_dir):
-        family = denoiser['_class_name']
-        shapes = text_shapes(family, denoiser, FAMILIES[family].t5_caption_length)
-        expected_channels = json.loads((draft.model_dir / 'vae' / 'config.json').read_text())['latent_channels']
+    folder = draft.model_folder
+    denoiser = folder.denoiser_config
+    if folder.is_transformer:
+        shapes = text_shapes(folder.family, denoiser, FAMILIES[folder.family].t5_caption_length)
+        expected_channels = folder.vae_config['latent_channels']
         expected_length, expected_width = shapes['text_embedding']
         pooled = shapes.get('pooled_text_embedding', [None])[0]
         kind = 'transformer'

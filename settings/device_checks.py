@@ -10,7 +10,6 @@ import shutil
 
 from guards.arguments import ConfigError
 from settings import hardware
-from settings.model_folder import is_transformer_folder
 
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first GPUs with float8 tensor cores
 
@@ -114,7 +113,7 @@ def check_one_microbatch_a_step(draft: argparse.Namespace) -> None:
 def check_fp8(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
     """torchao's float8 training needs the float8 matrix units of compute capability 8.9 and later, bf16 autocast
     around it, and linear layers to convert: a diffusion transformer's."""
-    if not is_transformer_folder(draft.model_dir):
+    if not draft.model_folder.is_transformer:
         raise ConfigError(
             f"--fp8: float8 training converts a diffusion transformer's linear layers; {draft.model_name} is a UNet, "
             'mostly convolutions'

@@ -5,13 +5,19 @@ embedding), the config fields a training step would not honour (refused before a
 the model's batches carry beside the image (`CaptionInputs`: a caption column per text encoder, with its length,
 padding id and vocabulary; the shapes of a transformer's text embeddings). Light on purpose: no torch, so that the
 flags (flags.py, config.py) are checked at once.
+
+A folder's layout is checked first (resolve_model_dir); its configs are then read once into a frozen `ModelFolder`
+(read_model_folder, one per folder), and the questions about the model (caption_inputs, check_training_fields, ...)
+take that description, not the path.
 """
 
 import functools
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from guards.arguments import ConfigError
 from settings.families import FAMILIES, is_flow_matching
@@ -76,10 +82,7 @@ def resolve_model_dir(model_name: str) -> Path:
     for name in (*CONFIG_FILES, SECOND_ENCODER_CONFIG):
         if not (path / name).is_file():
             continue
-        try:
-            configs[name] = json.loads((path / name).read_text())
-        except (ValueError, UnicodeDecodeError) as error:
-            raise ModelFolderError(f'--model_name {model_name!r}: {path / name} is not valid JSON ({error})')
+        configs[name] = read_config(model_name, path, name)
     # SDXL's UNet embeds the second encoder's pooled output: one without the other cannot train.
     micro_conditioning = has_micro_conditioning(configs['unet/config.json'])
     if micro_conditioning != (SECOND_ENCODER_CONFIG in configs):
@@ -98,10 +101,7 @@ def resolve_model_dir(model_name: str) -> Path:
 
 def check_transformer_folder(model_name: str, path: Path) -> None:
     """A diffusion transformer's folder: a transformer class this benchmark trains, and its configs."""
-    try:
-        class_name = json.loads((path / TRANSFORMER_CONFIG).read_text()).get('_class_name')
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ModelFolderError(f'--model_name {model_name!r}: {path / TRANSFORMER_CONFIG} is not valid JSON ({error})')
+    class_name = read_config(model_name, path, TRANSFORMER_CONFIG).get('_class_name')
     if class_name not in FAMILIES:
         raise ModelFolderError(
             f'--model_name {model_name!r}: {TRANSFORMER_CONFIG} names {class_name!r}; the diffusion transformers '
@@ -120,10 +120,15 @@ def check_transformer_folder(model_name: str, path: Path) -> None:
             f"(a {class_name}'s folder holds {', '.join(needed)})"
         )
     for name in needed:
-        try:
-            json.loads((path / name).read_text())
-        except (ValueError, UnicodeDecodeError) as error:
-            raise ModelFolderError(f'--model_name {model_name!r}: {path / name} is not valid JSON ({error})')
+        read_config(model_name, path, name)
+
+
+def read_config(model_name: str, path: Path, name: str) -> dict:
+    """One config file of a model folder, or the one-line error of a file that is not JSON."""
+    try:
+        return json.loads((path / name).read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ModelFolderError(f'--model_name {model_name!r}: {path / name} is not valid JSON ({error})')
 
 
 def download_from_hub(model_name: str) -> Path:
@@ -211,29 +216,73 @@ def weights_problem(path: Path) -> str | None:
     return None
 
 
-def is_transformer_folder(model_dir: Path) -> bool:
-    return (Path(model_dir) / TRANSFORMER_CONFIG).is_file()
+@dataclass(frozen=True)
+class ModelFolder:
+    """A model folder's configs, read once (read_model_folder): what the flags' checks, the builders and the scripts
+    ask of it. The configs are read-only views."""
+
+    path: Path
+    denoiser_config: Mapping  # the UNet's, or a diffusion transformer's (whose keys say what it takes)
+    family: str | None  # a diffusion transformer's class name (Flux, SD3, PixArt); None for a UNet
+    text_encoder_folders: tuple[str, ...]  # in the order the denoiser's pipeline names them
+    text_encoder_configs: tuple[Mapping, ...]  # one per text encoder folder, in that order
+    scheduler_config: Mapping
+    vae_config: Mapping
+
+    @property
+    def is_transformer(self) -> bool:
+        return self.family is not None
+
+    def __reduce__(self):
+        # Pickled and copied as its path: the read-only views do not pickle, and the folder is read once anyway.
+        return read_model_folder, (self.path,)
 
 
-def denoiser_config(model_dir: Path) -> dict:
-    """The denoiser's config: the UNet's, or a diffusion transformer's (whose keys say what it takes)."""
-    if is_transformer_folder(model_dir):
-        return json.loads((Path(model_dir) / TRANSFORMER_CONFIG).read_text())
-    return json.loads((model_dir / 'unet' / 'config.json').read_text())
+def read_model_folder(model_dir: Path) -> ModelFolder:
+    """The description of a model folder whose layout resolve_model_dir has checked; read once per folder, as the
+    scripts and precompute.py's batches ask again and again, and read again only where a config file has changed
+    since (a folder written anew at the same path)."""
+    path = Path(model_dir).resolve()
+    return read_resolved_folder(path, config_stamps(path))
 
 
-@functools.cache
-def transformer_family(model_dir: Path) -> str | None:
-    """A diffusion transformer's class name (its family: Flux, SD3, PixArt), None for a UNet's folder; read once per
-    folder, as precompute.py asks for every batch."""
-    return denoiser_config(model_dir)['_class_name'] if is_transformer_folder(model_dir) else None
+def config_stamps(path: Path) -> tuple:
+    """What tells each config file's version without reading it (inode, size, modification time); None: missing."""
+    stamps = []
+    for name in (TRANSFORMER_CONFIG, *CONFIG_FILES, SECOND_ENCODER_CONFIG, 'text_encoder_3/config.json'):
+        try:
+            stat = (path / name).stat()
+        except OSError:
+            stamps.append(None)
+            continue
+        stamps.append((stat.st_ino, stat.st_size, stat.st_mtime_ns))
+    return tuple(stamps)
 
 
-def text_encoder_folders(model_dir: Path) -> tuple[str, ...]:
-    """The folder of each text encoder, in the order the denoiser's pipeline names them."""
-    if is_transformer_folder(model_dir):
-        return FAMILIES[transformer_family(model_dir)].text_encoders
-    return tuple(name for name in ('text_encoder', 'text_encoder_2') if (Path(model_dir) / name).is_dir())
+@functools.lru_cache(maxsize=64)  # bounded: a process that rewrites folders keeps only the recent versions
+def read_resolved_folder(path: Path, stamps: tuple) -> ModelFolder:
+    """The configs of a resolved folder's path; its config_stamps are read by the cache alone, as part of the key."""
+
+    def config(name: str) -> Mapping:
+        return MappingProxyType(read_config(str(path), path, name))
+
+    family = None
+    if (path / TRANSFORMER_CONFIG).is_file():
+        denoiser = config(TRANSFORMER_CONFIG)
+        family = denoiser['_class_name']
+        encoders = FAMILIES[family].text_encoders
+    else:
+        denoiser = config('unet/config.json')
+        encoders = tuple(name for name in ('text_encoder', 'text_encoder_2') if (path / name).is_dir())
+    return ModelFolder(
+        path=path,
+        denoiser_config=denoiser,
+        family=family,
+        text_encoder_folders=encoders,
+        text_encoder_configs=tuple(config(f'{name}/config.json') for name in encoders),
+        scheduler_config=config('scheduler/scheduler_config.json'),
+        vae_config=config('vae/config.json'),
+    )
 
 
 def has_micro_conditioning(unet_config) -> bool:
@@ -250,16 +299,15 @@ def pooled_text_width(unet_config) -> int | None:
     )
 
 
-def check_training_fields(model_name: str, model_dir: Path, prediction_type: str | None = None) -> None:
+def check_training_fields(model_name: str, folder: ModelFolder, prediction_type: str | None = None) -> None:
     """Refuses a folder whose configs ask for a training its family's step would not do, so that none is silently
     trained otherwise: a scheduler of another noise process than the step's (Flux and SD3: FlowMatchEulerDiscrete;
     the DDPM models: betas, not a flow or EDM schedule), a DDPM target other than epsilon or v_prediction,
     per-channel latent statistics in the VAE's config (and a shift for a UNet), a UNet's timestep-condition
     embedding. prediction_type: --prediction_type, which replaces the scheduler's (UNets only). docs/models.md
     lists what is honoured."""
-    model_dir = Path(model_dir)
-    family = transformer_family(model_dir)
-    scheduler = json.loads((model_dir / 'scheduler' / 'scheduler_config.json').read_text())
+    family = folder.family
+    scheduler = folder.scheduler_config
     scheduler_class = scheduler.get('_class_name')
     where = f'--model_name {model_name!r}: scheduler/scheduler_config.json'
     model = family or 'a UNet'
@@ -290,7 +338,7 @@ def check_training_fields(model_name: str, model_dir: Path, prediction_type: str
                 f'{where}: prediction_type {target!r}; {model} trains the target epsilon or v_prediction'
                 + ('' if family else ': pass --prediction_type to choose one')
             )
-    vae = json.loads((model_dir / 'vae' / 'config.json').read_text())
+    vae = folder.vae_config
     if vae.get('latents_mean') is not None or vae.get('latents_std') is not None:
         raise ModelFolderError(
             f'--model_name {model_name!r}: vae/config.json holds per-channel latents_mean/latents_std; the training '
@@ -301,20 +349,19 @@ def check_training_fields(model_name: str, model_dir: Path, prediction_type: str
             f"--model_name {model_name!r}: vae/config.json has shift_factor {vae['shift_factor']}, which the UNets' "
             'training step does not subtract (it scales latents by scaling_factor alone, as Stable Diffusion did)'
         )
-    if family is None and denoiser_config(model_dir).get('time_cond_proj_dim') is not None:
+    if family is None and folder.denoiser_config.get('time_cond_proj_dim') is not None:
         raise ModelFolderError(
             f"--model_name {model_name!r}: unet/config.json has time_cond_proj_dim (a distilled UNet's embedding of "
             'a guidance scale beside the timestep), which the training step gives no input: it would stay untrained'
         )
 
 
-def embeds_guidance(model_dir: Path) -> bool:
+def embeds_guidance(folder: ModelFolder) -> bool:
     """A guidance-distilled Flux (Flux.1-dev): its transformer embeds a guidance scale beside the timestep."""
-    family = transformer_family(model_dir)
     return (
-        family is not None
-        and FAMILIES[family].embeds_guidance
-        and bool(denoiser_config(model_dir).get('guidance_embeds'))
+        folder.is_transformer
+        and FAMILIES[folder.family].embeds_guidance
+        and bool(folder.denoiser_config.get('guidance_embeds'))
     )
 
 
@@ -332,13 +379,12 @@ T5_VOCAB_SIZE = 32128
 T5_PAD_ID, T5_END_ID = 0, 1
 
 
-def caption_pad_ids(model_dir: Path) -> tuple[int, ...]:
+def caption_pad_ids(folder: ModelFolder) -> tuple[int, ...]:
     """The padding id of each text encoder of a model folder, from its config's pad_token_id: 0 for OpenCLIP's
     encoders (SD 2, SDXL's second) and for T5, the end-of-text token for OpenAI's CLIP (SD 1.5, SDXL's first).
     Configs exported from OpenAI's CLIP carry a meaningless pad_token_id (1): CLIP's own end-of-text is used then."""
     pad_ids = []
-    for name in text_encoder_folders(model_dir):
-        config = json.loads((model_dir / name / 'config.json').read_text())
+    for config in folder.text_encoder_configs:
         pad = config.get('pad_token_id')
         if config.get('model_type') == 't5':
             pad_ids.append(T5_PAD_ID)
@@ -367,20 +413,19 @@ class CaptionInputs:
         return T5_VOCAB_SIZE in self.vocab_sizes
 
 
-def caption_inputs(model_dir: Path) -> CaptionInputs:
+def caption_inputs(folder: ModelFolder) -> CaptionInputs:
     """What the batches of a model folder's model carry: a caption column per text encoder, with its pad id
     (caption_pad_ids), length and vocabulary, and SDXL's time_ids where the UNet takes them."""
-    denoiser = denoiser_config(model_dir)
     lengths, vocab_sizes = [], []
-    for name in text_encoder_folders(model_dir):
-        if json.loads((model_dir / name / 'config.json').read_text()).get('model_type') == 't5':
-            lengths.append(FAMILIES[denoiser['_class_name']].t5_caption_length)
+    for config in folder.text_encoder_configs:
+        if config.get('model_type') == 't5':
+            lengths.append(FAMILIES[folder.family].t5_caption_length)
             vocab_sizes.append(T5_VOCAB_SIZE)
         else:
             lengths.append(CAPTION_LENGTH)
             vocab_sizes.append(CLIP_VOCAB_SIZE)
     return CaptionInputs(
-        caption_pad_ids(model_dir), has_micro_conditioning(denoiser), tuple(lengths), tuple(vocab_sizes)
+        caption_pad_ids(folder), has_micro_conditioning(folder.denoiser_config), tuple(lengths), tuple(vocab_sizes)
     )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from settings.durations import Duration
 from settings.families import Recipe
 from settings.memory_plan import Plan
-from settings.model_folder import CaptionInputs
+from settings.model_folder import CaptionInputs, ModelFolder
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,7 @@ class ModelSection:
 
     model_name: str
     model_dir: Path  # the folder the model is built from (a built-in config, or the user's)
+    model_folder: ModelFolder  # its configs, read once (model_folder.read_model_folder)
     caption_inputs: CaptionInputs  # what its batches carry beside the image (caption columns, SDXL's time_ids)
     prediction_type: str | None
     attention: str

@@ -25,6 +25,7 @@ from streaming import MDSWriter
 
 from settings.config import RunConfig, resolve_config
 from settings.flags import parse_args
+from settings.model_folder import CONFIGS_DIR, ModelFolder, read_model_folder
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('WANDB_MODE', 'offline')
@@ -130,15 +131,20 @@ def final_weights(trainer) -> dict:
     return weights
 
 
+def builtin_folder(name: str) -> ModelFolder:
+    """A built-in model's folder (configs/), read."""
+    return read_model_folder(CONFIGS_DIR / name)
+
+
 def fixed_batch(n=4, image_size=64, model_name='tiny'):
     """n synthetic samples for `model_name` with the noise, latent noise and timesteps drawn: a deterministic step."""
     import torch
     from torch.utils.data import default_collate
 
     from data import SyntheticImageCaptionDataset
-    from settings.model_folder import CONFIGS_DIR, caption_inputs
+    from settings.model_folder import caption_inputs
 
-    dataset = SyntheticImageCaptionDataset(image_size, inputs=caption_inputs(CONFIGS_DIR / model_name))
+    dataset = SyntheticImageCaptionDataset(image_size, inputs=caption_inputs(builtin_folder(model_name)))
     batch = default_collate([dataset[i] for i in range(n)])
     generator = torch.Generator().manual_seed(1)
     latent_shape = (n, 4, image_size // 8, image_size // 8)

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import jpeg, run_cli, write_dataset
+from conftest import builtin_folder, jpeg, run_cli, write_dataset
 from diffusers import UNet2DConditionModel
 from PIL import Image
 
@@ -82,15 +82,15 @@ def test_tiny_twins_have_the_structure_of_their_model(name, twin):
     ]
     assert tiny.noise_scheduler.config.prediction_type == big.noise_scheduler.config.prediction_type
     assert tiny.latent_scale == big.latent_scale
-    assert caption_pad_ids(CONFIGS_DIR / twin) == caption_pad_ids(CONFIGS_DIR / name)
+    assert caption_pad_ids(builtin_folder(twin)) == caption_pad_ids(builtin_folder(name))
     assert count(tiny.unet) < count(big.unet) / 100  # CPU-sized
 
 
 @pytest.mark.stack
 def test_each_text_encoder_pads_as_it_was_trained():
-    assert caption_pad_ids(CONFIGS_DIR / 'sd2-base') == (CLIP_PAD_ID,)  # OpenCLIP ViT-H: '!'
-    assert caption_pad_ids(CONFIGS_DIR / 'sd1.5') == (CLIP_END_ID,)  # OpenAI CLIP ViT-L: end of text
-    assert caption_pad_ids(CONFIGS_DIR / 'sdxl-base') == (CLIP_END_ID, CLIP_PAD_ID)  # ViT-L, then bigG
+    assert caption_pad_ids(builtin_folder('sd2-base')) == (CLIP_PAD_ID,)  # OpenCLIP ViT-H: '!'
+    assert caption_pad_ids(builtin_folder('sd1.5')) == (CLIP_END_ID,)  # OpenAI CLIP ViT-L: end of text
+    assert caption_pad_ids(builtin_folder('sdxl-base')) == (CLIP_END_ID, CLIP_PAD_ID)  # ViT-L, then bigG
 
 
 def test_sdxl_flops_match_the_reference_figure():
@@ -120,7 +120,7 @@ def test_size_conditions_of_a_real_image():
 
 
 def test_sdxl_batches_carry_both_caption_columns_and_the_size(tmp_path):
-    inputs = caption_inputs(CONFIGS_DIR / 'tiny-sdxl-base')
+    inputs = caption_inputs(builtin_folder('tiny-sdxl-base'))
     samples = [{'jpg': jpeg(i, (120, 80)), 'caption': 'a red cube'} for i in range(4)]
     dataset = StreamingLAIONDataset(local=write_dataset(tmp_path / 'mds', samples), image_size=32, inputs=inputs)
     sample = dataset[0]

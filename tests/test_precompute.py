@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 from composer.utils import reproducibility
-from conftest import LAUNCHER, REPO, fixed_batch, good_samples, run_process, settled, write_dataset
+from conftest import LAUNCHER, REPO, builtin_folder, fixed_batch, good_samples, run_process, settled, write_dataset
 from streaming import StreamingDataset
 from torch.utils.data import default_collate
 
@@ -23,7 +23,7 @@ from runs.run import main
 from settings.config import resolve_config
 from settings.dataset_checks import SHARD_HASH
 from settings.flags import parse_args
-from settings.model_folder import CONFIGS_DIR
+from settings.model_folder import CONFIGS_DIR, read_model_folder
 from settings.tokenizer import CaptionTokenizer
 
 SOURCE_SAMPLES = 40  # the generated dataset breaks samples 13 and 26 (an empty download, an HTML page)
@@ -45,7 +45,9 @@ def online_and_precomputed_models(model_name='tiny'):
 def precomputed_from(online, batch, dtype=torch.float16):
     text_encoders = [encoder for encoder in (online.text_encoder, online.text_encoder_2) if encoder is not None]
     if dtype == torch.float16:  # as precompute.py stores them
-        columns = precomputing.encode(online.model_dir, online.vae, text_encoders, batch, torch.device('cpu'))
+        columns = precomputing.encode(
+            read_model_folder(online.model_dir), online.vae, text_encoders, batch, torch.device('cpu')
+        )
         columns = {name: torch.from_numpy(array) for name, array in columns.items()}
     else:  # the same values before fp16 storage rounds them
         with torch.no_grad():
@@ -143,7 +145,7 @@ def test_precompute_writes_aligned_samples_resumes_and_trains(source, tmp_path, 
     reader = PrecomputedLatentsDataset(local=str(out), shuffle=False, batch_size=1)
     for k in (0, 13, 37):
         batch = default_collate([good[k]])
-        encoded = precomputing.encode(CONFIGS_DIR / 'tiny', vae, [text_encoder], batch, torch.device('cpu'))
+        encoded = precomputing.encode(builtin_folder('tiny'), vae, [text_encoder], batch, torch.device('cpu'))
         assert sorted(encoded) == ['latent_logvar', 'latent_mean', 'text_embedding']
         # Encoded in batches of 16 there, of 1 here: equal up to fp16 rounding of reassociated sums.
         for name, expected in encoded.items():

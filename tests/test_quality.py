@@ -24,7 +24,7 @@ from runs.run import main
 from runs.stability import CaptionDropout
 from settings.config import resolve_config
 from settings.flags import parse_args
-from settings.model_folder import CONFIGS_DIR, caption_inputs
+from settings.model_folder import CONFIGS_DIR, caption_inputs, read_model_folder
 from settings.tokenizer import CaptionTokenizer
 
 SMALL = [*TINY, '--image_size', '32', '--batch_size', '4']
@@ -223,7 +223,7 @@ def test_validation_loss_of_the_other_models(split):
     for name in ('tiny-sd1.5', 'tiny-sd2-768-v', 'tiny-sdxl-base'):
         torch.manual_seed(0)
         model = build_model(CONFIGS_DIR / name).eval()
-        dataset = ValidationSplit(split, (4, 4, 4), 32, inputs=caption_inputs(model.model_dir))
+        dataset = ValidationSplit(split, (4, 4, 4), 32, inputs=caption_inputs(read_model_folder(model.model_dir)))
         if name == 'tiny-sdxl-base':
             assert dataset[0]['input_ids_2'][-1] == 0 and dataset[0]['time_ids'].tolist() == [64, 80, 0, 4, 32, 32]
         whole = mean_loss(model, dataset, [range(7)])

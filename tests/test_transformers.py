@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from composer.core import Callback
-from conftest import fake_gpu, good_samples, settled, write_dataset, write_t5_tokenizer
+from conftest import builtin_folder, fake_gpu, good_samples, settled, write_dataset, write_t5_tokenizer
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
 from torch.utils.data import default_collate
@@ -38,6 +38,7 @@ from settings.model_folder import (
     T5_PAD_ID,
     T5_VOCAB_SIZE,
     caption_inputs,
+    read_model_folder,
 )
 from settings.tokenizer import clip_tokenizer_folder, column_tokenizers
 
@@ -63,7 +64,7 @@ def count(module):
 
 def twin_batch(name, n=2, size=64, seed=0):
     """A synthetic batch of a twin, with fixed draws."""
-    inputs = caption_inputs(CONFIGS_DIR / name)
+    inputs = caption_inputs(builtin_folder(name))
     batch = default_collate([SyntheticImageCaptionDataset(size, inputs=inputs)[i] for i in range(n)])
     generator = torch.Generator().manual_seed(seed)
     latent = (n, 16 if name != 'tiny-pixart-sigma' else 4, size // 8, size // 8)
@@ -93,17 +94,17 @@ def test_each_twin_has_the_structure_of_its_model(name):
     )
     assert type(full.noise_scheduler) is type(twin.noise_scheduler)
     assert full.noise_scheduler.config.get('shift') == twin.noise_scheduler.config.get('shift')
-    assert caption_inputs(CONFIGS_DIR / name) == caption_inputs(CONFIGS_DIR / TWINS[name])
+    assert caption_inputs(builtin_folder(name)) == caption_inputs(builtin_folder(TWINS[name]))
     assert count(twin.transformer) < 100_000
 
 
 def test_caption_columns_follow_the_text_encoders():
-    flux = caption_inputs(CONFIGS_DIR / 'flux-schnell')
+    flux = caption_inputs(builtin_folder('flux-schnell'))
     assert flux.lengths == (77, 256) and flux.vocab_sizes == (CLIP_VOCAB_SIZE, T5_VOCAB_SIZE)
     assert flux.pad_ids == (CLIP_END_ID, T5_PAD_ID)  # OpenAI's CLIP-L pads with end of text
-    sd3 = caption_inputs(CONFIGS_DIR / 'sd3.5-medium')
+    sd3 = caption_inputs(builtin_folder('sd3.5-medium'))
     assert sd3.lengths == (77, 77, 256) and sd3.pad_ids == (CLIP_END_ID, CLIP_PAD_ID, T5_PAD_ID)
-    pixart = caption_inputs(CONFIGS_DIR / 'pixart-sigma')
+    pixart = caption_inputs(builtin_folder('pixart-sigma'))
     assert pixart.lengths == (300,) and pixart.id_columns == ['input_ids'] and pixart.uses_t5
     sample = SyntheticImageCaptionDataset(32, inputs=sd3)[0]
     assert [sample[c].shape[0] for c in sd3.id_columns] == [77, 77, 256]
@@ -359,7 +360,7 @@ def captions(tmp_path_factory):
 
 @pytest.mark.stack
 def test_t5_columns_read_the_local_tokenizer_and_clip_columns_the_builtin_one(t5_tokenizer):
-    inputs = caption_inputs(CONFIGS_DIR / 'tiny-sd3.5-medium')
+    inputs = caption_inputs(builtin_folder('tiny-sd3.5-medium'))
     tokenizers = column_tokenizers(t5_tokenizer, inputs)
     clip_l, clip_g, t5 = (tokenizers[column]('a photo of the cat') for column in inputs.id_columns)
     assert clip_l[0] == clip_g[0] == CLIP_START_ID and len(clip_l) == len(clip_g) == 77
@@ -368,7 +369,7 @@ def test_t5_columns_read_the_local_tokenizer_and_clip_columns_the_builtin_one(t5
     clip_column, _, t5_column = (tokenizers[column] for column in inputs.id_columns)
     assert torch.equal(clip_column('A CAT'), clip_column('a cat'))
     assert not torch.equal(t5_column('A CAT'), t5_column('a cat'))
-    pixart = column_tokenizers(t5_tokenizer, caption_inputs(CONFIGS_DIR / 'tiny-pixart-sigma'))['input_ids']
+    pixart = column_tokenizers(t5_tokenizer, caption_inputs(builtin_folder('tiny-pixart-sigma')))['input_ids']
     long_caption = pixart(' '.join(['cat'] * 400))
     assert len(long_caption) == 300 and long_caption[-1] == T5_END_ID  # truncated, </s> kept last
 
@@ -412,7 +413,9 @@ def test_precomputed_captions_give_the_online_loss_and_train(name, captions, t5_
     assert first['text_embedding'].shape[0] == t5_length and first['text_embedding'].dtype == torch.float16
     if name == 'tiny-pixart-sigma':  # 'photo number 0': three words and </s>, the rest T5's padding
         assert 'pooled_text_embedding' not in first and int(first['text_mask'].sum()) == len(
-            column_tokenizers(t5_tokenizer, caption_inputs(CONFIGS_DIR / name))['input_ids']('photo number 0').nonzero()
+            column_tokenizers(t5_tokenizer, caption_inputs(builtin_folder(name)))['input_ids'](
+                'photo number 0'
+            ).nonzero()
         )
     else:
         assert first['pooled_text_embedding'].shape == (32,) and 'text_mask' not in first
@@ -451,7 +454,7 @@ def test_the_precomputed_step_equals_the_online_step_on_captions(name, captions,
     online = build_model(CONFIGS_DIR / name)
     without_encoders = build_model(CONFIGS_DIR / name, precomputed=True)
     without_encoders.transformer.load_state_dict(online.transformer.state_dict())
-    inputs = caption_inputs(CONFIGS_DIR / name)
+    inputs = caption_inputs(builtin_folder(name))
     images = StreamingLAIONDataset(
         local=captions, image_size=32, tokenizer=t5_tokenizer, inputs=inputs, shuffle=False, batch_size=1
     )
@@ -463,7 +466,9 @@ def test_the_precomputed_step_equals_the_online_step_on_captions(name, captions,
     draws['sigmas' if name != 'tiny-pixart-sigma' else 'timesteps'] = (
         torch.tensor([0.25, 0.75]) if name != 'tiny-pixart-sigma' else torch.tensor([250, 750])
     )
-    stored = precomputing.encode(online.model_dir, online.vae, online.text_encoders, batch, torch.device('cpu'))
+    stored = precomputing.encode(
+        read_model_folder(online.model_dir), online.vae, online.text_encoders, batch, torch.device('cpu')
+    )
     stored = {column: torch.from_numpy(array) for column, array in stored.items()}
     with torch.no_grad():
         expected = online.loss(online({**batch, **draws}), batch)
@@ -561,7 +566,7 @@ def test_precomputed_latents_a_transformer_cannot_patch_are_refused(tmp_path):
     from streaming import MDSWriter
 
     with MDSWriter(
-        out=str(tmp_path / 'odd'), columns=precomputing.output_columns(CONFIGS_DIR / 'tiny-flux-schnell')
+        out=str(tmp_path / 'odd'), columns=precomputing.output_columns(builtin_folder('tiny-flux-schnell'))
     ) as out:
         for _ in range(4):
             out.write(
@@ -687,8 +692,8 @@ def test_the_smoke_t5_tokenizer_gives_t5s_ids_padding_and_end_of_text(tmp_path):
 
     folder = str(t5_smoke_tokenizer_folder(tmp_path / 't5-smoke'))
     for name in TWINS.values():
-        check_tokenizer(folder, caption_inputs(CONFIGS_DIR / name))  # T5's ids, or a one-line ConfigError
-    inputs = caption_inputs(CONFIGS_DIR / 'tiny-flux-schnell')
+        check_tokenizer(folder, caption_inputs(builtin_folder(name)))  # T5's ids, or a one-line ConfigError
+    inputs = caption_inputs(builtin_folder('tiny-flux-schnell'))
     t5 = column_tokenizers(folder, inputs)[inputs.id_columns[inputs.vocab_sizes.index(T5_VOCAB_SIZE)]]
     caption = 'A red circle on a blue background, 3 cats!'
     ids = t5(caption).tolist()
