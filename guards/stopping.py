@@ -20,7 +20,9 @@ import contextlib
 import logging  # noqa: F401  imported first: its fork hooks must run inside ours (stops held)
 import os
 import signal
+import sys
 import threading
+import traceback
 from collections.abc import Callable
 
 SIGNALS = {signal.SIGINT: 'Ctrl-C (SIGINT)', signal.SIGTERM: 'SIGTERM'}
@@ -113,8 +115,27 @@ def stop_on_signals(describe: Callable[[int], str]):
 
 
 def quiet_loader_worker(worker_id: int) -> None:
-    """A DataLoader's worker_init_fn: the worker leaves job-wide signals to its parent (leave_signals_to_parent)."""
+    """A DataLoader's worker_init_fn: the worker leaves job-wide signals to its parent (leave_signals_to_parent), and
+    says nothing of a parent that stopped while taking a batch from it (without_hangups_of_a_stopped_parent)."""
     leave_signals_to_parent()
+    sys.excepthook = without_hangups_of_a_stopped_parent(sys.excepthook)
+
+
+def without_hangups_of_a_stopped_parent(excepthook):
+    """sys.excepthook for a loader worker. Multiprocessing's resource sharer hands a batch's shared memory to the
+    main process over a connection; where the main process stopped (a Ctrl-C or SIGTERM) in the middle of taking
+    it, the sharer's thread finds the connection gone and reports it through sys.excepthook, a traceback after the
+    run's one line. That is left unsaid; any other error is reported as before."""
+
+    def hook(kind, error, trace):
+        hangup = issubclass(kind, (BrokenPipeError, ConnectionResetError))
+        if hangup and any(
+            frame.f_code.co_filename.endswith('resource_sharer.py') for frame, _ in traceback.walk_tb(trace)
+        ):
+            return
+        excepthook(kind, error, trace)
+
+    return hook
 
 
 def leave_signals_to_parent() -> None:

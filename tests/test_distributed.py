@@ -18,7 +18,9 @@ from settings.flags import parse_args
 SMALL_RUN = [*TINY, '--image_size', '32', '--batch_size', '8']
 
 
-def launch(tmp_path, name, *flags, fail_rank=None, fail_after=1, cpu_fsdp=False, base=SMALL_RUN, timeout=300):
+def launch(
+    tmp_path, name, *flags, fail_rank=None, fail_after=1, cpu_fsdp=False, base=SMALL_RUN, timeout=300, launcher_flags=()
+):
     probe_dir = tmp_path / name
     probe_dir.mkdir()
     # One thread per rank: two ranks share this machine's cores.
@@ -34,7 +36,7 @@ def launch(tmp_path, name, *flags, fail_rank=None, fail_after=1, cpu_fsdp=False,
     if cpu_fsdp:
         env['PROBE_CPU_FSDP'] = '1'
     run = run_process(
-        [LAUNCHER, '-n', '2', str(REPO / 'tests' / 'two_rank_probe.py'), *base, *flags],
+        [LAUNCHER, '-n', '2', *launcher_flags, str(REPO / 'tests' / 'two_rank_probe.py'), *base, *flags],
         cwd=tmp_path,
         env=env,
         timeout=timeout,
@@ -128,9 +130,12 @@ def test_two_ranks_resume_mid_epoch_on_mds_data_exactly(tmp_path):
 
 @pytest.mark.slow
 def test_a_failing_rank_ends_the_job_with_an_error(tmp_path):
-    run, ranks = launch(tmp_path, 'failing', '--max_duration', '4ba', fail_rank=1, timeout=240)
+    """Each rank's stderr in a file of its own: the launcher shows the output of the rank it finds ended first,
+    which may be rank 0, ended by its peer's going."""
+    flags = ('--stderr', 'rank{rank}.err')
+    run, ranks = launch(tmp_path, 'failing', '--max_duration', '4ba', fail_rank=1, timeout=240, launcher_flags=flags)
     assert run.returncode != 0
-    assert 'probe: simulated failure on this rank' in run.stdout + run.stderr
+    assert 'probe: simulated failure on this rank' in (tmp_path / 'rank1.err').read_text()
     assert ranks == []  # neither rank finished
 
 

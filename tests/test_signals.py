@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 import zipfile
@@ -21,7 +22,7 @@ from conftest import REPO, TINY, free_port, good_samples, jpeg, settled, start_j
 
 import convert
 import precompute
-from guards.stopping import Stopped, quiet_loader_worker
+from guards.stopping import Stopped, quiet_loader_worker, without_hangups_of_a_stopped_parent
 from guards.writer_lock import LOCK_FILE
 from runs import precomputing
 from runs.interrupts import StopOnSignal
@@ -408,7 +409,8 @@ def test_precompute_stopped_by_a_signal_to_every_process_ends_in_one_line(tmp_pa
     source = write_dataset(tmp_path / 'mds', good_samples(48), size_limit=1 << 12)
     out = tmp_path / 'latents'
     run = start_job([sys.executable, '-c', SLOW_PRECOMPUTE, *precompute_flags(source, out), '--num_workers', '2'], REPO)
-    wait_until(lambda: (out / 'part-00000' / 'index.json').is_file(), 120, 'the first part written')
+    # The next part begun: the first is whole (its index.json is written before its writer has finished).
+    wait_until(lambda: (out / 'part-00001').is_dir(), 120, 'the first part finished')
     os.killpg(run.pid, signal.SIGTERM)
     out_text, err = run.communicate(timeout=60)
     assert run.returncode == 143, err[-3000:]
@@ -420,6 +422,53 @@ def test_precompute_stopped_by_a_signal_to_every_process_ends_in_one_line(tmp_pa
     finished = parts(out)
     assert 1 <= len(finished) < 6 and set(finished.values()) == {8}, finished
     wait_until(lambda: not live_members(run.pid), 30, 'every process ended, loader workers included')
+
+
+def test_a_workers_hangup_from_a_parent_stopped_while_taking_a_batch_prints_no_traceback(capfd):
+    """Multiprocessing's resource sharer, serving a batch's shared memory to a main process that a signal stopped
+    meanwhile, finds the connection gone and reports it through sys.excepthook: in a loader worker
+    (quiet_loader_worker) that says nothing; any other error, a broken pipe elsewhere too, is reported."""
+    from multiprocessing import resource_sharer
+
+    class Connection:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def recv(self):
+            return None  # the sharer's own word to end
+
+    class GoneThenDone:
+        """A listener whose first connection the main process broke off; its second asks the sharer to end."""
+
+        def __init__(self):
+            self.accepted = 0
+
+        def accept(self):
+            self.accepted += 1
+            if self.accepted == 1:
+                raise BrokenPipeError(32, 'Broken pipe')
+            return Connection()
+
+    sharer = object.__new__(resource_sharer._ResourceSharer)
+    sharer._listener, sharer._cache = GoneThenDone(), {}
+    before = sys.excepthook
+    sys.excepthook = without_hangups_of_a_stopped_parent(before)
+    try:
+        serving = threading.Thread(target=sharer._serve)
+        serving.start()
+        serving.join(timeout=60)
+        assert not serving.is_alive() and sharer._listener.accepted == 2
+        try:
+            raise BrokenPipeError(32, 'a pipe of the run itself')
+        except BrokenPipeError:
+            sys.excepthook(*sys.exc_info())
+    finally:
+        sys.excepthook = before
+    err = capfd.readouterr().err
+    assert 'resource_sharer' not in err and 'a pipe of the run itself' in err, err
 
 
 # ------------------------------------------------------------------------------------------ convert.py

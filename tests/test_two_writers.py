@@ -99,8 +99,9 @@ def test_a_killed_writers_folder_is_free_while_a_child_it_forked_lives_on(tmp_pa
     holder = start_job([sys.executable, '-c', FORKING_HOLDER, str(folder), str(REPO)], tmp_path)
     try:
         lines = {holder.stdout.readline().strip() for _ in range(2)}  # the child's pid, and the child's word
+        ended = '' in lines  # its output closed: the holder and its child are gone, and say why on stderr
+        assert not ended and 'forked' in lines, (lines, holder.stderr.read() if ended else '')
         (child,) = (int(line) for line in lines if line != 'forked')
-        assert 'forked' in lines, lines
         holder.kill()
         holder.wait(timeout=30)
         os.kill(child, 0)  # still there
