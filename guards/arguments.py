@@ -62,7 +62,10 @@ def stop(status: int, message: str):
     # First of the exit's atexit work (last registered, first run): before Composer's close of its trainer.
     atexit.unregister(end_quietly_on_signals)
     atexit.register(end_quietly_on_signals, status)
-    print(line, file=sys.stderr)
+    # One write: print writes the newline apart where PYTHONUNBUFFERED is set (as in many container images), and
+    # the ranks of a job sharing one stderr (torchrun) would interleave their lines.
+    sys.stderr.write(f'{line}\n')
+    sys.stderr.flush()
     leave_verdict(line)
     sys.exit(status)
 

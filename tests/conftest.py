@@ -10,6 +10,7 @@ in one line rather than pass by skipping them; in a session that also selects CP
 import io
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -231,6 +232,25 @@ def start_job(command: list[str], cwd) -> subprocess.Popen:
     return start_process(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
+
+
+def has_ended(process: subprocess.Popen) -> bool:
+    """Whether a child has ended, leaving it unreaped: until it is waited for, its pid and its process group's id name
+    no other process, so that signalling its group after it ended (to end what it left running) signals nothing
+    else. Once reaped, the kernel may give the pid to any new process or thread of the machine."""
+    if process.returncode is not None:  # reaped already (Popen.poll, wait)
+        return True
+    return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def kill_if_unreaped(pid: int) -> None:
+    """SIGKILL to a child of this process (a loader worker) unless it has been reaped: a freed pid may be another
+    process's or thread's by now (kill(2) of a thread's id ends its whole process)."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped, or never this process's child
+        return
+    os.kill(pid, signal.SIGKILL)
 
 
 def wait_until(condition, timeout: float, what: str) -> None:

@@ -51,7 +51,12 @@ def serve(address: str) -> None:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     selector.register(wakeup_read, selectors.EVENT_READ)
+    # A child's connection: while it runs, then, once it has ended, until the test has its status and closes it;
+    # only then is the child reaped. Until then its pid (and its group's id) can name no other process, as for a
+    # plain subprocess, which stays a zombie until waited for: a test signalling a job that has just ended signals
+    # nothing, not whatever process the kernel gave the freed pid to next.
     children: dict[int, socket.socket] = {}
+    ended: dict[int, socket.socket] = {}
     parent = os.getppid()
     while os.getppid() == parent:
         for key, _ in selector.select(timeout=1.0):
@@ -65,7 +70,7 @@ def serve(address: str) -> None:
                 pid = os.fork()
                 if pid == 0:
                     try:
-                        for open_socket in (listener, *children.values(), connection):
+                        for open_socket in (listener, *children.values(), *ended.values(), connection):
                             open_socket.close()
                         selector.close()
                         os.close(wakeup_read)
@@ -78,11 +83,40 @@ def serve(address: str) -> None:
                 children[pid] = connection
                 with contextlib.suppress(OSError):  # a test gone meanwhile: the child runs on, reaped below
                     connection.sendall(STATUS.pack(pid))
-            else:
+            elif key.fileobj == wakeup_read:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(wakeup_read, 512):
                         pass
-        reap(children)
+            else:  # an ended child's test has closed its end (or is gone): the child is reaped
+                selector.unregister(key.fileobj)
+                reap(key.data, ended)
+        report_ended(children, ended, selector)
+
+
+def report_ended(children: dict[int, socket.socket], ended: dict[int, socket.socket], selector) -> None:
+    """Sends each ended child's exit status to its test, leaving the child unreaped until the test closes."""
+    for pid in list(children):
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if info is None:
+            continue
+        ended[pid] = connection = children.pop(pid)
+        try:
+            connection.sendall(STATUS.pack(wait_status(info)))
+            selector.register(connection, selectors.EVENT_READ, pid)
+        except OSError:  # the test that started it is gone
+            reap(pid, ended)
+
+
+def wait_status(info: os.waitid_result) -> int:
+    """os.waitpid's status word of what os.waitid reported."""
+    if info.si_code == os.CLD_EXITED:
+        return (info.si_status & 0xFF) << 8
+    return info.si_status | (0x80 if info.si_code == os.CLD_DUMPED else 0)
+
+
+def reap(pid: int, ended: dict[int, socket.socket]) -> None:
+    os.waitpid(pid, 0)
+    ended.pop(pid).close()
 
 
 def receive_request(connection: socket.socket) -> tuple[dict, list[int]]:
@@ -99,23 +133,6 @@ def receive_exactly(connection: socket.socket, size: int) -> bytes:
             raise ConnectionError('the fork server closed the connection')
         data += chunk
     return data
-
-
-def reap(children: dict[int, socket.socket]) -> None:
-    while children:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        connection = children.pop(pid, None)
-        if connection is not None:
-            try:
-                connection.sendall(STATUS.pack(status))
-            except OSError:  # the test that started it is gone
-                pass
-            connection.close()
 
 
 # ------------------------------------------------------------------------------------- the child

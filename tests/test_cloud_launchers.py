@@ -6,6 +6,7 @@ S3 and GPUs would give: random tensors instead of the S3 dataset, a checkpoint f
 flags added after the file's own (the last of a flag wins), 127.0.0.1 and a free port as the master, one process
 per node; and benchmark.py replaced by tests/two_rank_probe.py, which runs it and records what each rank trained."""
 
+import contextlib
 import json
 import os
 import re
@@ -13,12 +14,13 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import REPO, free_port, s3_client, skip_unless_ci
+from conftest import REPO, free_port, has_ended, s3_client, skip_unless_ci, wait_until
 
 from settings.flags import parse_args
 
@@ -141,22 +143,21 @@ def mount_namespaces(request):
 
 
 def finish(nodes: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:
-    """Each node's exit status, stdout and stderr; every process of a node left running is killed."""
+    """Each node's exit status, stdout and stderr; every process of a node left running is killed, its group
+    signalled before its first process is reaped (has_ended), so that the group's id names no other job's."""
     deadline = time.monotonic() + timeout
     try:
         for node in nodes:
-            node.wait(timeout=max(1, deadline - time.monotonic()))
-        return [
-            (node.returncode, (node.output / 'stdout').read_text(), (node.output / 'stderr').read_text())
-            for node in nodes
-        ]
+            wait_until(partial(has_ended, node), max(1, deadline - time.monotonic()), f'{node.output.name} ended')
     finally:
         for node in nodes:
-            try:
-                os.killpg(node.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            if node.returncode is None:  # not reaped: the group's id is still its own
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(node.pid, signal.SIGKILL)
             node.wait()
+    return [
+        (node.returncode, (node.output / 'stdout').read_text(), (node.output / 'stderr').read_text()) for node in nodes
+    ]
 
 
 def statuses(ends) -> list[int]:
@@ -277,7 +278,7 @@ def test_kubernetes_preempted_pod_ends_its_job_and_the_replacements_resume(s3, t
     try:
         deadline = time.monotonic() + 180
         while not latest_link(s3, tmp_path.name):
-            assert time.monotonic() < deadline and all(pod.poll() is None for pod in pods), 'no latest link on S3'
+            assert time.monotonic() < deadline and not any(map(has_ended, pods)), 'no latest link on S3'
             time.sleep(0.5)
         pods[1].send_signal(signal.SIGTERM)  # to the container's first process: the launcher, after exec
     finally:

@@ -1,7 +1,6 @@
 """A loader worker that dies (killed as the kernel's out-of-memory killer does) ends the run in one line instead of
 a traceback; the loader waits for a worker's batch at most its timeout."""
 
-import contextlib
 import os
 import re
 import signal
@@ -9,7 +8,7 @@ import signal
 import psutil
 import pytest
 from composer.core import Callback
-from conftest import TINY, good_samples, settled, write_dataset
+from conftest import TINY, good_samples, kill_if_unreaped, settled, write_dataset
 
 from datapath import loaders
 from guards.arguments import ConfigError
@@ -138,6 +137,5 @@ def test_a_worker_stopped_for_good_ends_the_run_within_the_loaders_timeout(monke
         line = run_ending_in_one_line(stopper, capfd)
     finally:
         for pid in stopper.pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            kill_if_unreaped(pid)
     assert re.match(r'error: a loader worker \(pid [\d, ]+\) sent no batch in 3 s \(stopped, or hung on a', line)

@@ -3,6 +3,9 @@ The second is refused in one line before it writes (exit status 2), naming the f
 the fix, never a folder of both writers' files; a writer killed outright frees its folder, so a requeued
 --autoresume takes it over."""
 
+import atexit
+import contextlib
+import io
 import os
 import re
 import signal
@@ -14,7 +17,7 @@ from conftest import LAUNCHER, REPO, TINY, good_samples, jpeg, run_process, star
 
 import convert
 import precompute
-from guards.arguments import ConfigError
+from guards.arguments import ConfigError, stop
 from guards.writer_lock import LOCK_FILE, WRITE_CHECK_PREFIX, FolderBusy, one_writer
 from settings.config import resolve_config
 from settings.flags import parse_args
@@ -83,11 +86,12 @@ sys.path.insert(0, sys.argv[2])
 from guards.writer_lock import one_writer
 with one_writer(sys.argv[1], sys.argv[1], 'fix'):
     child = os.fork()  # as a loader worker is, while the lock is held
+    # Each line in one write: print makes two where PYTHONUNBUFFERED is set, and the two processes' would interleave.
     if child == 0:
-        print('forked', flush=True)  # os.fork has returned here: the child's fork hooks have run
+        os.write(1, b'forked\\n')  # os.fork has returned here: the child's fork hooks have run
         time.sleep(600)
         os._exit(0)
-    print(child, flush=True)
+    os.write(1, f'{child}\\n'.encode())
     time.sleep(600)
 """
 
@@ -97,18 +101,25 @@ def test_a_killed_writers_folder_is_free_while_a_child_it_forked_lives_on(tmp_pa
     not hold it: the writer killed outright, the next one takes the folder at once."""
     folder = tmp_path / 'out'
     holder = start_job([sys.executable, '-c', FORKING_HOLDER, str(folder), str(REPO)], tmp_path)
+    child = None
     try:
         lines = {holder.stdout.readline().strip() for _ in range(2)}  # the child's pid, and the child's word
         ended = '' in lines  # its output closed: the holder and its child are gone, and say why on stderr
         assert not ended and 'forked' in lines, (lines, holder.stderr.read() if ended else '')
-        (child,) = (int(line) for line in lines if line != 'forked')
+        # The child itself, by a descriptor: its pid, once the holder is reaped, could come to name another process.
+        child = os.pidfd_open(int(next(line for line in lines if line != 'forked')))
         holder.kill()
         holder.wait(timeout=30)
-        os.kill(child, 0)  # still there
+        signal.pidfd_send_signal(child, 0)  # still there
         with one_writer(folder, 'out', 'fix'):
             assert (folder / LOCK_FILE).read_text() == f'{os.getpid()} {HOST}\n'
     finally:
-        os.killpg(holder.pid, signal.SIGKILL)  # the child, in the holder's process group
+        if holder.returncode is None:  # not reaped: its group's id is still its own
+            os.killpg(holder.pid, signal.SIGKILL)
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(child, signal.SIGKILL)
+            os.close(child)
 
 
 def test_a_lock_file_a_killed_writer_left_is_not_an_earlier_output(tmp_path):
@@ -250,6 +261,24 @@ def test_every_rank_of_a_refused_job_stops_in_one_line(tmp_path):
     line = f'error: --save_folder {folder}: another process (pid {os.getpid()} on {HOST}) is writing it; {RUN_FIX}'
     assert line in job.stderr.splitlines(), job.stderr[-3000:]  # rank 0's, through the launcher
     assert line in (tmp_path / 'rank1.err').read_text().splitlines()  # rank 1 told, not left waiting and killed
+
+
+def test_a_ranks_error_line_is_one_write(monkeypatch):
+    """Where PYTHONUNBUFFERED is set (many container images), print writes a line's newline apart: ranks sharing a
+    stderr (torchrun's) would interleave their lines. The line, with its newline, goes in one write."""
+    writes = []
+
+    class Stderr(io.TextIOBase):
+        def write(self, text):
+            writes.append(text)
+            return len(text)
+
+    monkeypatch.setattr(sys, 'stderr', Stderr())
+    monkeypatch.setattr(atexit, 'register', lambda *args: None)  # the exit's quiet handling: not this process's
+    with pytest.raises(SystemExit) as exited:
+        stop(2, '--save_folder ckpt: another process (pid 412 on node3) is writing it')
+    assert exited.value.code == 2
+    assert writes == ['error: --save_folder ckpt: another process (pid 412 on node3) is writing it\n']
 
 
 def test_a_new_run_onto_an_s3_save_folder_holding_checkpoints_is_refused_before_it_trains(s3):
