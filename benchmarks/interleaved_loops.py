@@ -98,7 +98,7 @@ class InterleavedBareLoop(Callback):
         self.model = model_of(args)
         if args.speed.channels_last:  # what Composer's ChannelsLast algorithm does to the other model at INIT
             apply_channels_last(self.model)
-        self.optimizer = build_optimizer(args, self.model)
+        self.optimizer = build_optimizer(args.objective, args.speed, self.model)
         self.model.train()
         self.batches = iter(build_dataloader(args, self.model))
         self.bare_steps = []

@@ -46,7 +46,7 @@ from settings.config import RunConfig
 from settings.dataset_checks import DataError
 from settings.model_folder import LATENT_DOWNSAMPLE
 from settings.presets import SYNTHETIC_SAMPLES
-from settings.run_sections import ObjectiveSection
+from settings.run_sections import BatchSection, DataSection, ObjectiveSection, OutputSection, SpeedSection
 from settings.tokenizer import TokenizerError
 
 # torch.compile options that --compile adds to its own (Inductor, in the mode it names, at static shapes): none for a
@@ -132,14 +132,14 @@ def build_streaming_dataloader(config: RunConfig) -> DataLoader:
     )
 
 
-def build_optimizer(config: RunConfig, model: DiffusionModel) -> torch.optim.Optimizer:
+def build_optimizer(objective: ObjectiveSection, speed: SpeedSection, model: DiffusionModel) -> torch.optim.Optimizer:
     """The published optimizer for the UNets, a diffusion transformer's recipe's for it. fused=True: one kernel for
     all parameters, the same update."""
     settings = {'lr': 1e-4, 'weight_decay': 1e-3}
-    if config.objective.recipe is not None:
-        recipe = config.objective.recipe
+    if objective.recipe is not None:
+        recipe = objective.recipe
         settings = {'lr': recipe.learning_rate, 'betas': recipe.betas, 'weight_decay': recipe.weight_decay}
-    return torch.optim.AdamW(model.denoiser.parameters(), **settings, fused=config.speed.fused_adamw or None)
+    return torch.optim.AdamW(model.denoiser.parameters(), **settings, fused=speed.fused_adamw or None)
 
 
 def build_lr_schedule(objective: ObjectiveSection) -> ComposerScheduler:
@@ -164,7 +164,7 @@ def mark_fsdp_units(model: DiffusionModel) -> None:
 
 
 def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoader, callbacks: tuple = ()) -> Trainer:
-    optimizer = build_optimizer(config, model)
+    optimizer = build_optimizer(config.objective, config.speed, model)
     if config.batch.fsdp != 'none':
         mark_fsdp_units(model)
     algorithms = []
@@ -200,7 +200,7 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
             *(() if bar else (ProgressLines(config.batch.num_batches),)),
             *callbacks,
         ],
-        eval_dataloader=build_evaluators(config, latent_shape(config, model)) or None,
+        eval_dataloader=build_evaluators(config, latent_shape(config.data, model)) or None,
         loggers=loggers,
         progress_bar=bar,
         seed=config.batch.seed,
@@ -211,7 +211,7 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
         autoresume=config.outputs.autoresume,
         algorithms=algorithms,
         compile_config=compile_config(config.speed.compile),
-        profiler=None if config.outputs.profile is None else build_profiler(config),
+        profiler=None if config.outputs.profile is None else build_profiler(config.outputs, config.batch),
         parallelism_config=None
         if config.batch.fsdp == 'none'
         else {
@@ -247,8 +247,8 @@ def fit_speed_window(trainer: Trainer, batches: int) -> None:
         setattr(monitor, name, deque(maxlen=window + 1))  # SpeedMonitor keeps window + 1 batch ends
 
 
-def latent_shape(config: RunConfig, model: DiffusionModel) -> tuple[int, int, int]:
-    side = config.data.image_size // LATENT_DOWNSAMPLE
+def latent_shape(data: DataSection, model: DiffusionModel) -> tuple[int, int, int]:
+    side = data.image_size // LATENT_DOWNSAMPLE
     return (model.latent_channels, side, side)
 
 
@@ -391,17 +391,17 @@ def composer_folder(folder: str | None) -> str | None:
     return folder.replace('{', '{{').replace('}', '}}')
 
 
-def build_profiler(config: RunConfig) -> Profiler:
+def build_profiler(outputs: OutputSection, batch: BatchSection) -> Profiler:
     """PyTorch's profiler on the last batch (the one before it warms the profiler up), traces kept locally."""
     if not torch.cuda.is_available():
         # Kineto, PyTorch's tracer, asks for GPUs on a CPU-only machine too, and logs `ERROR: ... gpuGetDeviceCount
         # failed` in a run that goes on fine: its own logging, quietened to fatal errors (read when it starts).
         os.environ.setdefault('KINETO_LOG_LEVEL', '5')
     return Profiler(
-        schedule=cyclic_schedule(skip_first=config.batch.num_batches - 2, wait=0, warmup=1, active=1, repeat=1),
+        schedule=cyclic_schedule(skip_first=batch.num_batches - 2, wait=0, warmup=1, active=1, repeat=1),
         trace_handlers=[],
         sys_prof_cpu=False,
-        torch_prof_folder=composer_folder(config.outputs.profile),
+        torch_prof_folder=composer_folder(outputs.profile),
         torch_prof_remote_file_name=None,
         torch_prof_memory_remote_file_name=None,
         torch_prof_with_flops=False,  # FLOP counting adds CPU time to every op; SpeedMonitor counts FLOPs
