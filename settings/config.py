@@ -220,8 +220,8 @@ def parse_microbatch(text) -> int:
 
 # The speed paths a recipe turns on by default (each flag, given, wins): on a GPU the fast recipe takes the paths of
 # MLPerf's SD2 submissions that measured faster here, the published one none of them. Channels-last is not among
-# them: SD2 base from precomputed latents on an H200 trained at 115.5 img/s with it and 130.4 without (eager,
-# microbatch 64; docs/speed.md), as PyTorch's GroupNorm has no channels-last kernel of MLPerf's kind.
+# them: it measured slower in eager mode (docs/speed.md has the figures), as PyTorch's GroupNorm has no
+# channels-last kernel of MLPerf's kind.
 FAST_PATHS = ('fused_adamw', 'low_precision_norm', 'encoders_bf16', 'pin_memory')
 
 
