@@ -32,6 +32,19 @@ PROGRAMS_PER_SM = 4
 if triton is not None:
 
     @triton.jit
+    def _group_split(HW, num_groups, hw_per_split, CHANNELS_PER_GROUP: tl.constexpr, BLOCK_CG: tl.constexpr):
+        """The part of one sample's group a program of the per-group kernels works on, one program per (sample,
+        group, split of the spatial extent): its row (sample * num_groups + group), split, sample, group, the group's
+        channels with their mask, and the positions [hw_start, hw_end) of its split."""
+        row = tl.program_id(0)
+        split = tl.program_id(1)
+        channel_index = tl.arange(0, BLOCK_CG)
+        channel_mask = channel_index < CHANNELS_PER_GROUP
+        hw_start = split * hw_per_split
+        hw_end = tl.minimum(hw_start + hw_per_split, HW)
+        return row, split, row // num_groups, row % num_groups, channel_index, channel_mask, hw_start, hw_end
+
+    @triton.jit
     def _group_stats_kernel(
         x_ptr,
         partial_ptr,
@@ -49,16 +62,11 @@ if triton is not None:
     ):
         """One program per (sample, group, split of the spatial extent): count, mean and M2 (sum of squared
         deviations) of its part of the group, in fp32."""
-        row = tl.program_id(0)  # sample * num_groups + group
-        split = tl.program_id(1)
-        n = row // num_groups
-        group = row % num_groups
-        channel_index = tl.arange(0, BLOCK_CG)
-        channel_mask = channel_index < CHANNELS_PER_GROUP
+        row, split, n, group, channel_index, channel_mask, hw_start, hw_end = _group_split(
+            HW, num_groups, hw_per_split, CHANNELS_PER_GROUP, BLOCK_CG
+        )
         channel_offsets = (group * CHANNELS_PER_GROUP + channel_index) * stride_c
         base = x_ptr + n.to(tl.int64) * stride_n
-        hw_start = split * hw_per_split
-        hw_end = tl.minimum(hw_start + hw_per_split, HW)
 
         # Sums of deviations from the first block's mean (shifted data): no cancellation when the mean is large
         # against the spread, without a Welford update per element.
@@ -179,20 +187,15 @@ if triton is not None:
     ):
         """One program per (sample, group, split): per channel, the sums over its positions of dz and dz * xhat,
         where dz is the gradient at the affine output z (through the SiLU) and xhat the normalized input."""
-        row = tl.program_id(0)
-        split = tl.program_id(1)
-        n = row // num_groups
-        group = row % num_groups
-        channel_index = tl.arange(0, BLOCK_CG)
-        channel_mask = channel_index < CHANNELS_PER_GROUP
+        row, split, n, group, channel_index, channel_mask, hw_start, hw_end = _group_split(
+            HW, num_groups, hw_per_split, CHANNELS_PER_GROUP, BLOCK_CG
+        )
         channels = group * CHANNELS_PER_GROUP + channel_index
         mean = tl.load(mean_ptr + row)
         rstd = tl.load(rstd_ptr + row)
         weight = tl.load(weight_ptr + channels, mask=channel_mask, other=0.0).to(tl.float32)
         bias = tl.load(bias_ptr + channels, mask=channel_mask, other=0.0).to(tl.float32)
         base = n.to(tl.int64) * stride_n + channels[:, None] * stride_c
-        hw_start = split * hw_per_split
-        hw_end = tl.minimum(hw_start + hw_per_split, HW)
         dz_sum = tl.zeros([BLOCK_CG, BLOCK_HW], dtype=tl.float32)
         dz_xhat_sum = tl.zeros([BLOCK_CG, BLOCK_HW], dtype=tl.float32)
         for start in range(hw_start, hw_end, BLOCK_HW):

@@ -57,6 +57,7 @@ from runs.versions import check_stack
 from settings.config import RunConfig
 from settings.dataset_checks import DataError
 from settings.presets import SAMPLE_VALIDATION_SEED, SAMPLE_VALIDATION_SIZE
+from settings.run_sections import BatchSection, OutputSection, SpeedSection
 from settings.tokenizer import TokenizerError
 
 
@@ -66,17 +67,17 @@ def main(config: RunConfig, callbacks: tuple = (), announced: bool = False) -> T
     were before are back when it returns. A local --save_folder is this run's alone while it runs (writer_lock.py)."""
     check_stack()  # torch, numpy and transformers: silent on the pins, one line on others, an error on broken ones
     stop_on_signal = StopOnSignal(config)
-    with STOPS.handling(stop_on_signal.handle), save_folder_lock(config):
+    with STOPS.handling(stop_on_signal.handle), save_folder_lock(config.outputs):
         return train(config, (stop_on_signal, *callbacks), stop_on_signal, announced)
 
 
-def save_folder_lock(config: RunConfig):
+def save_folder_lock(outputs: OutputSection):
     """Refuses a second run on a local --save_folder in one line (FolderBusy, exit status 2) before it builds
     anything, and holds the folder for this one; an s3:// folder is not locked."""
-    if not config.outputs.save_folder or '://' in config.outputs.save_folder:
+    if not outputs.save_folder or '://' in outputs.save_folder:
         return contextlib.nullcontext()
     fix = 'wait for it to end or stop it (then --autoresume continues its run), or pass another --save_folder'
-    return one_writer_on_rank_zero(config.outputs.save_folder, f'--save_folder {config.outputs.save_folder}', fix)
+    return one_writer_on_rank_zero(outputs.save_folder, f'--save_folder {outputs.save_folder}', fix)
 
 
 def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, announced: bool = False) -> Trainer:
@@ -89,7 +90,7 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
     write_sample_datasets(config)
     sample_grids = (SampleGrid(config),) if config.evaluation.sample_interval else ()
     if config.outputs.save_folder and '://' in config.outputs.save_folder:
-        keep_failed_uploads(not_uploaded_folder(config))
+        keep_failed_uploads(not_uploaded_folder(config.outputs))
     trainer = build_trainer(config, model, build_dataloader(config, model), (*sample_grids, *callbacks))
     if config.outputs.autoresume and config.outputs.save_folder.startswith('s3://'):
         dist.barrier()  # every rank of the node has loaded the copy Composer downloaded
@@ -117,13 +118,13 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
         except RuntimeError as error:  # a loader worker that died or went silent: the batch reached checkpointed
             if (line := loader_failure(error, loader_timeout())) is None:
                 raise
-            raise IncompleteRun(line + checkpoint_of_batch_reached(trainer, config, stop_on_signal)) from None
+            raise IncompleteRun(line + checkpoint_of_batch_reached(trainer, config.outputs, stop_on_signal)) from None
         except UploadFailed as error:  # the bucket refused a checkpoint for good: it and the batch reached kept here
             raise IncompleteRun(
-                f'--save_folder {config.outputs.save_folder}: {error}; {keep_batch_reached(trainer, config)}'
+                f'--save_folder {config.outputs.save_folder}: {error}; {keep_batch_reached(trainer, config.outputs)}'
             )
-    check_finished(trainer, config)
-    warn_of_cuda_graphs_skipped(config)
+    check_finished(trainer, config.batch)
+    warn_of_cuda_graphs_skipped(config.speed)
     report(trainer, config, resumed_at)
     export(trainer, config)
     return trainer
@@ -248,25 +249,25 @@ def export(trainer: Trainer, config: RunConfig) -> None:
         announce(f'pipeline saved to {folder} ({pipeline}.from_pretrained loads it)')
 
 
-def warn_of_cuda_graphs_skipped(config: RunConfig) -> None:
+def warn_of_cuda_graphs_skipped(speed: SpeedSection) -> None:
     """Inductor runs a graph it cannot capture (dynamic shapes, CPU work, mutated inputs) without CUDA graphs, and
     says so only in its log: one line says it here, as the run's launches are then not the one replay asked for."""
     skipped = torch._dynamo.utils.counters['inductor']['cudagraph_skips']
-    if config.speed.compile == 'reduce-overhead' and skipped:
+    if speed.compile == 'reduce-overhead' and skipped:
         announce(
             f'warning: --compile reduce-overhead: Inductor ran {skipped} graph(s) without CUDA graphs (its log line '
             '"skipping cudagraphs due to ..." says why); the throughput is of that run'
         )
 
 
-def checkpoint_of_batch_reached(trainer: Trainer, config: RunConfig, stop_on_signal: StopOnSignal) -> str:
+def checkpoint_of_batch_reached(trainer: Trainer, outputs: OutputSection, stop_on_signal: StopOnSignal) -> str:
     """Where the run writes checkpoints (one process, as a signal's stop does), one of the last batch trained, and
     the words saying so. The batch in progress stops before its optimizer step, so the weights, the optimizer and
     the EMA are those of the batch reached."""
     batch = int(trainer.state.timestamp.batch)
     if not stop_on_signal.writes_checkpoint or batch == 0:
         return ''
-    folder = config.outputs.save_folder
+    folder = outputs.save_folder
     local = '://' not in folder
     written = local and any(
         int(CHECKPOINT_FILE.match(path.name).group(2)) == batch for path in checkpoint_files(Path(folder))
@@ -278,30 +279,30 @@ def checkpoint_of_batch_reached(trainer: Trainer, config: RunConfig, stop_on_sig
     return f'; batch {batch} is checkpointed in {folder}: rerun the same command with --autoresume to continue'
 
 
-def not_uploaded_folder(config: RunConfig) -> Path:
+def not_uploaded_folder(outputs: OutputSection) -> Path:
     """Where checkpoints that a remote --save_folder refused for good are kept, under their names there."""
-    return Path('results', 'not-uploaded', config.outputs.run_name).resolve()
+    return Path('results', 'not-uploaded', outputs.run_name).resolve()
 
 
-def keep_batch_reached(trainer: Trainer, config: RunConfig) -> str:
+def keep_batch_reached(trainer: Trainer, outputs: OutputSection) -> str:
     """The checkpoint of the batch reached, written beside the files not uploaded (unless one of them is it; on one
     process: with several, the others are in a step's collectives, which a save here would wait on), and the words
     saying how to continue."""
     for saver in remote_checkpoint_savers(trainer):
         settle_failed_uploads(saver.remote_uploader)
     batch = int(trainer.state.timestamp.batch)
-    folder = not_uploaded_folder(config) / config.outputs.save_folder.split('://', 1)[1].partition('/')[2]
+    folder = not_uploaded_folder(outputs) / outputs.save_folder.split('://', 1)[1].partition('/')[2]
     name = f'ep{int(trainer.state.timestamp.epoch)}-ba{batch}-rank0.pt'  # Composer's checkpoint name
     if dist.get_world_size() > 1:
         return (
-            f'the checkpoints not uploaded are in {folder}: copy them to {config.outputs.save_folder} once it answers, '
+            f'the checkpoints not uploaded are in {folder}: copy them to {outputs.save_folder} once it answers, '
             'then rerun the same command with --autoresume to continue from the newest'
         )
     kept = checkpoint_files(folder) if folder.is_dir() else []
     if not any(int(CHECKPOINT_FILE.match(path.name).group(2)) == batch for path in kept):
         trainer.save_checkpoint(str(folder / name))
     return (
-        f'batch {batch} is checkpointed in {folder}: copy its files to {config.outputs.save_folder} once it answers, '
+        f'batch {batch} is checkpointed in {folder}: copy its files to {outputs.save_folder} once it answers, '
         'then rerun the same command with --autoresume to continue'
     )
 
@@ -310,14 +311,14 @@ class IncompleteRun(RuntimeError):
     """Training ended before the requested duration without an error of its own (e.g. data that ran out)."""
 
 
-def check_finished(trainer: Trainer, config: RunConfig) -> None:
+def check_finished(trainer: Trainer, batch: BatchSection) -> None:
     """A run that trained fewer batches than asked for must not look like a finished one: Composer ends an epoch
     when the loader runs dry, and counts it done, however few batches it held."""
     trained = int(trainer.state.timestamp.batch)
-    if trained < config.batch.num_batches:
+    if trained < batch.num_batches:
         raise IncompleteRun(
-            f'training stopped after {trained} of the {config.batch.num_batches} batches of --max_duration '
-            f'{config.batch.max_duration}: the data ran out early (a shard or remote that failed?); no results written'
+            f'training stopped after {trained} of the {batch.num_batches} batches of --max_duration '
+            f'{batch.max_duration}: the data ran out early (a shard or remote that failed?); no results written'
         )
 
 

@@ -187,6 +187,7 @@ def test_generate_names_the_part_a_pipeline_folder_lacks(pipeline, tmp_path, cap
     assert line.endswith('; give a whole pipeline folder (export it again)')
 
 
+@pytest.mark.slow
 def test_generate_refuses_a_pipeline_folder_in_a_subprocess_without_a_traceback(pipeline, tmp_path):
     folder = damaged_copy(pipeline, tmp_path, lambda folder: shutil.rmtree(folder / 'vae'))
     line = refused(script('generate.py', '--pipeline', str(folder), *PROMPT, '--out', str(tmp_path / 'out')))

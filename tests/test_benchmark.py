@@ -172,6 +172,7 @@ def test_compile_modes_reach_composers_compile_config():
     assert training.compile_config('max-autotune-no-cudagraphs')['mode'] == 'max-autotune-no-cudagraphs'
 
 
+@pytest.mark.slow
 def test_a_compile_that_fails_stops_in_one_line_naming_the_flag(monkeypatch, capfd):
     """A backend that raises, as a failed CUDA graph capture or Inductor compile does on a GPU."""
     from runs import run
@@ -369,6 +370,7 @@ def test_wandb_offline_run_holds_the_configuration_history_and_headline_without_
     assert {'img_per_sec', 'img_per_sec_per_device', 'train_seconds', 'sample_seconds'} <= keys['summary']
 
 
+@pytest.mark.slow
 def test_an_online_wandb_run_without_a_reachable_server_goes_on_offline(tmp_path, monkeypatch, capfd):
     """Online, with an API key, and no W&B server reachable: wandb gives up after its init_timeout, and the run goes
     on logging offline with a line saying so, rather than ending."""

@@ -587,6 +587,7 @@ def test_a_full_disk_is_refused_before_training(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # the scratch folder removed
 
 
+@pytest.mark.slow
 def test_a_save_folder_on_a_filesystem_that_refuses_writes_stops_the_run_at_start():
     try:
         os.mkdir('/sys/sd2-write-check')
@@ -949,6 +950,7 @@ def test_a_save_folder_turned_read_only_mid_run_names_the_last_whole_checkpoint(
     assert int(benchmark.cli([*flags, '--autoresume']).state.timestamp.batch) == 4
 
 
+@pytest.mark.slow
 def test_two_jobs_starting_together_each_get_their_own_shared_memory(tmp_path, dataset, monkeypatch):
     """Two datasets built at the same moment (two jobs of a sweep): Streaming's search for a free shared-memory
     prefix is slowed so that both finish it before either registers, as when two processes start together."""

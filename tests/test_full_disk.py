@@ -114,6 +114,7 @@ def test_the_sample_dataset_that_does_not_fit_leaves_no_part_of_itself(disk):
 # ------------------------------------------------------------------------------------------ precompute.py
 
 
+@pytest.mark.slow
 def test_precompute_on_a_full_disk_keeps_finished_parts_and_the_same_command_finishes(disk, tmp_path):
     source = write_dataset(tmp_path / 'mds', good_samples(12, (32, 32)))
     out = disk / 'latents'
@@ -148,6 +149,7 @@ def test_an_export_that_does_not_fit_is_one_line_and_leaves_no_pipeline(disk):
     assert contents(disk) == []
 
 
+@pytest.mark.slow
 def test_an_export_that_does_not_fit_names_autoresume_when_the_run_has_checkpoints(disk, tmp_path):
     out = disk / 'pipeline'
     flags = ['--save_folder', str(tmp_path / 'ckpt'), '--run_name', 'r', '--export_pipeline', str(out)]

@@ -205,10 +205,12 @@ def run_interpreted(check: str) -> None:
     assert f'{check}: ok' in run.stdout
 
 
+@pytest.mark.slow
 def test_triton_kernels_match_pytorch_in_the_interpreter():
     run_interpreted('interpreted_kernels_match_pytorch')
 
 
+@pytest.mark.slow
 def test_swapped_unet_matches_with_the_triton_kernels_in_the_interpreter():
     run_interpreted('interpreted_unet_matches')
 

@@ -147,6 +147,7 @@ def test_a_probe_reads_its_json_from_stdout_and_a_probe_without_one_is_an_error_
     assert gpu_campaign.execute(silent, 60, tmp_path)['error'] == 'the probe printed no JSON line: no json here'
 
 
+@pytest.mark.slow
 def test_a_row_cut_by_the_deadline_is_tried_again_once_then_passed_over(tmp_path, monkeypatch, capsys):
     sleeper = {'key': 'sleeper', 'kind': 'probe', 'cost': 'probe', 'argv': ['-c', 'import time; time.sleep(30)']}
     assert gpu_campaign.execute(sleeper, 0.5, tmp_path)['cut']
@@ -205,6 +206,7 @@ def test_a_campaign_folder_of_the_earlier_layout_is_kept_as_its_machines_rows(tm
     assert gpu_campaign.load_state(tmp_path, resume=False) == {'machines': {}}
 
 
+@pytest.mark.slow
 def test_a_slice_runs_only_the_steps_it_is_given(tmp_path):
     """GPU_SLICE_STEPS: a loan whose headline an earlier one measured begins past it."""
     env = {**os.environ, 'OUT': str(tmp_path), 'GPU_SLICE_WHEELS': str(tmp_path / 'none'), 'GPU_SLICE_MINUTES': '1'}

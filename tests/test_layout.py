@@ -318,6 +318,7 @@ def test_the_benchmark_runs_without_a_launcher_on_one_device():
     assert run.stdout.startswith('usage: benchmark.py ')
 
 
+@pytest.mark.slow
 def test_under_the_launcher_the_one_line_error_is_printed_last(makefile_venv):
     """Where make bench uses Composer's launcher (several GPUs; USE_LAUNCHER=1 here), the launcher prints its own
     lines after the run's error: the error is printed again once it is done."""

@@ -93,6 +93,7 @@ def test_each_text_encoder_pads_as_it_was_trained():
     assert caption_pad_ids(builtin_folder('sdxl-base')) == (CLIP_END_ID, CLIP_PAD_ID)  # ViT-L, then bigG
 
 
+@pytest.mark.slow
 def test_sdxl_flops_match_the_reference_figure():
     xl = meta_model('sdxl-base')
     assert xl.forward_flops(512, 512)['unet'] == pytest.approx(1.589e12, rel=0.01)

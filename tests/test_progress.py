@@ -2,6 +2,8 @@
 
 import types
 
+import pytest
+
 from runs import progress
 from runs.progress import ProgressLines
 from runs.start_lines import WIDTH, config_lines
@@ -132,6 +134,7 @@ runpy.run_path(sys.argv[0], run_name='__main__')
 """
 
 
+@pytest.mark.slow
 def test_the_start_is_printed_before_composer_loads(tmp_path):
     """Composer, Diffusers and Transformers take seconds to import (torch alone, which settling the flags asks
     whether there is a GPU, about one): the settled flags are printed before them."""

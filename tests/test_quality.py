@@ -544,6 +544,7 @@ def test_the_clip_score_is_clips_cosine_of_image_and_prompt_times_100(tmp_path):
     assert expected > 1 and printed == pytest.approx(float(expected), abs=1e-3)
 
 
+@pytest.mark.slow
 def test_the_fid_is_the_frechet_distance_of_the_inception_features_and_0_for_the_reference_itself(tmp_path):
     """runs.generation.fid (torchmetrics') against the distance computed here from the same Inception features:
     the squared distance of the means, plus the covariances' traces, less twice the trace of the square root of
@@ -619,6 +620,7 @@ def test_a_run_on_an_exported_folder_takes_what_its_run_trained_with(tmp_path, c
         resolve_config(parse_args(['--model_name', str(pipe), '--use_synth_data']))
 
 
+@pytest.mark.slow
 def test_a_resumed_runs_learning_curve_holds_the_points_before_its_resumption(split, tmp_path):
     """The curve is kept in the checkpoints: a run resumed at batch 2 reports the points of 0 and 2 (as validated
     before the stop) and 4, with the EMA's curve the same way, not only the points after it resumed."""

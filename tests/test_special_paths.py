@@ -70,6 +70,7 @@ def test_a_save_folder_with_braces_is_refused_in_one_line(tmp_path, name):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_the_other_outputs_of_a_run_take_any_name(tmp_path):
     folder = tmp_path / NAME
     flags = ['--results_json', str(folder / 'results {x} %.json'), '--sample_dir', str(folder / 'samples')]

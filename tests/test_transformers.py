@@ -634,6 +634,7 @@ def test_fp8_is_refused_where_it_cannot_run(monkeypatch):
     assert resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--fp8'])).speed.fp8
 
 
+@pytest.mark.slow
 def test_the_campaigns_transformer_step_compiles_the_forward_and_backward_it_times(monkeypatch):
     """benchmarks/campaign_probes.py transformer_step --compile, as the GPU campaign compares float8 with bf16: the
     model's forward compiled once (no recompile in the timed steps), its backward through AOT autograd, and the step
