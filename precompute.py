@@ -15,7 +15,6 @@ one dataset with Streaming's merge_index. Bad samples (see data.py) are left out
 """
 
 import argparse
-import sys
 from pathlib import Path
 
 from guards import arguments
@@ -178,21 +177,19 @@ DATA_ERROR = f'{DataError.__module__}.{DataError.__name__}: '  # how a loader wo
 
 
 def cli(argv=None) -> None:
+    """main() with each error it expects as one line (arguments.stop: one write, so that the ranks of a launcher
+    sharing a stderr do not interleave theirs) and an exit status."""
     try:
         main(argv)
     except ConfigError as error:
-        print(f'error: {error}', file=sys.stderr)
-        sys.exit(2)
+        arguments.stop(2, str(error))
     except Stopped as stopped:
-        print(f'error: {stopped}', file=sys.stderr)
-        sys.exit(stopped.exit_status)
+        arguments.stop(stopped.exit_status, str(stopped))
     except OSError as error:  # a write that failed while encoding (a full disk): the parts finished are kept
-        print(f'error: {one_line(error)}', file=sys.stderr)
-        sys.exit(1)
+        arguments.stop(1, one_line(error))
     except DataError as error:  # found while encoding: a damaged shard, a dead loader worker; a worker's carries
         # its traceback, whose last line is the reason
-        print(f'error: {str(error).strip().splitlines()[-1].removeprefix(DATA_ERROR)}', file=sys.stderr)
-        sys.exit(1)
+        arguments.stop(1, str(error).strip().splitlines()[-1].removeprefix(DATA_ERROR))
 
 
 if __name__ == '__main__':
