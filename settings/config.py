@@ -6,36 +6,42 @@ folder and the dataset is settled here once (device batch, microbatch, number of
 precomputed data, what the batches carry, ...), so that the builders (models/, runs/training.py, runs/evaluation.py)
 only read the configuration. It settles from facts (presets.py, families.py, model_folder.py, durations.py) and imports
 no torch, Composer, Streaming or Diffusers: each flag's own value is checked first, and only then is the machine
-asked about its GPU (hardware.py, which loads torch) and the dataset read. The steps about the machine, the outputs
-and the data live in device_checks.py, output_paths.py and datasets.py; `resolve_config` lists every step in order.
+asked about its GPU (hardware.py, which loads torch) and the dataset read. The unset flags are filled in by
+defaults.py; the sections about the data, the outputs and what the machine runs are settled with datasets.py,
+output_paths.py and device_checks.py; `resolve_config` lists every section in the order it is settled.
 """
 
 import argparse
 import dataclasses
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
 from guards.arguments import ConfigError
 from settings import hardware
-from settings.datasets import check_data_flags, held_out_prompts, read_data, settle_epoch, settle_validation_split
-from settings.device_checks import check_device, check_shared_memory
-from settings.durations import Duration, parse_half_life, parse_interval, parse_time
+from settings.dataset_checks import DatasetDescription
+from settings.datasets import (
+    ValidationSplit,
+    check_image_size,
+    held_out_prompts,
+    read_training_data,
+    settle_validation_split,
+)
+from settings.defaults import Flags, with_defaults
+from settings.device_checks import check_device, check_one_microbatch_a_step, check_shared_memory, sample_bytes
+from settings.durations import Duration, batches_of, parse_half_life, parse_interval, parse_time
 from settings.families import EMBEDDED_GUIDANCE, FAMILIES, is_flow_matching
 from settings.memory_plan import Plan, plan, plans_for
 from settings.memory_plan import Run as PlannedRun
 from settings.model_folder import (
-    LATENT_DOWNSAMPLE,
+    ModelFolder,
     caption_inputs,
     check_training_fields,
     embeds_guidance,
-    read_model_folder,
     resolve_model_dir,
     t5_tokenizer_needed,
 )
-from settings.output_paths import check_outputs, settle_sample_and_export_folders
-from settings.presets import PRESETS, SAMPLE_PROMPTS, SD2_BASE, SYNTHETIC_SAMPLES, Preset
-from settings.run_record import RUN_DESCRIPTION_FILE, exported_run
+from settings.output_paths import check_export_folder, check_outputs, settle_sample_folder
+from settings.presets import SAMPLE_PROMPTS, SYNTHETIC_SAMPLES
 from settings.run_sections import (
     BatchSection,
     DataSection,
@@ -104,108 +110,89 @@ def json_value(value):
 
 
 def resolve_config(args: argparse.Namespace) -> RunConfig:
-    """The frozen configuration of parsed flags; raises ConfigError naming the first bad flag. A check_ step only
-    checks; a settle_ step also derives values. The flags' own values are checked before the GPU is asked about.
-    The steps of other modules: device_checks.py (what this machine runs), output_paths.py (where the run writes),
-    datasets.py (the data it reads). The data is read before the batch is planned, in the order the data flows."""
-    draft = argparse.Namespace(**vars(args), notes=[], memory_plan=None)  # the caller's args stay as they were
-    check_values(draft)
-    gpu = hardware.gpu()
-    fill_defaults(draft, gpu)
-    settle_recipe(draft)
-    check_outputs(draft)
-    check_data_flags(draft)
-    check_tokenizer_given(draft)
-    dataset = read_data(draft)  # before the batch: precomputed latents fix the image size the plan is for
-    settle_batch(draft, gpu)
-    check_device(draft, gpu)
-    check_ema(draft)
-    settle_duration(draft)
-    epoch_samples = settle_epoch(draft, dataset)
-    check_shared_memory(draft, epoch_samples)
-    settle_validation_split(draft)
-    settle_samples(draft)
-    settle_sample_and_export_folders(draft)
-    return sectioned(draft)
+    """The frozen configuration of parsed flags; raises ConfigError naming the first bad flag. Each flag's own value
+    is checked before the GPU is asked about; the unset flags are filled in (defaults.py); then each section is
+    settled by one function from the flags and the sections settled before it, in the order the data flows: the
+    data before the batch, so that the batch is planned for the size the data holds."""
+    check_placed(args)
+    check_values(args)
+    gpu, notes = hardware.gpu(), []
+    flags, model_dir, model_folder = with_defaults(args, gpu, notes)
+    model = settle_model(flags, model_dir, model_folder)
+    objective = settle_objective(flags, model, notes)
+    outputs = settle_outputs(flags)
+    data, dataset = settle_data(flags, model, gpu, notes)
+    ema = settle_ema(flags)
+    speed = settle_speed(flags, model, gpu)
+    batch = settle_batch(flags, model, data, dataset, ema, speed, gpu, notes)
+    evaluation = settle_evaluation(flags, model, data, batch, objective, outputs, notes)
+    return RunConfig(model, data, batch, ema, speed, outputs, evaluation, objective, tuple(notes))
 
 
-SECTIONS = {
-    'model': ModelSection,
-    'data': DataSection,
-    'batch': BatchSection,
-    'ema': EMASection,
-    'speed': SpeedSection,
-    'outputs': OutputSection,
-    'evaluation': EvaluationSection,
-    'objective': ObjectiveSection,
-}
+SECTIONS = (
+    ModelSection,
+    DataSection,
+    BatchSection,
+    EMASection,
+    SpeedSection,
+    OutputSection,
+    EvaluationSection,
+    ObjectiveSection,
+)
 
 
-def sectioned(draft: argparse.Namespace) -> RunConfig:
-    """The settled draft in its sections. A value no section holds is a mistake of this code (a new flag not
-    placed in one), not of the user's: it would be dropped from the run without a word."""
-    placed = {field.name for kind in SECTIONS.values() for field in dataclasses.fields(kind)} | {'notes'}
-    if unplaced := sorted(set(vars(draft)) - placed):
-        raise AssertionError(f'settled values in no section of RunConfig (settings/run_sections.py): {unplaced}')
-    sections = {name: section(kind, draft) for name, kind in SECTIONS.items()}
-    return RunConfig(**sections, notes=tuple(draft.notes))
+def check_placed(args: argparse.Namespace) -> None:
+    """Every flag is a field of a section. A flag no section holds is a mistake of this code (a new flag not placed
+    in one), not of the user's: it would be dropped from the run without a word."""
+    placed = {field.name for kind in SECTIONS for field in dataclasses.fields(kind)}
+    if unplaced := sorted(set(vars(args)) - placed):
+        raise AssertionError(f'flags in no section of RunConfig (settings/run_sections.py): {unplaced}')
 
 
-def section(kind: type, draft: argparse.Namespace):
-    """A section of the RunConfig, its fields picked from the settled draft."""
-    return kind(**{field.name: getattr(draft, field.name) for field in dataclasses.fields(kind)})
+def section(kind: type, flags: Flags, **settled):
+    """A section: the values settled for it, and for its other fields the flags' values as given or filled in."""
+    fields = [field.name for field in dataclasses.fields(kind)]
+    return kind(**{name: settled[name] if name in settled else getattr(flags, name) for name in fields})
 
 
-def check_values(draft: argparse.Namespace) -> None:
-    """Each given flag's value on its own, before any default or the machine is consulted. The EMA's half life is
-    kept as parsed here, the one parse of it (ema.EMA takes it as a Composer Time)."""
-    if draft.model_name is not None:
-        resolve_model_dir(draft.model_name)
-    if draft.image_size is not None:
-        check_image_size(draft.image_size)
-    if draft.batch_size is not None and draft.batch_size <= 0:
-        raise ConfigError(f'--batch_size {draft.batch_size}: must be positive')
-    if draft.num_workers is not None and draft.num_workers < 0:
-        raise ConfigError(f'--num_workers {draft.num_workers}: must be 0 or more')
-    if draft.cpu_threads is not None and draft.cpu_threads <= 0:
-        raise ConfigError(f'--cpu_threads {draft.cpu_threads}: must be positive')
-    if draft.device_train_microbatch_size not in (None, 'auto'):
-        parse_microbatch(draft.device_train_microbatch_size)
+def check_values(args: argparse.Namespace) -> None:
+    """Each given flag's value on its own, before any default or the machine is consulted (the EMA's half life, a
+    duration of the EMA's own rules, is parsed once, by settle_ema)."""
+    if args.model_name is not None:
+        resolve_model_dir(args.model_name)
+    if args.image_size is not None:
+        check_image_size(args.image_size)
+    if args.batch_size is not None and args.batch_size <= 0:
+        raise ConfigError(f'--batch_size {args.batch_size}: must be positive')
+    if args.num_workers is not None and args.num_workers < 0:
+        raise ConfigError(f'--num_workers {args.num_workers}: must be 0 or more')
+    if args.cpu_threads is not None and args.cpu_threads <= 0:
+        raise ConfigError(f'--cpu_threads {args.cpu_threads}: must be positive')
+    if args.device_train_microbatch_size not in (None, 'auto'):
+        parse_microbatch(args.device_train_microbatch_size)
     for flag in ('max_duration', 'save_interval', 'lr_warmup'):  # Composer would take a 0ba save interval, never saving
-        if getattr(draft, flag) is not None:
-            parse_time(f'--{flag}', getattr(draft, flag))
-    if draft.save_num_checkpoints_to_keep == 0 or draft.save_num_checkpoints_to_keep < -1:
+        if getattr(args, flag) is not None:
+            parse_time(f'--{flag}', getattr(args, flag))
+    if args.save_num_checkpoints_to_keep == 0 or args.save_num_checkpoints_to_keep < -1:
         # Composer's 0 deletes each checkpoint once written (for uploads), leaving none to resume from.
         raise ConfigError(
-            f'--save_num_checkpoints_to_keep {draft.save_num_checkpoints_to_keep}: keep 1 or more, or -1 for all'
+            f'--save_num_checkpoints_to_keep {args.save_num_checkpoints_to_keep}: keep 1 or more, or -1 for all'
         )
     for flag in ('eval_interval', 'sample_interval'):
-        parse_interval(f'--{flag}', getattr(draft, flag))
-    try:  # by the EMA's own rules (units, whole numbers)
-        draft.ema_half_life = parse_half_life(draft.ema_half_life)
-    except ValueError as error:
-        raise ConfigError(f'--ema_half_life: {error}')
-    if draft.sample_steps <= 0:
-        raise ConfigError(f'--sample_steps {draft.sample_steps}: must be positive')
-    if not draft.guidance_scale >= 0:
-        raise ConfigError(f'--guidance_scale {draft.guidance_scale}: must be 0 or more (1 or less: no guidance)')
-    if draft.grad_clip_norm is not None and not 0 < draft.grad_clip_norm < float('inf'):
-        raise ConfigError(f'--grad_clip_norm {draft.grad_clip_norm}: must be a positive number')
-    if draft.caption_dropout is not None and not 0 <= draft.caption_dropout < 1:
-        raise ConfigError(f'--caption_dropout {draft.caption_dropout}: a probability, at least 0 and below 1')
+        parse_interval(f'--{flag}', getattr(args, flag))
+    if args.sample_steps <= 0:
+        raise ConfigError(f'--sample_steps {args.sample_steps}: must be positive')
+    if not args.guidance_scale >= 0:
+        raise ConfigError(f'--guidance_scale {args.guidance_scale}: must be 0 or more (1 or less: no guidance)')
+    if args.grad_clip_norm is not None and not 0 < args.grad_clip_norm < float('inf'):
+        raise ConfigError(f'--grad_clip_norm {args.grad_clip_norm}: must be a positive number')
+    if args.caption_dropout is not None and not 0 <= args.caption_dropout < 1:
+        raise ConfigError(f'--caption_dropout {args.caption_dropout}: a probability, at least 0 and below 1')
     for flag in ('logit_std', 'mode_scale'):
-        if getattr(draft, flag) is not None and not getattr(draft, flag) > 0:
-            raise ConfigError(f'--{flag} {getattr(draft, flag)}: must be positive')
-    if draft.flux_guidance is not None and not 0 <= draft.flux_guidance < float('inf'):
-        raise ConfigError(f'--flux_guidance {draft.flux_guidance}: must be a number, 0 or more')
-
-
-def check_image_size(image_size: int) -> None:
-    if image_size <= 0 or image_size % LATENT_DOWNSAMPLE:
-        raise ConfigError(
-            f'--image_size {image_size}: must be a positive multiple of {LATENT_DOWNSAMPLE} '
-            f'(the VAE downsamples {LATENT_DOWNSAMPLE}x)'
-        )
+        if getattr(args, flag) is not None and not getattr(args, flag) > 0:
+            raise ConfigError(f'--{flag} {getattr(args, flag)}: must be positive')
+    if args.flux_guidance is not None and not 0 <= args.flux_guidance < float('inf'):
+        raise ConfigError(f'--flux_guidance {args.flux_guidance}: must be a number, 0 or more')
 
 
 def parse_microbatch(text) -> int:
@@ -218,342 +205,333 @@ def parse_microbatch(text) -> int:
     return microbatch
 
 
-# The speed paths a recipe turns on by default (each flag, given, wins): on a GPU the fast recipe takes the paths of
-# MLPerf's SD2 submissions that measured faster here, the published one none of them. Channels-last is not among
-# them: it measured slower in eager mode (docs/speed.md has the figures), as PyTorch's GroupNorm has no
-# channels-last kernel of MLPerf's kind.
-FAST_PATHS = ('fused_adamw', 'low_precision_norm', 'encoders_bf16', 'pin_memory')
-
-
-def fill_defaults(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
-    """The model folder (and what its batches carry), then the values of the flags left unset: the model's preset
-    (sizes, batch, duration) and the run recipe's (precision, attention, EMA, the speed paths, the microbatch), each
-    named in a note with where it comes from."""
-    has_gpu = gpu is not None
-    if draft.model_name is None:
-        draft.model_name = 'sd2-base' if has_gpu else 'tiny'
-        why = 'a GPU is present' if has_gpu else 'no GPU found; pass --model_name sd2-base for the real model'
-        draft.notes.append(f'--model_name not given: using {draft.model_name!r} ({why})')
-    draft.model_dir = resolve_model_dir(draft.model_name)
-    draft.model_folder = read_model_folder(draft.model_dir)  # its configs, read once for every step that asks
-    draft.caption_inputs = caption_inputs(draft.model_folder)
-    published = draft.run_recipe == 'published'
-    if published and draft.model_folder.is_transformer:
-        raise ConfigError(
-            f"--recipe published: the 2023 run's settings are SD2's (a UNet); {draft.model_name} is a diffusion "
-            'transformer: leave out --recipe'
-        )
-    from_preset, from_recipe = {}, {}
-    exported = {} if draft.model_name in PRESETS else exported_run(draft.model_dir, EXPORTED_RUN_FIX)
-    # A model folder: the values of the run that exported it, else the published run's.
-    preset = PRESETS.get(draft.model_name) or exported_preset(exported)
-    for flag in ('prediction_type', 'tokenizer'):  # what the exported run trained with (None: the model's own)
-        if getattr(draft, flag) is None and exported.get(flag) is not None:
-            if flag == 'tokenizer' and not Path(exported[flag]).is_dir():
-                raise ConfigError(
-                    f"--tokenizer: {draft.model_name}'s run read captions with {exported[flag]}, which is no folder "
-                    'here: pass the tokenizer folder'
-                )
-            setattr(draft, flag, exported[flag])
-            from_preset[flag] = exported[flag]
-    # The fast recipe on a GPU plans the microbatch from memory (settle_batch), where the model's counts are known.
-    planned = has_gpu and not published and plans_for(draft.model_name)
-    for flag, value in dataclasses.asdict(preset).items():
-        if getattr(draft, flag) is None and not (flag == 'device_train_microbatch_size' and planned):
-            setattr(draft, flag, value)
-            from_preset[flag] = value
-    online = not draft.precomputed_latents
-    recipe_values = {
-        'num_workers': 8 if has_gpu else 0,
-        'use_ema': published,
-        # The 2023 run: fp16 mixed precision and xFormers attention (SDPA where xFormers is not installed).
-        'precision': ('amp_fp16' if published else 'amp_bf16') if has_gpu else 'fp32',
-        'attention': 'xformers' if published and has_gpu and importlib.util.find_spec('xformers') else 'sdpa',
-        'channels_last': False,  # a path of MLPerf's that measured slower here (FAST_PATHS)
-    }
-    for flag in FAST_PATHS:
-        recipe_values[flag] = has_gpu and not published
-    mixed = (draft.precision or recipe_values['precision']) != 'fp32'
-    recipe_values['low_precision_norm'] &= mixed  # norms in the autocast precision need autocast
-    recipe_values['encoders_bf16'] &= online  # with precomputed latents there are no encoders
-    for flag, value in recipe_values.items():
-        if getattr(draft, flag) is None:
-            setattr(draft, flag, value)
-            from_recipe[flag] = value
-    draft.notes.append(describe_defaults(draft, from_preset, from_recipe, has_gpu))
-    if published and not has_gpu:
-        draft.notes.append(published_on_a_cpu(draft, from_preset, from_recipe))
-    draft.cpu_threads_given = draft.cpu_threads is not None
-    if draft.cpu_threads is None and not has_gpu:
-        draft.cpu_threads, draft.cpu_threads_given, why = hardware.cpu_threads()
-        draft.notes.append(f'cpu threads: {draft.cpu_threads} ({why}; --cpu_threads N sets it)')
-
-
-EXPORTED_RUN_FIX = 'export the folder again, or remove that file to train with the published preset'
-
-
-def exported_preset(exported: dict) -> Preset:
-    """The preset of a folder benchmark.py --export_pipeline wrote: the size, batch and microbatch of its run (the
-    published run's where one is not recorded); SD2_BASE for another folder."""
-
-    def recorded(flag: str, default):
-        value = exported.get(flag)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
-
-    return Preset(
-        image_size=recorded('image_size', SD2_BASE.image_size),
-        batch_size=recorded('batch_size', SD2_BASE.batch_size),
-        device_train_microbatch_size=recorded('device_train_microbatch_size', None)
-        if exported
-        else SD2_BASE.device_train_microbatch_size,
-        max_duration=SD2_BASE.max_duration,
+def settle_model(flags: Flags, model_dir: Path, model_folder: ModelFolder) -> ModelSection:
+    """The model, its folder's configs (read once, by with_defaults) and what its batches carry."""
+    return section(
+        ModelSection, flags, model_dir=model_dir, model_folder=model_folder, caption_inputs=caption_inputs(model_folder)
     )
-
-
-def describe_defaults(draft: argparse.Namespace, from_preset: dict, from_recipe: dict, has_gpu: bool) -> str:
-    """One line: the flags left unset and where their values come from, e.g. 'defaults: image_size 512, ... from
-    the sd2-base preset; precision amp_bf16, ...; on: fused_adamw, ...; off: ... from the 'fast' recipe on a GPU'."""
-
-    def listed(values: dict) -> str:
-        return ', '.join(
-            f'{flag} {"whole device batch" if value is None else json_value(value)}' for flag, value in values.items()
-        )
-
-    settings = {flag: value for flag, value in from_recipe.items() if not isinstance(value, bool)}
-    switched = {flag: value for flag, value in from_recipe.items() if isinstance(value, bool)}
-    on = [flag for flag, value in switched.items() if value]
-    off = [flag for flag, value in switched.items() if not value]
-    if draft.model_name in PRESETS:
-        preset = draft.model_name
-    elif (draft.model_dir / RUN_DESCRIPTION_FILE).is_file():
-        preset = f"exported run's ({draft.model_dir / RUN_DESCRIPTION_FILE})"
-    else:
-        preset = 'published (a model folder)'
-    recipe = ', '.join(
-        part
-        for part in (listed(settings), f'on: {", ".join(on)}' if on else '', f'off: {", ".join(off)}' if off else '')
-        if part
-    )
-    other = 'fast' if draft.run_recipe == 'published' else 'published'
-    return (
-        f'defaults: {listed(from_preset) or "none"} from the {preset} preset; {recipe or "none"} from the '
-        f'{draft.run_recipe!r} recipe on {"a GPU" if has_gpu else "a CPU"} (--recipe {other} for the other; a flag '
-        'given wins)'
-    )
-
-
-def published_on_a_cpu(draft: argparse.Namespace, from_preset: dict, from_recipe: dict) -> str:
-    """What --recipe published leaves out on a CPU, of the 2023 run's choices a flag did not set."""
-    dropped = []
-    if 'precision' in from_recipe:
-        dropped.append("fp32, not the published fp16 mixed precision (a GPU's)")
-    if 'attention' in from_recipe:
-        dropped.append('SDPA attention, not xFormers (CUDA only)')
-    microbatch = from_preset.get('device_train_microbatch_size', 4)
-    if microbatch != 4:
-        whole = 'the whole device batch' if microbatch is None else microbatch
-        dropped.append(f"microbatch {whole} (the {draft.model_name} preset's), not the published 4")
-    kept = 'EMA' if draft.use_ema else 'nothing else'
-    return f'--recipe published on a CPU: {"; ".join(dropped) or "all of it"}; kept: {kept}'
 
 
 FLOW_FLAGS = ('timestep_density', 'logit_mean', 'logit_std', 'mode_scale', 'loss_weighting', 'precondition_outputs')
 
 
-def settle_recipe(draft: argparse.Namespace) -> None:
+def settle_objective(flags: Flags, model: ModelSection, notes: list) -> ObjectiveSection:
     """A diffusion transformer's training recipe (its family's, families.py) with the flags given applied, and the
     defaults it gives --grad_clip_norm and --caption_dropout; the UNet-only flags refused for it, the flow matching
     flags for the models that do not learn a flow, and a folder whose configs ask for what the step would not do
     (model_folder.check_training_fields)."""
-    given_flow = [flag for flag in FLOW_FLAGS if getattr(draft, flag) is not None]
-    draft.recipe = None
-    folder = draft.model_folder
+    given_flow = {flag: getattr(flags, flag) for flag in FLOW_FLAGS if getattr(flags, flag) is not None}
+    name, folder = model.model_name, model.model_folder
     guidance = embeds_guidance(folder)
-    if draft.flux_guidance is not None and not guidance:
+    if flags.flux_guidance is not None and not guidance:
         raise ConfigError(
-            f'--flux_guidance: {draft.model_name} embeds no guidance scale (a Flux whose transformer config has '
+            f'--flux_guidance: {name} embeds no guidance scale (a Flux whose transformer config has '
             'guidance_embeds: true does, as Flux.1-dev); the sampling scale is --guidance_scale'
         )
+    objective = dict(
+        grad_clip_norm=flags.grad_clip_norm,
+        lr_warmup=flags.lr_warmup,
+        caption_dropout=0.0 if flags.caption_dropout is None else flags.caption_dropout,
+        **{flag: getattr(flags, flag) for flag in FLOW_FLAGS},
+        flux_guidance=flags.flux_guidance,
+        recipe=None,
+    )
     if not folder.is_transformer:
         if given_flow:
-            raise ConfigError(f'--{given_flow[0]}: a flow matching option; {draft.model_name} is a UNet (DDPM)')
-        check_training_fields(draft.model_name, folder, draft.prediction_type)
-        if draft.caption_dropout is None:
-            draft.caption_dropout = 0.0
-        return
-    family = folder.family
+            raise ConfigError(f'--{next(iter(given_flow))}: a flow matching option; {name} is a UNet (DDPM)')
+        check_training_fields(name, folder, flags.prediction_type)
+        return ObjectiveSection(**objective)
+    check_transformer_flags(flags, model)
+    if given_flow and not is_flow_matching(folder.family):
+        raise ConfigError(f'--{next(iter(given_flow))}: a flow matching option; {name} predicts DDPM noise')
+    recipe = dataclasses.replace(FAMILIES[folder.family].recipe, **given_flow)  # values checked in check_values
+    if guidance:
+        objective['flux_guidance'] = EMBEDDED_GUIDANCE if flags.flux_guidance is None else flags.flux_guidance
+        recipe = dataclasses.replace(recipe, flux_guidance=objective['flux_guidance'])
+    objective['recipe'] = recipe
+    if is_flow_matching(folder.family):
+        objective |= {flag: getattr(recipe, flag) for flag in FLOW_FLAGS}
+    if flags.grad_clip_norm is None:
+        objective['grad_clip_norm'] = recipe.grad_clip_norm
+    if flags.caption_dropout is None:
+        objective['caption_dropout'] = recipe.caption_dropout
+        if flags.precomputed_latents and recipe.caption_dropout:
+            objective['caption_dropout'] = 0.0
+            notes.append(
+                f"{name}'s recipe drops captions with probability {recipe.caption_dropout}, which precomputed text "
+                'embeddings cannot: this run drops none'
+            )
+    return ObjectiveSection(**objective)
+
+
+def check_transformer_flags(flags: Flags, model: ModelSection) -> None:
+    """The UNet's options refused for a diffusion transformer, and the T5 tokenizer its captions need."""
+    name, folder = model.model_name, model.model_folder
     objective = "the family's objective is fixed, PixArt's by its scheduler's prediction_type"
     for flag, why in (('prediction_type', objective), ('export_ema_unet', 'a UNet export')):
-        if getattr(draft, flag) is not None:
-            raise ConfigError(f'--{flag}: a UNet option ({why}); {draft.model_name} is a diffusion transformer')
-    check_training_fields(draft.model_name, folder)
-    if draft.attention == 'xformers':
+        if getattr(flags, flag) is not None:
+            raise ConfigError(f'--{flag}: a UNet option ({why}); {name} is a diffusion transformer')
+    check_training_fields(name, folder)
+    if flags.attention == 'xformers':
         raise ConfigError('--attention xformers: the diffusion transformers run PyTorch SDPA attention only')
-    if draft.fused_groupnorm:
-        raise ConfigError(f'--fused_groupnorm: a UNet option (its ResNet blocks); {draft.model_name} has none')
-    reads_captions = not (draft.use_synth_data or draft.precomputed_latents)
-    if reads_captions and draft.caption_inputs.uses_t5 and draft.tokenizer is None:
-        raise ConfigError(t5_tokenizer_needed(draft.model_name) + ', or --use_synth_data')
-    drawing = [flag for flag in ('sample_interval', 'export_pipeline') if getattr(draft, flag)]
-    if drawing and draft.caption_inputs.uses_t5 and draft.tokenizer is None:
-        raise ConfigError(t5_tokenizer_needed(f"{draft.model_name}'s pipeline", 'reads prompts', f'--{drawing[0]}'))
-    patch = LATENT_DOWNSAMPLE * 2  # Flux's 2x2 latent packing, SD3's and PixArt's 2x2 patches
-    if draft.image_size % patch:
-        raise ConfigError(f'--image_size {draft.image_size}: {draft.model_name} takes multiples of {patch}')
-    transformer = folder.denoiser_config
-    if draft.image_size // patch > transformer.get('pos_embed_max_size', float('inf')):
-        largest = transformer['pos_embed_max_size'] * patch
-        raise ConfigError(f'--image_size {draft.image_size}: {draft.model_name} takes at most {largest}px')
-    if given_flow and not is_flow_matching(family):
-        raise ConfigError(f'--{given_flow[0]}: a flow matching option; {draft.model_name} predicts DDPM noise')
-    recipe = FAMILIES[family].recipe
-    recipe = dataclasses.replace(recipe, **{flag: getattr(draft, flag) for flag in given_flow})
-    if guidance:
-        draft.flux_guidance = EMBEDDED_GUIDANCE if draft.flux_guidance is None else draft.flux_guidance
-        recipe = dataclasses.replace(recipe, flux_guidance=draft.flux_guidance)
-    draft.recipe = recipe  # its values were given (checked in check_values) or are the recipe's own
-    if is_flow_matching(family):
-        for flag in FLOW_FLAGS:
-            setattr(draft, flag, getattr(recipe, flag))
-    if draft.grad_clip_norm is None:
-        draft.grad_clip_norm = recipe.grad_clip_norm
-    if draft.caption_dropout is None:
-        draft.caption_dropout = recipe.caption_dropout
-        if draft.precomputed_latents and recipe.caption_dropout:
-            draft.caption_dropout = 0.0
-            draft.notes.append(
-                f"{draft.model_name}'s recipe drops captions with probability {recipe.caption_dropout}, which "
-                'precomputed text embeddings cannot: this run drops none'
-            )
+    if flags.fused_groupnorm:
+        raise ConfigError(f'--fused_groupnorm: a UNet option (its ResNet blocks); {name} has none')
+    reads_captions = not (flags.use_synth_data or flags.precomputed_latents)
+    if reads_captions and model.caption_inputs.uses_t5 and flags.tokenizer is None:
+        raise ConfigError(t5_tokenizer_needed(name) + ', or --use_synth_data')
+    drawing = [flag for flag in ('sample_interval', 'export_pipeline') if getattr(flags, flag)]
+    if drawing and model.caption_inputs.uses_t5 and flags.tokenizer is None:
+        raise ConfigError(t5_tokenizer_needed(f"{name}'s pipeline", 'reads prompts', f'--{drawing[0]}'))
 
 
-def settle_batch(draft: argparse.Namespace, gpu: hardware.Gpu | None) -> None:
+def settle_outputs(flags: Flags) -> OutputSection:
+    """What the run writes, each place checked now, not after hours of training (output_paths.py)."""
+    check_outputs(flags)
+    return section(OutputSection, flags)
+
+
+def settle_data(
+    flags: Flags, model: ModelSection, gpu: hardware.Gpu | None, notes: list
+) -> tuple[DataSection, DatasetDescription | None]:
+    """The data section, and the dataset's description (datasets.py; None for random tensors and the sample
+    dataset), read before the batch is planned."""
+    if flags.tokenizer is not None:  # it loads, and gives the ids of the model's text encoders
+        check_tokenizer(flags.tokenizer, model.caption_inputs)
+    cpu_threads, cpu_threads_given = flags.cpu_threads, flags.cpu_threads is not None
+    if cpu_threads is None and gpu is None:
+        cpu_threads, cpu_threads_given, why = hardware.cpu_threads()
+        notes.append(f'cpu threads: {cpu_threads} ({why}; --cpu_threads N sets it)')
+    training = read_training_data(flags, model.model_name, model.model_folder, notes)
+    data = section(
+        DataSection,
+        flags,
+        local=training.local,
+        sample_data=training.sample_data,
+        image_size=training.image_size,
+        cpu_threads=cpu_threads,
+        cpu_threads_given=cpu_threads_given,
+        epoch_size=training.epoch_size,
+        dataset_identity=training.dataset.identity if training.dataset else None,
+    )
+    return data, training.dataset
+
+
+def settle_ema(flags: Flags) -> EMASection:
+    """The averaged weights: the half life by the EMA's own rules (units, whole numbers), as ema.EMA takes it (a
+    Composer Time), and its options, which need it on."""
+    try:
+        half_life = parse_half_life(flags.ema_half_life)
+    except ValueError as error:
+        raise ConfigError(f'--ema_half_life: {error}')
+    if (flags.ema_offload or flags.export_ema_unet) and not flags.use_ema:
+        raise ConfigError('--ema_offload and --export_ema_unet need --use_ema')
+    return section(EMASection, flags, ema_half_life=half_life)
+
+
+def settle_speed(flags: Flags, model: ModelSection, gpu: hardware.Gpu | None) -> SpeedSection:
+    """The speed paths, each where this machine runs it (device_checks.py)."""
+    check_device(flags, model.model_name, model.model_folder, gpu)
+    return section(SpeedSection, flags)
+
+
+def settle_batch(
+    flags: Flags,
+    model: ModelSection,
+    data: DataSection,
+    dataset: DatasetDescription | None,
+    ema: EMASection,
+    speed: SpeedSection,
+    gpu: hardware.Gpu | None,
+    notes: list,
+) -> BatchSection:
     """Global batch = world size x device batch; device batch = microbatch x accumulation steps; on a GPU under the
-    fast recipe, a microbatch not given is the largest its memory holds (memory_plan.py)."""
-    has_gpu = gpu is not None
-    check_image_size(draft.image_size)  # a preset's, or one given (checked in check_values)
-    draft.world_size = world_size = hardware.world_size()
-    if draft.batch_size % world_size:
+    fast recipe, a microbatch not given is the largest its memory holds (memory_plan.py), at the size the data
+    holds. Then the run's length in batches (an epoch's from the data), and what the loader workers' batches need of
+    shared memory."""
+    world_size = hardware.world_size()
+    if flags.batch_size % world_size:
         raise ConfigError(
-            f'--batch_size {draft.batch_size} is not divisible by the world size {world_size}: '
+            f'--batch_size {flags.batch_size} is not divisible by the world size {world_size}: '
             f'pass a multiple of {world_size}'
         )
-    draft.device_batch_size = device_batch = draft.batch_size // world_size
-    microbatch = draft.device_train_microbatch_size
-    if microbatch is None and has_gpu and draft.run_recipe != 'published' and plans_for(draft.model_name):
-        draft.memory_plan = planned = plan_microbatch(draft, gpu)
-        draft.notes.append(planned.describe())
-        if planned.microbatch is None:
+    device_batch = flags.batch_size // world_size
+    microbatch, memory_plan = flags.device_train_microbatch_size, None
+    if microbatch is None and gpu is not None and flags.run_recipe != 'published' and plans_for(model.model_name):
+        memory_plan = plan_microbatch(flags, model, data, ema, speed, device_batch, world_size, gpu)
+        notes.append(memory_plan.describe())
+        if memory_plan.microbatch is None:
             raise ConfigError(
-                f'{draft.model_name} at {draft.image_size}px: {planned.describe()}; shard it over more GPUs '
-                f'(--fsdp full_shard){"" if draft.precomputed_latents else ", train from --precomputed_latents"}, '
+                f'{model.model_name} at {data.image_size}px: {memory_plan.describe()}; shard it over more GPUs '
+                f'(--fsdp full_shard){"" if data.precomputed_latents else ", train from --precomputed_latents"}, '
                 'or give --device_train_microbatch_size'
             )
-        microbatch = planned.microbatch
+        microbatch = memory_plan.microbatch
+    microbatch = settled_microbatch(microbatch, flags.batch_size, device_batch, world_size, gpu)
+    batch = section(
+        BatchSection,
+        flags,
+        world_size=world_size,
+        device_batch_size=device_batch,
+        device_train_microbatch_size=microbatch,
+        memory_plan=memory_plan,
+        num_batches=settled_batches(flags, data, dataset, device_batch, world_size, notes),
+    )
+    if speed.compile == 'reduce-overhead':
+        check_one_microbatch_a_step(microbatch, device_batch, world_size)
+    if flags.profile and batch.num_batches < 2:
+        raise ConfigError(
+            f'--profile: the profiler warms up on the batch before the one it records; run at least '
+            f'2 batches (--max_duration {flags.max_duration} is {batch.num_batches})'
+        )
+    epoch_samples = data.epoch_size if data.sample_data else dataset and dataset.num_samples
+    sample = sample_bytes(data.image_size, data.precomputed_latents, data.use_synth_data)
+    check_shared_memory(
+        data.remote or data.local, data.num_workers, device_batch, data.image_size, sample, epoch_samples
+    )
+    return batch
+
+
+def settled_microbatch(
+    microbatch: int | str | None, batch_size: int, device_batch: int, world_size: int, gpu: hardware.Gpu | None
+) -> int | str:
+    """The microbatch given or planned (None: the whole device batch), dividing the device batch; or 'auto'."""
     if microbatch is None:
-        draft.device_train_microbatch_size = device_batch
-        return
+        return device_batch
     if str(microbatch) == 'auto':
-        if not has_gpu:
+        if gpu is None:
             raise ConfigError(
                 '--device_train_microbatch_size auto needs a GPU (Composer searches for the largest '
                 'microbatch that fits in GPU memory); on CPU pass a number that divides the device batch'
             )
-        return
+        return 'auto'
     microbatch = parse_microbatch(microbatch)
     if device_batch % microbatch:
         raise ConfigError(
-            f'--batch_size {draft.batch_size} over {world_size} device(s) gives {device_batch} samples '
+            f'--batch_size {batch_size} over {world_size} device(s) gives {device_batch} samples '
             f'per device, which is not divisible by --device_train_microbatch_size {microbatch}: choose a '
             f'microbatch that divides {device_batch}, or a batch size divisible by '
             f'{world_size} x {microbatch} = {world_size * microbatch}'
         )
-    draft.device_train_microbatch_size = microbatch
+    return microbatch
 
 
-def plan_microbatch(draft: argparse.Namespace, gpu: hardware.Gpu) -> Plan:
+def plan_microbatch(
+    flags: Flags,
+    model: ModelSection,
+    data: DataSection,
+    ema: EMASection,
+    speed: SpeedSection,
+    device_batch: int,
+    world_size: int,
+    gpu: hardware.Gpu,
+) -> Plan:
     run = PlannedRun(
-        draft.model_name,
-        draft.image_size,
-        draft.device_batch_size,
-        draft.world_size,
-        draft.use_ema,
-        draft.ema_offload,
-        draft.precomputed_latents,
-        draft.encoders_bf16,
-        draft.fsdp,
-        draft.precision != 'fp32',
-        draft.activation_checkpointing,
+        model.model_name,
+        data.image_size,
+        device_batch,
+        world_size,
+        ema.use_ema,
+        ema.ema_offload,
+        data.precomputed_latents,
+        speed.encoders_bf16,
+        flags.fsdp,
+        flags.precision != 'fp32',
+        speed.activation_checkpointing,
     )
     return plan(run, gpu.memory_bytes)
 
 
-def check_ema(draft: argparse.Namespace) -> None:
-    """The EMA's options need it on (its half life was parsed in check_values)."""
-    if (draft.ema_offload or draft.export_ema_unet) and not draft.use_ema:
-        raise ConfigError('--ema_offload and --export_ema_unet need --use_ema')
-
-
-def check_tokenizer_given(draft: argparse.Namespace) -> None:
-    """--tokenizer loads, and gives the ids of the model's text encoders (tokenizer.check_tokenizer)."""
-    if draft.tokenizer is not None:
-        check_tokenizer(draft.tokenizer, draft.caption_inputs)
-
-
-def settle_duration(draft: argparse.Namespace) -> None:
-    """The run's length in batches (epochs of real data are settled in datasets.settle_epoch, from the dataset
-    read), and the checkpoint interval."""
-    duration = parse_time('--max_duration', draft.max_duration)
-    if duration.unit == 'ba':
-        draft.num_batches = duration.value
-    elif duration.unit == 'sp':  # Composer trains until it has seen at least that many
-        draft.num_batches = -(-duration.value // draft.batch_size)
-        if draft.num_batches * draft.batch_size != duration.value:
-            draft.notes.append(
-                f'--max_duration {draft.max_duration}: {draft.num_batches} whole batches of {draft.batch_size}, '
-                f'{draft.num_batches * draft.batch_size} samples (Composer stops at the first batch that reaches '
-                f'{duration.value})'
-            )
-    else:
-        draft.num_batches = duration.value * (SYNTHETIC_SAMPLES // draft.batch_size)
-        if draft.use_synth_data:
-            draft.notes.append(
-                f'--max_duration {draft.max_duration}: an epoch of --use_synth_data is {SYNTHETIC_SAMPLES:,} '
-                f'samples, {SYNTHETIC_SAMPLES // draft.batch_size:,} batches of {draft.batch_size} '
-                f'({draft.num_batches:,} batches in all)'
-            )
-    if draft.profile and draft.num_batches < 2:
-        raise ConfigError(
-            f'--profile: the profiler warms up on the batch before the one it records; run at least '
-            f'2 batches (--max_duration {draft.max_duration} is {draft.num_batches})'
+def settled_batches(
+    flags: Flags, data: DataSection, dataset: DatasetDescription | None, device_batch: int, world_size: int, notes: list
+) -> int:
+    """The run's length in batches, whatever unit --max_duration is in: an epoch of real data is the batches of
+    its samples a device gets."""
+    duration, batch_size = parse_time('--max_duration', flags.max_duration), flags.batch_size
+    num_batches = batches_of(duration, batch_size)
+    if duration.unit == 'sp' and num_batches * batch_size != duration.value:
+        notes.append(
+            f'--max_duration {flags.max_duration}: {num_batches} whole batches of {batch_size}, '
+            f'{num_batches * batch_size} samples (Composer stops at the first batch that reaches {duration.value})'
         )
+    if data.use_synth_data and duration.unit == 'ep':
+        num_batches = duration.value * (SYNTHETIC_SAMPLES // batch_size)
+        notes.append(
+            f'--max_duration {flags.max_duration}: an epoch of --use_synth_data is {SYNTHETIC_SAMPLES:,} '
+            f'samples, {SYNTHETIC_SAMPLES // batch_size:,} batches of {batch_size} ({num_batches:,} batches in all)'
+        )
+    if data.use_synth_data:
+        return num_batches
+    num_samples, location = (
+        (data.epoch_size, data.local) if data.sample_data else (dataset.num_samples, dataset.location)
+    )
+    # Streaming gives each rank ceil(epoch / ranks) samples; the loader drops a last partial batch.
+    samples_per_device = -(-num_samples // world_size)
+    batches_per_epoch = samples_per_device // device_batch
+    if batches_per_epoch == 0:
+        raise ConfigError(
+            f'{location}: {samples_per_device} samples per device, fewer than one device '
+            f'batch ({device_batch}): use a larger dataset or a smaller --batch_size'
+        )
+    return num_batches if num_batches is not None else duration.value * batches_per_epoch
 
 
-def settle_samples(draft: argparse.Namespace) -> None:
-    """Sample grids and the pipeline export: when grids are drawn, what they need of the model and the data, and
-    their prompts (docs/quality.md)."""
-    draft.sample_interval = parse_interval('--sample_interval', draft.sample_interval)
-    needs_encoders = [flag for flag in ('sample_interval', 'export_pipeline') if getattr(draft, flag)]
-    folder = draft.model_folder
+def settle_evaluation(
+    flags: Flags,
+    model: ModelSection,
+    data: DataSection,
+    batch: BatchSection,
+    objective: ObjectiveSection,
+    outputs: OutputSection,
+    notes: list,
+) -> EvaluationSection:
+    """Whether the run learns: the held-out split and when the validation loss runs (datasets.py), the sample
+    grids (when they are drawn, what they need of the model and the data, their prompts and folder) and the
+    pipeline export (docs/quality.md)."""
+    split = settle_validation_split(flags, data.sample_data, data.image_size, batch.num_batches, notes)
+    sample_interval = parse_interval('--sample_interval', flags.sample_interval)
+    needs_encoders = [
+        flag
+        for flag, value in (('sample_interval', sample_interval), ('export_pipeline', flags.export_pipeline))
+        if value
+    ]
+    folder = model.model_folder
     sdxl = 'text_encoder_2' in folder.text_encoder_folders and not folder.is_transformer
     if needs_encoders and sdxl:
         raise ConfigError(
             f"--{needs_encoders[0]}: sample images and pipeline exports use Diffusers' StableDiffusionPipeline, "
-            f'which takes one text encoder; {draft.model_name} (SDXL) has two. The validation loss '
+            f'which takes one text encoder; {model.model_name} (SDXL) has two. The validation loss '
             '(--eval_interval) works for every model'
         )
-    if draft.precomputed_latents and (needs_encoders or draft.caption_dropout):
+    if data.precomputed_latents and (needs_encoders or objective.caption_dropout):
         flag = f'--{needs_encoders[0]}' if needs_encoders else '--caption_dropout'
         raise ConfigError(
             f'{flag}: with --precomputed_latents the model has no VAE or text encoder (and the data holds text '
             'embeddings, not captions): train on images and captions for it'
         )
-    if draft.sample_prompts is None:
-        draft.sample_prompts = held_out_prompts(draft) or SAMPLE_PROMPTS
-    else:
-        path = Path(draft.sample_prompts)
-        if not path.is_file():
-            raise ConfigError(f'--sample_prompts {draft.sample_prompts}: no such file (one prompt a line)')
-        draft.sample_prompts = tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
-        if not draft.sample_prompts:
-            raise ConfigError(f'--sample_prompts {path}: holds no prompt (one prompt a line)')
+    prompts = sample_prompts(flags.sample_prompts, sample_interval, split, data, notes)
+    sample_dir = settle_sample_folder(flags.sample_dir, sample_interval, outputs.run_name)
+    check_export_folder(flags.export_pipeline)
+    return section(
+        EvaluationSection,
+        flags,
+        **dataclasses.asdict(split),
+        sample_interval=sample_interval,
+        sample_dir=sample_dir,
+        sample_prompts=prompts,
+    )
+
+
+def sample_prompts(
+    given: str | None, sample_interval: str | None, split: ValidationSplit, data: DataSection, notes: list
+) -> tuple[str, ...]:
+    """The sample grids' prompts: a file's lines (--sample_prompts), else the held-out split's first captions,
+    else the sample dataset's shapes."""
+    if given is None:
+        return held_out_prompts(sample_interval, split, data.precomputed_latents, notes) or SAMPLE_PROMPTS
+    path = Path(given)
+    if not path.is_file():
+        raise ConfigError(f'--sample_prompts {given}: no such file (one prompt a line)')
+    prompts = tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
+    if not prompts:
+        raise ConfigError(f'--sample_prompts {path}: holds no prompt (one prompt a line)')
+    return prompts

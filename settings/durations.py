@@ -79,3 +79,13 @@ def parse_interval(flag: str, text: str | None) -> str | None:
         return None
     parse_time(flag, text)
     return text
+
+
+def batches_of(duration: Duration, batch_size: int) -> int | None:
+    """A duration of batches or samples in batches of `batch_size` (Composer trains until a batch reaches the
+    samples); None for epochs, whose batches depend on the data."""
+    if duration.unit == 'ba':
+        return int(duration.value)
+    if duration.unit == 'sp':
+        return -(-int(duration.value) // batch_size)
+    return None

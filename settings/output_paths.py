@@ -1,7 +1,7 @@
 """Where a run writes, checked before anything is built rather than after hours of training: checkpoints
 (--save_folder), the results file, profiler traces, sample grids and exports. An output folder is never overwritten,
 a folder Composer would read as another one is refused, and each place is tried for writing (config.py's steps
-`check_outputs` and `settle_sample_and_export_folders`)."""
+`settle_outputs` and `settle_evaluation`)."""
 
 import argparse
 import importlib.util
@@ -26,55 +26,55 @@ def check_name(flag: str, name: str | None) -> None:
         )
 
 
-def check_outputs(draft: argparse.Namespace) -> None:
+def check_outputs(flags: argparse.Namespace) -> None:
     """Output folders are checked now, not after hours of training, and never overwritten."""
-    check_name('--run_name', draft.run_name)
-    check_name('--wandb_name', draft.wandb_name)
-    if draft.profile:
-        refuse_used_output_folder('--profile', draft.profile, 'traces are never overwritten')
-        check_writable_folder('--profile', draft.profile)
-    if draft.export_ema_unet:
-        refuse_used_output_folder('--export_ema_unet', draft.export_ema_unet, 'an export never overwrites weights')
-        check_writable_folder('--export_ema_unet', draft.export_ema_unet)
-    if draft.wandb_project and importlib.util.find_spec('wandb') is None:
+    check_name('--run_name', flags.run_name)
+    check_name('--wandb_name', flags.wandb_name)
+    if flags.profile:
+        refuse_used_output_folder('--profile', flags.profile, 'traces are never overwritten')
+        check_writable_folder('--profile', flags.profile)
+    if flags.export_ema_unet:
+        refuse_used_output_folder('--export_ema_unet', flags.export_ema_unet, 'an export never overwrites weights')
+        check_writable_folder('--export_ema_unet', flags.export_ema_unet)
+    if flags.wandb_project and importlib.util.find_spec('wandb') is None:
         raise ConfigError('--wandb_project needs the wandb package: pip install wandb (it leaves torch as it is)')
-    if draft.autoresume and not (draft.save_folder and draft.run_name):
+    if flags.autoresume and not (flags.save_folder and flags.run_name):
         raise ConfigError('--autoresume needs --save_folder and --run_name (Composer finds the checkpoint by both)')
-    if draft.autoresume and draft.fsdp_state_dict_type == 'sharded' and not draft.trust_checkpoint:
+    if flags.autoresume and flags.fsdp_state_dict_type == 'sharded' and not flags.trust_checkpoint:
         raise ConfigError(
             '--autoresume with --fsdp_state_dict_type sharded: torch.distributed.checkpoint reads a sharded '
             'checkpoint by unpickling its metadata, which runs any code the files name; pass --trust_checkpoint to '
             'resume from one whose writer you trust (full checkpoints are read weights-only)'
         )
-    check_save_folder(draft)
-    if draft.results_json:
-        check_writable_file('--results_json', draft.results_json)
+    check_save_folder(flags)
+    if flags.results_json:
+        check_writable_file('--results_json', flags.results_json)
 
 
-def check_save_folder(draft: argparse.Namespace) -> None:
+def check_save_folder(flags: argparse.Namespace) -> None:
     """--save_folder: a folder Composer writes where it is named, new (or the earlier run's, with --autoresume),
     writable; and --save_num_checkpoints_to_keep only where the checkpoints are local."""
-    if draft.save_folder:
-        refuse_what_composer_changes('--save_folder', draft.save_folder)
-    local_save_folder = draft.save_folder and '://' not in draft.save_folder
-    if local_save_folder and Path(draft.save_folder).exists() and not Path(draft.save_folder).is_dir():
-        raise ConfigError(f'--save_folder {draft.save_folder}: is a file, not a folder of checkpoints')
-    if local_save_folder and not draft.autoresume:
+    if flags.save_folder:
+        refuse_what_composer_changes('--save_folder', flags.save_folder)
+    local_save_folder = flags.save_folder and '://' not in flags.save_folder
+    if local_save_folder and Path(flags.save_folder).exists() and not Path(flags.save_folder).is_dir():
+        raise ConfigError(f'--save_folder {flags.save_folder}: is a file, not a folder of checkpoints')
+    if local_save_folder and not flags.autoresume:
         # Composer refuses too, with a traceback that does not say how to continue the earlier run.
         refuse_used_output_folder(
             '--save_folder',
-            draft.save_folder,
+            flags.save_folder,
             "checkpoints are never overwritten; or pass --autoresume with the earlier run's --run_name to continue it",
         )
     if local_save_folder:  # else trained until the first checkpoint, then stopped by an OSError traceback
-        check_writable_folder('--save_folder', draft.save_folder)
-    if draft.save_folder and draft.save_folder.startswith('s3://') and not draft.autoresume:
-        refuse_used_s3_save_folder(draft.save_folder)
-    if draft.save_num_checkpoints_to_keep != -1 and not local_save_folder:
+        check_writable_folder('--save_folder', flags.save_folder)
+    if flags.save_folder and flags.save_folder.startswith('s3://') and not flags.autoresume:
+        refuse_used_s3_save_folder(flags.save_folder)
+    if flags.save_num_checkpoints_to_keep != -1 and not local_save_folder:
         # Composer deletes only its local copies: a remote folder's checkpoints would all stay.
         raise ConfigError(
-            f'--save_num_checkpoints_to_keep {draft.save_num_checkpoints_to_keep}: deletes checkpoints of a local '
-            f'--save_folder only ({draft.save_folder or "none given"}); pass one, or leave the flag out'
+            f'--save_num_checkpoints_to_keep {flags.save_num_checkpoints_to_keep}: deletes checkpoints of a local '
+            f'--save_folder only ({flags.save_folder or "none given"}); pass one, or leave the flag out'
         )
 
 
@@ -98,18 +98,22 @@ def refuse_used_s3_save_folder(folder: str) -> None:
         )
 
 
-def settle_sample_and_export_folders(draft: argparse.Namespace) -> None:
-    """The sample grids' folder (results/samples/RUN by default, where grids are drawn) and the pipeline export's:
-    each writable, the export's new."""
-    if draft.sample_dir is None and draft.sample_interval:
-        draft.sample_dir = str(Path('results', 'samples', draft.run_name or time.strftime('%Y%m%d-%H%M%S')))
-    if draft.sample_dir and Path(draft.sample_dir).is_file():
-        raise ConfigError(f'--sample_dir {draft.sample_dir}: is a file; give a folder')
-    if draft.sample_dir:
-        check_writable_folder('--sample_dir', draft.sample_dir)
-    if draft.export_pipeline:
-        refuse_used_output_folder('--export_pipeline', draft.export_pipeline, 'an export never overwrites weights')
-        check_writable_folder('--export_pipeline', draft.export_pipeline)
+def settle_sample_folder(sample_dir: str | None, sample_interval: str | None, run_name: str | None) -> str | None:
+    """The sample grids' folder (results/samples/RUN by default, where grids are drawn), writable."""
+    if sample_dir is None and sample_interval:
+        sample_dir = str(Path('results', 'samples', run_name or time.strftime('%Y%m%d-%H%M%S')))
+    if sample_dir and Path(sample_dir).is_file():
+        raise ConfigError(f'--sample_dir {sample_dir}: is a file; give a folder')
+    if sample_dir:
+        check_writable_folder('--sample_dir', sample_dir)
+    return sample_dir
+
+
+def check_export_folder(export_pipeline: str | None) -> None:
+    """The pipeline export's folder: new, writable."""
+    if export_pipeline:
+        refuse_used_output_folder('--export_pipeline', export_pipeline, 'an export never overwrites weights')
+        check_writable_folder('--export_pipeline', export_pipeline)
 
 
 def refuse_what_composer_changes(flag: str, folder: str) -> None:

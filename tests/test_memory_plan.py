@@ -142,7 +142,7 @@ def test_the_fast_recipe_on_a_gpu_plans_the_microbatch_and_turns_the_speed_paths
     assert config.model.model_name == 'sd2-base' and config.model.run_recipe == 'fast'
     assert config.batch.device_train_microbatch_size == 32 and config.batch.precision == 'amp_bf16'
     assert config.speed.fused_adamw and config.speed.low_precision_norm and config.speed.pin_memory
-    assert not config.speed.channels_last  # measured slower on an H200 (config.FAST_PATHS)
+    assert not config.speed.channels_last  # measured slower on an H200 (defaults.FAST_PATHS)
     assert not config.speed.encoders_bf16 and not config.ema.use_ema  # precomputed: no encoders; EMA as the flags say
     planned = next(note for note in config.notes if 'planned' in note)
     assert planned.startswith('microbatch 32 (planned): 13.9 GB state + 32 x 1.03 GB activations')

@@ -16,7 +16,7 @@ from data import StreamingLAIONDataset, SyntheticImageCaptionDataset, SyntheticL
 from datapath.images import size_conditions
 from guards.arguments import ConfigError
 from models.stable_diffusion import build_model
-from settings import config, model_folder
+from settings import model_folder, presets
 from settings.config import resolve_config
 from settings.flags import parse_args
 from settings.model_folder import (
@@ -61,7 +61,7 @@ def test_what_sets_the_models_apart():
     sd15, v768, xl = meta_model('sd1.5'), meta_model('sd2-768-v'), meta_model('sdxl-base')
     assert sd15.text_encoder.config.hidden_act == 'quick_gelu' and sd15.unet.config.cross_attention_dim == 768
     assert v768.noise_scheduler.config.prediction_type == 'v_prediction'
-    assert config.PRESETS['sd2-768-v'].image_size == 768 and config.PRESETS['sdxl-base'].image_size == 1024
+    assert presets.PRESETS['sd2-768-v'].image_size == 768 and presets.PRESETS['sdxl-base'].image_size == 1024
     assert xl.latent_scale == 0.13025 and xl.micro_conditioning
     assert xl.unet.config.cross_attention_dim == 768 + 1280
     assert model_folder.pooled_text_width(xl.unet.config) == 1280

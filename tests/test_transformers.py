@@ -275,6 +275,31 @@ def test_flags_a_transformer_cannot_take_are_refused_in_one_line(flags, message)
     assert '\n' not in str(error.value)
 
 
+def test_a_transformers_largest_size_is_checked_at_the_size_its_latents_were_precomputed_at(tmp_path):
+    """Precomputed latents fix the size a run trains at: SD3's twin takes at most 256px (16 patches of 16px), and
+    latents of 288px are refused at start though the preset's 64px fits; 256px ones train at 256px."""
+    from streaming import MDSWriter
+
+    from settings.dataset_checks import PRECOMPUTED_COLUMNS, TRANSFORMER_PRECOMPUTED_COLUMNS
+
+    def latents(name: str, side: int) -> str:
+        columns = PRECOMPUTED_COLUMNS | {
+            'pooled_text_embedding': TRANSFORMER_PRECOMPUTED_COLUMNS['pooled_text_embedding']
+        }
+        with MDSWriter(out=str(tmp_path / name), columns=columns) as writer:
+            for i in range(8):
+                latent = np.zeros((16, side, side), np.float16)
+                text, pooled = np.zeros((333, 32), np.float16), np.zeros(32, np.float16)
+                sample = {'latent_mean': latent, 'latent_logvar': latent, 'text_embedding': text, 'caption': f'{i}'}
+                writer.write(sample | {'pooled_text_embedding': pooled})
+        return str(tmp_path / name)
+
+    flags = ['--model_name', 'tiny-sd3.5-medium', '--precomputed_latents', '--batch_size', '4']
+    with pytest.raises(ConfigError, match=r'^\S+: latents of 288px: tiny-sd3\.5-medium takes at most 256px$'):
+        resolve_config(parse_args([*flags, '--local', latents('large', 36)]))
+    assert resolve_config(parse_args([*flags, '--local', latents('largest', 32)])).data.image_size == 256
+
+
 def test_the_recipe_sets_the_defaults_and_flags_override_it():
     config = resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data']))
     objective = config.objective
