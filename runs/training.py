@@ -17,9 +17,10 @@ from composer.core import Callback, Time
 from composer.loggers import InMemoryLogger, WandBLogger
 from composer.optim import ComposerScheduler, ConstantScheduler, ConstantWithWarmupScheduler
 from composer.profiler import Profiler, cyclic_schedule
-from composer.utils import dist, reproducibility
+from composer.utils import collect_env, dist, reproducibility
 from torch.utils.data import DataLoader
 
+from costs.results import cpu_name
 from data import (
     BadSampleCounter,
     PrecomputedLatentsDataset,
@@ -48,6 +49,11 @@ from settings.model_folder import LATENT_DOWNSAMPLE
 from settings.presets import SYNTHETIC_SAMPLES
 from settings.run_sections import BatchSection, DataSection, ObjectiveSection, OutputSection, SpeedSection
 from settings.tokenizer import TokenizerError
+
+# The Trainer records the machine it runs on (collect_env.get_composer_env_dict), the CPU's name from py-cpuinfo, which
+# starts a Python interpreter to ask the CPU: a second of every rank's start. The name is read from /proc/cpuinfo
+# instead, as the results file reads it.
+collect_env.get_cpu_model = cpu_name
 
 # torch.compile options that --compile adds to its own (Inductor, in the mode it names, at static shapes): none for a
 # run; tests set a backend here (aot_eager, one that fails) to trace on a CPU without Inductor.

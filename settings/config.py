@@ -279,9 +279,20 @@ def check_transformer_flags(flags: Flags, model: ModelSection) -> None:
     reads_captions = not (flags.use_synth_data or flags.precomputed_latents)
     if reads_captions and model.caption_inputs.uses_t5 and flags.tokenizer is None:
         raise ConfigError(t5_tokenizer_needed(name) + ', or --use_synth_data')
-    drawing = [flag for flag in ('sample_interval', 'export_pipeline') if getattr(flags, flag)]
+    drawing = drawing_flags(flags)
     if drawing and model.caption_inputs.uses_t5 and flags.tokenizer is None:
         raise ConfigError(t5_tokenizer_needed(f"{name}'s pipeline", 'reads prompts', f'--{drawing[0]}'))
+
+
+def drawing_flags(flags: Flags) -> list[str]:
+    """The flags given that draw images with the model's pipeline, so need its text encoders: sample grids (an
+    interval of '0' draws none) and the pipeline export."""
+    sample_interval = parse_interval('--sample_interval', flags.sample_interval)
+    return [
+        flag
+        for flag, value in (('sample_interval', sample_interval), ('export_pipeline', flags.export_pipeline))
+        if value
+    ]
 
 
 def settle_outputs(flags: Flags) -> OutputSection:
@@ -489,11 +500,7 @@ def settle_evaluation(
     pipeline export (docs/quality.md)."""
     split = settle_validation_split(flags, data.sample_data, data.image_size, batch.num_batches, notes)
     sample_interval = parse_interval('--sample_interval', flags.sample_interval)
-    needs_encoders = [
-        flag
-        for flag, value in (('sample_interval', sample_interval), ('export_pipeline', flags.export_pipeline))
-        if value
-    ]
+    needs_encoders = drawing_flags(flags)
     folder = model.model_folder
     sdxl = 'text_encoder_2' in folder.text_encoder_folders and not folder.is_transformer
     if needs_encoders and sdxl:

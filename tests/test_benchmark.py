@@ -165,6 +165,21 @@ def test_microbatching_gives_the_same_gradients():
         torch.testing.assert_close(accumulated, whole, rtol=1e-4, atol=1e-6)
 
 
+def test_a_trainer_records_the_cpus_name_without_starting_an_interpreter(monkeypatch):
+    """Each Trainer records the machine it runs on; py-cpuinfo's CPU name would start a Python interpreter (a second
+    of every rank's start). runs.training has Composer read it from /proc/cpuinfo, as the results file does."""
+    import cpuinfo
+    from composer.utils import collect_env
+
+    from costs.results import cpu_name
+
+    def asked():
+        raise AssertionError('py-cpuinfo was asked for the CPU')
+
+    monkeypatch.setattr(cpuinfo, 'get_cpu_info', asked)
+    assert collect_env.get_composer_env_dict()['cpu_model'] == cpu_name() != ''
+
+
 def test_compile_modes_reach_composers_compile_config():
     assert parse_args(['--compile']).compile == 'default'
     assert training.compile_config(None) is None and training.compile_config('default') == {'dynamic': False}

@@ -275,6 +275,13 @@ def test_flags_a_transformer_cannot_take_are_refused_in_one_line(flags, message)
     assert '\n' not in str(error.value)
 
 
+def test_a_sample_interval_of_0_draws_nothing_so_needs_no_t5_tokenizer():
+    config = resolve_config(
+        parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data', '--sample_interval', '0'])
+    )
+    assert config.evaluation.sample_interval is None
+
+
 def test_a_transformers_largest_size_is_checked_at_the_size_its_latents_were_precomputed_at(tmp_path):
     """Precomputed latents fix the size a run trains at: SD3's twin takes at most 256px (16 patches of 16px), and
     latents of 288px are refused at start though the preset's 64px fits; 256px ones train at 256px."""
