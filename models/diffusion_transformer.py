@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 from diffusers import AutoencoderKL, DDPMScheduler, FlowMatchEulerDiscreteScheduler
-from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
 from diffusers.training_utils import compute_density_for_timestep_sampling, compute_loss_weighting_for_sd3
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from models import flux, pixart, sd3
 from models.parts import (
     FrozenEncodersModel,
     build_frozen_encoders,
@@ -34,12 +34,11 @@ from models.parts import (
     standard_normal_like,
     validation_timesteps,
 )
-from settings.families import EMBEDDED_GUIDANCE, FAMILIES, FLUX, SD3, Recipe, is_flow_matching
+from settings.families import EMBEDDED_GUIDANCE, FAMILIES, FLUX, PIXART, SD3, Recipe, is_flow_matching
 from settings.model_folder import (
     CAPTION_LENGTH,
     DDPM_TARGETS,
     LATENT_DOWNSAMPLE,
-    T5_PAD_ID,
     text_shapes,
 )
 from settings.presets import VALIDATION_TIMESTEPS
@@ -247,30 +246,15 @@ class DiffusionTransformer(FrozenEncodersModel):
 # ----------------------------------------------------------------------------------- the families' inputs
 
 
+# Each family's module: what its transformer reads of the captions' encoders, and how it is run on noisy latents.
+FAMILY_MODULES = {FLUX: flux, SD3: sd3, PIXART: pixart}
+
+
 def encode_text(family: str, text_encoders: list[torch.nn.Module], batch: dict) -> dict[str, torch.Tensor]:
-    """What each family's transformer reads, from caption token ids (one column per encoder, in folder order):
+    """What a family's transformer reads, from caption token ids (one column per encoder, in folder order):
     'text_embedding' (its encoder_hidden_states), 'pooled_text_embedding' (Flux: CLIP-L's pooled output; SD3: both
     CLIPs' projected ones side by side) and for PixArt 'text_mask' (T5's padding masked)."""
-    if family == FLUX:
-        clip, t5 = text_encoders
-        return {
-            'text_embedding': t5(batch['input_ids_2'])[0].float(),
-            'pooled_text_embedding': clip(batch['input_ids']).pooler_output.float(),
-        }
-    if family == SD3:
-        clip_l, clip_g, t5 = text_encoders
-        first = clip_l(batch['input_ids'], output_hidden_states=True)
-        second = clip_g(batch['input_ids_2'], output_hidden_states=True)
-        t5_states = t5(batch['input_ids_3'])[0].float()
-        clip_states = torch.cat([first.hidden_states[-2], second.hidden_states[-2]], dim=-1).float()
-        clip_states = torch.nn.functional.pad(clip_states, (0, t5_states.shape[-1] - clip_states.shape[-1]))
-        return {
-            'text_embedding': torch.cat([clip_states, t5_states], dim=-2),
-            'pooled_text_embedding': torch.cat([first.text_embeds, second.text_embeds], dim=-1).float(),
-        }
-    (t5,) = text_encoders
-    mask = (batch['input_ids'] != T5_PAD_ID).long()
-    return {'text_embedding': t5(batch['input_ids'], attention_mask=mask)[0].float(), 'text_mask': mask}
+    return FAMILY_MODULES[family].encode_text(text_encoders, batch)
 
 
 def run_transformer(
@@ -279,53 +263,7 @@ def run_transformer(
     """The output of a transformer of `family` for noisy latents (batch, channels, height, width), in the same
     layout. The family is given: under FSDP the module is a FullyShardedDataParallel wrapper. guidance: the scale a
     guidance-distilled Flux embeds (None for the others)."""
-    batch, channels, height, width = noisy.shape
-    if family == FLUX:
-        # Flux reads 2x2 latent patches as a sequence, with (0, row, column) position ids, and timesteps in [0, 1].
-        packed = FluxPipeline._pack_latents(noisy, batch, channels, height, width)
-        image_ids = FluxPipeline._prepare_latent_image_ids(batch, height // 2, width // 2, noisy.device, noisy.dtype)
-        text_states = text['text_embedding']
-        text_ids = torch.zeros(text_states.shape[1], 3, device=noisy.device, dtype=noisy.dtype)
-        output = transformer(
-            hidden_states=packed,
-            timestep=timesteps / 1000,
-            pooled_projections=text['pooled_text_embedding'],
-            encoder_hidden_states=text_states,
-            txt_ids=text_ids,
-            img_ids=image_ids,
-            guidance=None if guidance is None else torch.full((batch,), guidance, device=noisy.device),
-            return_dict=False,
-        )[0]
-        pixels = (height * LATENT_DOWNSAMPLE, width * LATENT_DOWNSAMPLE)
-        return FluxPipeline._unpack_latents(output, *pixels, LATENT_DOWNSAMPLE)
-    if family == SD3:
-        return transformer(
-            hidden_states=noisy,
-            timestep=timesteps,
-            encoder_hidden_states=text['text_embedding'],
-            pooled_projections=text['pooled_text_embedding'],
-            return_dict=False,
-        )[0]
-    size = (height * LATENT_DOWNSAMPLE, width * LATENT_DOWNSAMPLE)
-    conditions = {'resolution': None, 'aspect_ratio': None}
-    if transformer.use_additional_conditions:  # PixArt-alpha's 1024px models: the image's size and aspect ratio
-        conditions = {
-            'resolution': torch.tensor([size], dtype=noisy.dtype, device=noisy.device).expand(batch, 2),
-            'aspect_ratio': torch.tensor([[size[0] / size[1]]], dtype=noisy.dtype, device=noisy.device).expand(
-                batch, 1
-            ),
-        }
-    output = transformer(
-        noisy,
-        encoder_hidden_states=text['text_embedding'],
-        encoder_attention_mask=text.get('text_mask'),
-        timestep=timesteps,
-        added_cond_kwargs=conditions,
-        return_dict=False,
-    )[0]
-    if output.shape[1] == 2 * channels:  # learned variance beside the noise: the loss takes the noise
-        output = output[:, :channels]
-    return output
+    return FAMILY_MODULES[family].run_transformer(transformer, noisy, timesteps, text, guidance)
 
 
 # ----------------------------------------------------------------------------------- FLOPs
