@@ -253,6 +253,14 @@ def kill_if_unreaped(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def loader_workers() -> set[int]:
+    """The pids of this process's children that PyTorch names as its loader workers. A test picks the workers of
+    the loader it started as those not alive before: an earlier test's may still be ending, and pids wrap around."""
+    import psutil
+
+    return {child.pid for child in psutil.Process().children() if child.name() == 'pt_data_worker'}
+
+
 def wait_until(condition, timeout: float, what: str) -> None:
     """Polls `condition` until it holds; fails naming `what` after `timeout` seconds (a hang guard)."""
     deadline = time.monotonic() + timeout

@@ -5,10 +5,9 @@ import os
 import re
 import signal
 
-import psutil
 import pytest
 from composer.core import Callback
-from conftest import TINY, good_samples, kill_if_unreaped, settled, write_dataset
+from conftest import TINY, good_samples, kill_if_unreaped, loader_workers, settled, write_dataset
 
 from datapath import loaders
 from guards.arguments import ConfigError
@@ -22,14 +21,13 @@ class SignalAWorker(Callback):
     """Sends `signal` to one of the training loader's workers once the first batch has trained."""
 
     def __init__(self, signum):
-        self.signum, self.pids = signum, []
+        self.signum, self.pids, self.earlier = signum, [], loader_workers()
 
     def batch_end(self, state, logger):
         if int(state.timestamp.batch) == 1:
-            # PyTorch names its loader workers' processes: no other child of this test process is one.
-            workers = [child for child in psutil.Process().children() if child.name() == 'pt_data_worker']
-            self.pids.append(workers[-1].pid)
-            os.kill(workers[-1].pid, self.signum)
+            worker = max(loader_workers() - self.earlier)  # the run's: its loader's workers are the only new ones
+            self.pids.append(worker)
+            os.kill(worker, self.signum)
 
 
 def test_the_default_wait_is_far_above_a_shards_worst_download(monkeypatch):

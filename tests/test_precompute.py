@@ -8,7 +8,17 @@ import shutil
 import pytest
 import torch
 from composer.utils import reproducibility
-from conftest import LAUNCHER, REPO, builtin_folder, fixed_batch, good_samples, run_process, settled, write_dataset
+from conftest import (
+    LAUNCHER,
+    REPO,
+    builtin_folder,
+    fixed_batch,
+    good_samples,
+    loader_workers,
+    run_process,
+    settled,
+    write_dataset,
+)
 from streaming import StreamingDataset
 from torch.utils.data import default_collate
 
@@ -420,16 +430,13 @@ def test_a_loader_worker_killed_mid_precompute_ends_it_in_one_line(source, tmp_p
     import os
     import signal
 
-    import psutil
-
-    encode, killed = precomputing.encode, []
+    encode, killed, earlier = precomputing.encode, [], loader_workers()
 
     def encode_then_kill_a_worker(*args, **kwargs):
         if not killed:
-            # PyTorch names its loader workers' processes: no other child of this test process is one.
-            worker = [child for child in psutil.Process().children() if child.name() == 'pt_data_worker'][-1]
-            killed.append(worker.pid)
-            os.kill(worker.pid, signal.SIGKILL)
+            worker = max(loader_workers() - earlier)  # precompute's: its loader's workers are the only new ones
+            killed.append(worker)
+            os.kill(worker, signal.SIGKILL)
         return encode(*args, **kwargs)
 
     monkeypatch.setattr(precomputing, 'encode', encode_then_kill_a_worker)
