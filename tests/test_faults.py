@@ -952,15 +952,22 @@ def test_a_save_folder_turned_read_only_mid_run_names_the_last_whole_checkpoint(
 
 @pytest.mark.slow
 def test_two_jobs_starting_together_each_get_their_own_shared_memory(tmp_path, dataset, monkeypatch):
-    """Two datasets built at the same moment (two jobs of a sweep): Streaming's search for a free shared-memory
-    prefix is slowed so that both finish it before either registers, as when two processes start together."""
+    """Two datasets built at the same moment (two jobs of a sweep): each search for a free shared-memory prefix
+    waits, once done, for the other job's to begin, so that both search before either registers, as when two
+    processes start together; where the search is locked (streaming_fixes), the second cannot begin, and the first
+    goes on after a hang guard of 0.5 s."""
     from streaming.base.shared import prefix
 
-    find = prefix._check_and_find_retrying
+    find, searching = prefix._check_and_find_retrying, set()
+    both = threading.Condition()
 
     def find_slowly(*args, **kwargs):
+        with both:
+            searching.add(threading.get_ident())
+            both.notify_all()
         found = find(*args, **kwargs)
-        time.sleep(0.5)
+        with both:
+            both.wait_for(lambda: len(searching) == 2, timeout=0.5)
         return found
 
     monkeypatch.setattr(prefix, '_check_and_find_retrying', find_slowly)
