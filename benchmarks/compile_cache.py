@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 
 # Inductor's and Triton's caches, kept across the rows of a call (every row's process reads them) and across calls:
-# packed into --out at the end of a call, which the next call carries back, and unpacked before its first row. A
-# compiled SD2 row spent 135-153 s of its 183-216 s compiling on an H100 (2026-11-26); a cache hit skips most of it.
+# packed into --out at the end of a call, which the next call carries back, and unpacked before its first row.
+# Compiling is most of a compiled row's time (docs/speed.md has the figures); a cache hit skips most of it.
 COMPILE_CACHE = Path(tempfile.gettempdir()) / 'gpu-campaign-compile-cache'
 COMPILE_CACHE_FILE = 'compile-cache.tar.gz'
 COMPILE_CACHE_LIMIT = 24 << 20  # bytes packed: what a call's carry holds beside the wheels (64 MiB in all)

@@ -53,8 +53,8 @@ from benchmarks.compile_cache import keep_compile_cache, use_compile_cache
 from costs.results import Results
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
-# Seconds a row of each kind takes from start to exit, before this machine has measured one (an H100's and this
-# CPU's: SD2 base eager 50-75 s, compiled 185-210 s of which 140-155 compiling, on an H200 on 2026-11-26).
+# Seconds a row of each kind takes from start to exit, before this machine has measured one: a GPU's (True), from
+# the rows of benchmarks/results.md, and a CPU's (False).
 ESTIMATES = {
     True: {'probe': 40, 'eager': 80, 'compile': 240, 'profile': 100, 'transformer': 150, 'test': 90, 'predict': 10},
     False: {'probe': 10, 'eager': 15, 'compile': 15, 'profile': 25, 'transformer': 20, 'test': 12, 'predict': 5},

@@ -370,7 +370,7 @@ class CheckedStreamingDataset(StreamingDataset):
     # A read that fails in one loader worker or rank must stop the others on the node at once. The loader hands
     # batches over in worker order, so the run waits on the next worker's batch, not on the one that failed; and
     # that worker, woken by the shard marked remote again, fetched it itself: against a hung server, a second
-    # minute of timeouts before the run ended (seen: 123 s instead of 55 s). The first failure is kept in a file
+    # round of timeouts before the run ended. The first failure is kept in a file
     # beside Streaming's locks, named with its shared-memory prefix, so one per dataset per node.
 
     def _record_failure(self, failure: DataError) -> None:
