@@ -21,6 +21,7 @@ from settings import hardware
 from settings.dataset_checks import DatasetDescription
 from settings.datasets import (
     ValidationSplit,
+    check_data_flags,
     check_image_size,
     held_out_prompts,
     read_training_data,
@@ -306,6 +307,7 @@ def settle_data(
 ) -> tuple[DataSection, DatasetDescription | None]:
     """The data section, and the dataset's description (datasets.py; None for random tensors and the sample
     dataset), read before the batch is planned."""
+    check_data_flags(flags)
     if flags.tokenizer is not None:  # it loads, and gives the ids of the model's text encoders
         check_tokenizer(flags.tokenizer, model.caption_inputs)
     cpu_threads, cpu_threads_given = flags.cpu_threads, flags.cpu_threads is not None

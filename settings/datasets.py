@@ -49,8 +49,7 @@ class TrainingData:
 
 def read_training_data(flags: argparse.Namespace, model_name: str, folder: ModelFolder, notes: list) -> TrainingData:
     """The training data: precomputed latents fix the image size the run trains at, and the microbatch is planned
-    for. The sample dataset's epoch spans the whole run."""
-    check_data_flags(flags)
+    for. The sample dataset's epoch spans the whole run. The data flags were checked together (check_data_flags)."""
     sample_data = not (flags.use_synth_data or flags.remote or flags.local)
     local, image_size, epoch_size, dataset = flags.local, flags.image_size, None, None
     if sample_data:

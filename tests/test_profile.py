@@ -37,3 +37,7 @@ def test_profile_flag_needs_a_new_folder_and_two_batches(tmp_path):
         resolve_config(parse_args(PROFILED_RUN + ['--profile', str(tmp_path)]))
     with pytest.raises(ConfigError, match='run at least 2 batches'):
         resolve_config(parse_args(PROFILED_RUN + ['--profile', str(tmp_path / 'new'), '--max_duration', '1ba']))
+    # An epoch counts the data's batches: the sample dataset's 320 images are one batch of 320.
+    epoch = ['--model_name', 'tiny', '--image_size', '32', '--batch_size', '320', '--max_duration', '1ep']
+    with pytest.raises(ConfigError, match=r'run at least 2 batches \(--max_duration 1ep is 1\)'):
+        resolve_config(parse_args([*epoch, '--profile', str(tmp_path / 'new')]))
