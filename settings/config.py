@@ -127,7 +127,8 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     speed = settle_speed(flags, model, gpu)
     batch = settle_batch(flags, model, data, dataset, ema, speed, gpu, notes)
     evaluation = settle_evaluation(flags, model, data, batch, objective, outputs, notes)
-    return RunConfig(model, data, batch, ema, speed, outputs, evaluation, objective, tuple(notes))
+    sections = dict(model=model, data=data, batch=batch, ema=ema, speed=speed, outputs=outputs, evaluation=evaluation)
+    return RunConfig(**sections, objective=objective, notes=tuple(notes))
 
 
 SECTIONS = (
