@@ -16,6 +16,7 @@ learned variance, left untrained as in Diffusers' PixArt example); where its con
 1024px models) it is also conditioned on the image's resolution and aspect ratio.
 """
 
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ from models.parts import (
     FrozenEncodersModel,
     build_frozen_encoders,
     build_part,
+    counted_once,
     latent_distribution,
     per_sample_mse,
     standard_normal_like,
@@ -237,9 +239,9 @@ class DiffusionTransformer(FrozenEncodersModel):
     def forward_flops(self, height: int, width: int, caption_length: int | None = None) -> dict[str, int]:
         key = (height, width, caption_length or FAMILIES[self.family].t5_caption_length)
         if key not in self._forward_flops:
-            self._forward_flops[key] = count_forward_flops(
-                self.transformer, self.vae, self.text_encoders, *key, self.latent_channels
-            )
+            parts, sizes = (self.transformer, self.vae, *self.text_encoders), (*key, self.latent_channels)
+            count = partial(count_forward_flops, self.transformer, self.vae, self.text_encoders, *sizes)
+            self._forward_flops[key] = counted_once(parts, sizes, count)
         return self._forward_flops[key]
 
 

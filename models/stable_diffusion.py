@@ -25,6 +25,7 @@ from models.parts import (
     FrozenEncodersModel,
     build_frozen_encoders,
     build_part,
+    counted_once,
     describe_weights,
     latent_distribution,
     per_sample_mse,
@@ -208,16 +209,16 @@ class StableDiffusion(FrozenEncodersModel):
     def forward_flops(self, height: int, width: int, caption_length: int = CAPTION_LENGTH) -> dict[str, int]:
         key = (height, width, caption_length)
         if key not in self._forward_flops:
-            if self.vae is None:  # precomputed: the UNet alone
-                self._forward_flops[key] = {
-                    'unet': count_unet_forward_flops(
-                        self.unet.config, height // LATENT_DOWNSAMPLE, width // LATENT_DOWNSAMPLE, caption_length
-                    )
-                }
-            else:
-                text_configs = [encoder.config for encoder in (self.text_encoder, self.text_encoder_2) if encoder]
-                self._forward_flops[key] = count_forward_flops(self.unet.config, self.vae.config, text_configs, *key)
+            parts = (self.unet, self.vae, self.text_encoder, self.text_encoder_2)
+            self._forward_flops[key] = counted_once(parts, key, lambda: self._count_forward_flops(*key))
         return self._forward_flops[key]
+
+    def _count_forward_flops(self, height: int, width: int, caption_length: int) -> dict[str, int]:
+        if self.vae is None:  # precomputed: the UNet alone
+            latent_height, latent_width = height // LATENT_DOWNSAMPLE, width // LATENT_DOWNSAMPLE
+            return {'unet': count_unet_forward_flops(self.unet.config, latent_height, latent_width, caption_length)}
+        text_configs = [encoder.config for encoder in (self.text_encoder, self.text_encoder_2) if encoder]
+        return count_forward_flops(self.unet.config, self.vae.config, text_configs, height, width, caption_length)
 
 
 def count_forward_flops(

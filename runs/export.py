@@ -14,6 +14,7 @@ captions and lets the pipeline tokenize them.
 """
 
 import contextlib
+import functools
 from pathlib import Path
 
 import diffusers
@@ -25,7 +26,7 @@ from composer.loggers import Logger
 from composer.utils import dist
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler, StableDiffusionPipeline
 from PIL import Image, ImageDraw, ImageFont
-from tokenizers import Regex, normalizers
+from tokenizers import Regex, Tokenizer, normalizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from ema import EMA, full_unet
@@ -53,15 +54,11 @@ def pipeline_tokenizer(folder: str | None = None, pad_id: int = CLIP_PAD_ID):
     if folder is not None:
         tokenizer = AutoTokenizer.from_pretrained(folder)
     else:
-        backend = build_clip_tokenizer()
-        backend.normalizer = normalizers.Sequence(
-            [normalizers.Replace(Regex(r'\s+'), ' '), normalizers.Strip(), normalizers.Lowercase()]
-        )
         # The generic class around the `tokenizers` object, saved and loaded as it is: Transformers' CLIP class
         # rebuilds the tokenizer on load in 5.x (with a normalizer that changes ids). The padding is id 0 ('!'),
         # OpenCLIP's (SD2's own tokenizer folder sets the same), or OpenAI CLIP's end of text.
         tokenizer = PreTrainedTokenizerFast(
-            tokenizer_object=backend,
+            tokenizer_object=prompt_backend(),  # copied
             bos_token=CLIP_START,
             eos_token=CLIP_END,
             unk_token=CLIP_END,
@@ -69,6 +66,17 @@ def pipeline_tokenizer(folder: str | None = None, pad_id: int = CLIP_PAD_ID):
         )
     tokenizer.model_max_length = CAPTION_LENGTH
     return tokenizer
+
+
+@functools.cache
+def prompt_backend() -> Tokenizer:
+    """The built-in CLIP tokenizer for raw prompts: whitespace collapsed and lowercased as clean_caption does. Built
+    once per process (from 49k merges); each pipeline's tokenizer holds a copy."""
+    backend = build_clip_tokenizer()
+    backend.normalizer = normalizers.Sequence(
+        [normalizers.Replace(Regex(r'\s+'), ' '), normalizers.Strip(), normalizers.Lowercase()]
+    )
+    return backend
 
 
 def build_pipeline(

@@ -236,29 +236,21 @@ class CaptionTokenizer:
 
     def load(self) -> None:
         if self.builtin:
-            backend = Tokenizer.from_file(str(Path(self.folder) / 'tokenizer.json'))
+            backend = builtin_backend(self.folder, self.length)
             self.pad_id = self.builtin_pad_id
-        else:
-            from transformers import AutoTokenizer  # only for a folder: the built-in tokenizer never needs it
+            self._encode = lambda text: backend.encode(text).ids
+            return
+        from transformers import AutoTokenizer  # only for a folder: the built-in tokenizer never needs it
 
-            tokenizer = AutoTokenizer.from_pretrained(self.folder)
-            self.pad_id = self.builtin_pad_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
-            if not tokenizer.is_fast:
-                self._encode = lambda text: tokenizer(text, truncation=True, max_length=self.length).input_ids
-                return
-            backend = tokenizer.backend_tokenizer  # the Rust tokenizer: half the time of the Python wrapper
+        tokenizer = AutoTokenizer.from_pretrained(self.folder)
+        self.pad_id = self.builtin_pad_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+        if not tokenizer.is_fast:
+            self._encode = lambda text: tokenizer(text, truncation=True, max_length=self.length).input_ids
+            return
+        backend = tokenizer.backend_tokenizer  # the Rust tokenizer: half the time of the Python wrapper
         backend.no_padding()
         backend.enable_truncation(self.length)  # keeps room for the special tokens, so the end-of-text one stays
         self._encode = lambda text: backend.encode(text).ids
-        if self.builtin:
-            for text, expected in TOKENIZER_CHECKS.items():
-                got = self._encode(clean_caption(text))
-                if got != [CLIP_START_ID, *expected, CLIP_END_ID]:
-                    raise TokenizerError(
-                        f'the built-in CLIP tokenizer ({self.folder}) gives ids {got} for {text!r}, where '
-                        f'CLIP gives {expected} between start and end (tokenizers {tokenizers.__version__}): '
-                        'delete that folder and run again, or pass --tokenizer'
-                    )
 
     def __call__(self, caption: str) -> torch.Tensor:
         return id_tensor(self.ids(caption))
@@ -269,6 +261,34 @@ class CaptionTokenizer:
             self.load()
         ids = self._encode(clean_caption(caption, self.lowercase))
         return ids + [self.pad_id] * (self.length - len(ids))
+
+
+# The built-in tokenizer by file and caption length, loaded once per process: a load parses its 49k merges (about a
+# tenth of a second), and a run's checks, its dataset, its sample grids and a process's later runs ask again. Loader
+# workers forked after it loaded share it.
+BUILTIN_BACKENDS: dict[tuple, Tokenizer] = {}
+
+
+def builtin_backend(folder: str, length: int) -> Tokenizer:
+    """The built-in tokenizer of `folder` (its tokenizer.json as it is now), truncating at `length`, checked against
+    CLIP's ids. Nothing else may change its settings: it is shared."""
+    path = Path(folder) / 'tokenizer.json'
+    written = path.stat()
+    key = (str(path), written.st_ino, written.st_mtime_ns, written.st_size, length)
+    if key not in BUILTIN_BACKENDS:
+        backend = Tokenizer.from_file(str(path))
+        backend.no_padding()
+        for text, expected in TOKENIZER_CHECKS.items():
+            got = backend.encode(clean_caption(text)).ids
+            if got != [CLIP_START_ID, *expected, CLIP_END_ID]:
+                raise TokenizerError(
+                    f'the built-in CLIP tokenizer ({folder}) gives ids {got} for {text!r}, where CLIP gives '
+                    f'{expected} between start and end (tokenizers {tokenizers.__version__}): delete that folder '
+                    'and run again, or pass --tokenizer'
+                )
+        backend.enable_truncation(length)  # keeps room for the special tokens, so the end-of-text one stays
+        BUILTIN_BACKENDS[key] = backend
+    return BUILTIN_BACKENDS[key]
 
 
 def column_tokenizers(folder: str | None, inputs) -> dict[str, CaptionTokenizer]:

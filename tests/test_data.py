@@ -12,6 +12,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ import torch
 from composer.core import Callback
 from conftest import LAUNCHER, REPO, final_weights, good_samples, jpeg, run_process, settled, write_dataset
 from PIL import Image
+from tokenizers import Tokenizer
 
 from data import StreamingLAIONDataset, collate
 from datapath.images import BadSample, decode_image, unit_range
@@ -146,6 +148,28 @@ def test_a_builtin_tokenizer_built_differently_is_refused(tmp_path, monkeypatch)
     assert 'gives ids [49406, 157, 118, 501, 4166, 49407]' in str(refused.value)
     assert 'where CLIP gives [339, 136, 486, 4166]' in str(refused.value)
     assert 'delete that folder and run again' in str(refused.value)
+
+
+def test_the_builtin_tokenizer_loads_once_per_length_and_again_when_its_file_changes(tmp_path, monkeypatch):
+    """A process loads the built-in tokenizer once for each caption length; a file written anew (a folder deleted
+    and built again, by this run or another) is loaded and checked again."""
+    shutil.copytree(clip_tokenizer_folder(), tmp_path / 'clip')
+    monkeypatch.setattr(tokenizer, 'clip_tokenizer_folder', lambda: tmp_path / 'clip')
+    monkeypatch.setattr(tokenizer, 'BUILTIN_BACKENDS', {})
+    loaded = []
+    monkeypatch.setattr(
+        tokenizer, 'Tokenizer', SimpleNamespace(from_file=lambda path: loaded.append(path) or Tokenizer.from_file(path))
+    )
+    cat = CaptionTokenizer()('a cat')
+    assert torch.equal(CaptionTokenizer()('a cat'), cat) and len(loaded) == 1
+    short = CaptionTokenizer(length=4)('a photo of a cat')
+    assert short.tolist() == [49406, 320, 1125, 49407] and len(loaded) == 2
+    assert torch.equal(CaptionTokenizer()('a cat'), cat) and len(loaded) == 2
+    built = json.loads((tmp_path / 'clip' / 'tokenizer.json').read_text())
+    (tmp_path / 'clip' / 'tokenizer.json').write_text(json.dumps({**built, 'normalizer': {'type': 'NFC'}}))
+    with pytest.raises(TokenizerError, match='delete that folder and run again'):
+        CaptionTokenizer()('a cat')
+    assert len(loaded) == 3
 
 
 # ------------------------------------------------------------------------------------------- images

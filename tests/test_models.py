@@ -15,6 +15,7 @@ from PIL import Image
 from data import StreamingLAIONDataset, SyntheticImageCaptionDataset, SyntheticLatentsDataset
 from datapath.images import size_conditions
 from guards.arguments import ConfigError
+from models import parts, stable_diffusion
 from models.stable_diffusion import build_model
 from settings import model_folder, presets
 from settings.config import resolve_config
@@ -105,6 +106,34 @@ def test_sdxl_flops_match_the_reference_figure():
     )
     # v-prediction changes the target, not the work: SD2 768-v costs SD2 base's FLOPs at 768px.
     assert meta_model('sd2-768-v').flops_per_image(768, 768) == meta_model('sd2-base').flops_per_image(768, 768)
+
+
+def test_a_processes_flop_counts_are_kept_by_architecture_and_size(monkeypatch, tmp_path):
+    """A second model of the same configs reuses the count; another config, or another size, is counted anew, and
+    the count kept is the one a fresh count gives."""
+    counted = []
+
+    def count(*args):
+        counted.append(args[-3:])
+        return real_count(*args)
+
+    real_count = stable_diffusion.count_forward_flops
+    monkeypatch.setattr(stable_diffusion, 'count_forward_flops', count)
+    monkeypatch.setattr(parts, 'FORWARD_FLOPS', {})
+    tiny = CONFIGS_DIR / 'tiny'
+    first = build_model(tiny).forward_flops(32, 32)
+    assert build_model(tiny).forward_flops(32, 32) == first
+    assert counted == [(32, 32, 77)]
+    deeper = tmp_path / 'tiny-deeper'
+    shutil.copytree(tiny, deeper)
+    unet_config = json.loads((deeper / 'unet' / 'config.json').read_text())
+    (deeper / 'unet' / 'config.json').write_text(json.dumps({**unet_config, 'layers_per_block': 2}))
+    model = build_model(deeper)
+    fresh = real_count(model.unet.config, model.vae.config, [model.text_encoder.config], 32, 32, 77)
+    assert model.forward_flops(32, 32) == fresh
+    assert fresh['unet'] > first['unet'] and fresh['vae_encoder'] == first['vae_encoder']
+    assert build_model(tiny).forward_flops(64, 64)['unet'] > first['unet']
+    assert counted == [(32, 32, 77), (32, 32, 77), (64, 64, 77)]
 
 
 # ------------------------------------------------------------------------------------ SDXL's inputs
