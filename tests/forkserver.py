@@ -40,6 +40,7 @@ def serve(address: str) -> None:
 
     for name in PRELOAD:
         importlib.import_module(name)
+    count_once_for_every_child()
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)}
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address + '.part')
@@ -91,6 +92,22 @@ def serve(address: str) -> None:
                 selector.unregister(key.fileobj)
                 reap(key.data, ended)
         report_ended(children, ended, selector)
+
+
+def count_once_for_every_child() -> None:
+    """What most of the tests' runs compute the same as they start, computed here for every child (as a new
+    interpreter's run would compute it, once per process: models.parts.FORWARD_FLOPS, settings.tokenizer): the built-in
+    tokenizer, and the tiny model's FLOPs at the tests' two image sizes, online and from precomputed latents. On the
+    meta device: no computation, so no thread pool started before a fork."""
+    from models.stable_diffusion import build_model
+    from settings.model_folder import CONFIGS_DIR
+    from settings.tokenizer import CaptionTokenizer
+
+    CaptionTokenizer().ids('a photo')
+    for precomputed in (False, True):
+        model = build_model(CONFIGS_DIR / 'tiny', precomputed=precomputed, init_device='meta')
+        for size in (32, 64):
+            model.forward_flops(size, size)
 
 
 def report_ended(children: dict[int, socket.socket], ended: dict[int, socket.socket], selector) -> None:
