@@ -213,16 +213,34 @@ def start_process(command: list, fork: bool = True, **popen) -> subprocess.Popen
 
 def run_process(command: list, timeout: float, check: bool = False, **popen) -> subprocess.CompletedProcess:
     """subprocess.run(command, capture_output=True, text=True, ...) of start_process."""
-    with start_process(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen) as process:
+    return run_forked(command, capture_output=True, text=True, timeout=timeout, check=check, **popen)
+
+
+def run_forked(command, input=None, capture_output=False, timeout=None, check=False, **popen):
+    """subprocess.run, of start_process: a command of the fork server's is forked from it."""
+    if capture_output:
+        popen.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with start_process(command, **popen) as process:
         try:
-            stdout, stderr = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+            stdout, stderr = process.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:  # carries the output so far, as subprocess.run's
             process.kill()
             process.wait()
             raise
     if check and process.returncode:
         raise subprocess.CalledProcessError(process.returncode, command, stdout, stderr)
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+@pytest.fixture
+def forked_rows(monkeypatch):
+    """For a script under test that runs benchmark.py once per row (benchmarks/speed_sweep.py, gpu_campaign.py):
+    `forked_rows(module)` has its subprocess.run fork the row from the fork server, each row still a process of its
+    own. The tests are about the rows, not an interpreter's start."""
+    forking = type(subprocess)('subprocess')
+    forking.__dict__.update({name: value for name, value in vars(subprocess).items() if not name.startswith('__')})
+    forking.run = run_forked
+    return lambda module: monkeypatch.setattr(module, 'subprocess', forking)
 
 
 def start_job(command: list[str], cwd) -> subprocess.Popen:

@@ -124,8 +124,9 @@ def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize('step', ['transformers', 'profile', 'paths'])
-def test_a_step_stands_alone_on_an_empty_campaign(tmp_path, step):
+def test_a_step_stands_alone_on_an_empty_campaign(tmp_path, step, forked_rows):
     """A loan may begin at any step: rows that need the sweep's fastest microbatch take the memory plan's."""
+    forked_rows(gpu_campaign)
     state = gpu_campaign.main(['--out', str(tmp_path / 'out'), '--work', str(tmp_path / 'work'), '--steps', step])
     (rows,) = [machine['rows'] for machine in state['machines'].values()]
     measured = [row for row in rows.values() if row.get('img_per_sec_per_device')]

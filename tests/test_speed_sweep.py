@@ -8,7 +8,8 @@ from benchmarks import speed_sweep
 
 
 @pytest.mark.slow
-def test_speed_sweep_runs_each_path_skips_what_cannot_run_and_combines(tmp_path):
+def test_speed_sweep_runs_each_path_skips_what_cannot_run_and_combines(tmp_path, forked_rows):
+    forked_rows(speed_sweep)
     sweep = [
         '--model_name',
         'tiny',
@@ -134,7 +135,8 @@ def test_default_sizes_follow_the_model():
 
 
 @pytest.mark.slow
-def test_a_diffusion_transformer_is_swept_with_the_paths_it_takes(tmp_path):
+def test_a_diffusion_transformer_is_swept_with_the_paths_it_takes(tmp_path, forked_rows):
+    forked_rows(speed_sweep)
     sweep = ['--model_name', 'tiny-flux-schnell', '--sizes', '32', '--modes', 'online', '--microbatch', '2']
     sweep += ['--accumulation', '2', '--batches', '4', '--out', str(tmp_path), '--paths', 'xformers', 'encoders_bf16']
     by_name = {row['name']: row for row in speed_sweep.main(sweep)}
