@@ -109,8 +109,8 @@ def describe_weights(parts: list[str], loaded: list[str]) -> str:
 
 
 # Forward FLOP counts by architecture and size, for this process. A count runs a meta-device copy of each part
-# through FlopCounterMode, in Python (about a third of a second for the tiny model, seconds for a full-size one), and
-# one process's runs, sweeps and checks count the same architecture at the same size again and again.
+# through FlopCounterMode, every operator dispatched in Python (longer than building the tiny model and training it a
+# batch), and one process's runs, sweeps and checks count the same architecture at the same size again and again.
 FORWARD_FLOPS: dict[tuple, dict[str, int]] = {}
 
 

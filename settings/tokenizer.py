@@ -263,9 +263,9 @@ class CaptionTokenizer:
         return ids + [self.pad_id] * (self.length - len(ids))
 
 
-# The built-in tokenizer by file and caption length, loaded once per process: a load parses its 49k merges (about a
-# tenth of a second), and a run's checks, its dataset, its sample grids and a process's later runs ask again. Loader
-# workers forked after it loaded share it.
+# The built-in tokenizer by file and caption length, loaded once per process: a load parses its 49k merges, and a
+# run's checks, its dataset, its sample grids and a process's later runs ask again. Loader workers forked after it
+# loaded share it.
 BUILTIN_BACKENDS: dict[tuple, Tokenizer] = {}
 
 

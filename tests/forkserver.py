@@ -41,6 +41,8 @@ def serve(address: str) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     count_once_for_every_child()
+    global AT_START
+    AT_START = process_state()
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)}
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address + '.part')
@@ -174,6 +176,8 @@ def run_child(request: dict, fds: list[int], handlers: dict) -> None:
     os.environ.clear()
     os.environ.update(request['env'])
     tempfile.tempdir = None  # read again from this command's TMPDIR
+    if (request['kind'], request['target']) in LAUNCHERS:
+        fork_ranks_from_here(handlers)
     unbuffered = '-u' in request['options'] or bool(os.environ.get('PYTHONUNBUFFERED'))
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, 'r', closefd=False)), encoding='utf-8')
     sys.stdout = io.TextIOWrapper(
@@ -228,6 +232,91 @@ def run_command(request: dict) -> None:
         sys.path[0] = os.path.dirname(arguments[0])
         module, function = target.split(':')
         sys.exit(getattr(importlib.import_module(module), function)())
+
+
+# ------------------------------------------------------------------------------------- a launcher's ranks
+
+# Composer's launcher, run by a child, forks its ranks from itself (it has imported everything they import) rather
+# than starting new interpreters. Each rank is still the launcher's child, in its session and process group, with the
+# streams, folder and environment Composer gives it; it begins as the server's children do, with what the launcher
+# changed in the process (its logging, its temporary folder's cleanup) undone.
+LAUNCHERS = {('entry', 'composer.cli.launcher:main'), ('module', 'runs.launcher')}
+AT_START: dict = {}  # process_state() of the server, once it has imported and counted
+
+
+def process_state() -> dict:
+    import logging
+    import weakref
+
+    loggers = logging.Logger.manager.loggerDict.items()
+    return {
+        'root': (list(logging.root.handlers), logging.root.level),
+        'levels': {name: logger.level for name, logger in loggers if isinstance(logger, logging.Logger)},
+        'finalizers': set(weakref.finalize._registry),
+    }
+
+
+def as_at_start() -> None:
+    """The server's logging back; what the launcher registered for its exit (its temporary folder's cleanup) left."""
+    import logging
+    import weakref
+
+    logging.root.handlers[:], level = AT_START['root']
+    logging.root.setLevel(level)
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger):
+            logger.setLevel(AT_START['levels'].get(name, logging.NOTSET))
+    for finalizer in list(weakref.finalize._registry):
+        if finalizer not in AT_START['finalizers']:
+            finalizer.detach()
+
+
+def fork_ranks_from_here(handlers: dict) -> None:
+    from composer.cli import launcher
+
+    forking = type(subprocess)('subprocess')
+    forking.__dict__.update({name: value for name, value in vars(subprocess).items() if not name.startswith('__')})
+    forking.Popen = RankPopen
+    RankPopen.handlers = handlers
+    launcher.subprocess = forking
+
+
+class RankPopen(subprocess.Popen):
+    """subprocess.Popen of a rank: forked from this process where the rank's command is one the server forks."""
+
+    handlers: dict = {}
+
+    def __init__(self, args, **kwargs):
+        self._request = parse_command(list(args), kwargs.get('cwd'))
+        super().__init__(args, **kwargs)
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo, creationflags,
+                       shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, *rest):  # fmt: skip
+        if self._request is None:
+            return super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
+                                          creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread,
+                                          errwrite, *rest)  # fmt: skip
+        environment = os.environ if env is None else env
+        request = {
+            **self._request,
+            'cwd': os.fspath(cwd) if cwd is not None else os.getcwd(),
+            'env': {os.fsdecode(key): os.fsdecode(value) for key, value in environment.items()},
+            'new_session': bool(rest[-2]),  # restore_signals, gid, gids, uid, umask, start_new_session, process_group
+        }
+        for stream in (sys.stdout, sys.stderr):  # else the rank would write what the launcher has not yet
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                standard = (p2cread, c2pwrite, errwrite)
+                fds = [os.dup(fd if fd != -1 else number) for number, fd in enumerate(standard)]
+                as_at_start()
+                run_child(request, fds, self.handlers)  # ends the process
+            finally:
+                os._exit(127)
+        self.pid = pid
+        self._child_created = True
+        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
 
 
 def exit_status(code) -> int:

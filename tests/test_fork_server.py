@@ -19,7 +19,7 @@ def state(pid: int) -> str:
     """The process's state letter in /proc (R, S, Z, ...); '' once it is reaped."""
     try:
         status = Path(f'/proc/{pid}/status').read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone; or going, as it is reaped while the file is read
         return ''
     return next(line.split()[1] for line in status.splitlines() if line.startswith('State:'))
 
