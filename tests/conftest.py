@@ -243,13 +243,12 @@ def forked_rows(monkeypatch):
     return lambda module: monkeypatch.setattr(module, 'subprocess', forking)
 
 
-def start_job(command: list[str], cwd) -> subprocess.Popen:
-    """A command in a process group of its own, as a job is (os.killpg then signals all its processes), offline, one
-    thread, its output piped."""
-    env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', 'OMP_NUM_THREADS': '1'}
-    return start_process(
-        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+def start_job(command: list[str], cwd, fork: bool = True, env: dict | None = None) -> subprocess.Popen:
+    """A command in a session and process group of its own, as a job is (os.killpg then signals all its processes),
+    offline, one thread, with `env` added, its output piped."""
+    env = {**os.environ, 'HF_HUB_OFFLINE': '1', 'WANDB_MODE': 'offline', 'OMP_NUM_THREADS': '1', **(env or {})}
+    piped = {'stdout': subprocess.PIPE, 'stderr': subprocess.PIPE, 'text': True}
+    return start_process(command, fork=fork, cwd=cwd, env=env, start_new_session=True, **piped)
 
 
 def has_ended(process: subprocess.Popen) -> bool:

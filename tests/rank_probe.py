@@ -116,6 +116,28 @@ def full_weights(denoiser) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().cpu().clone() for name, tensor in sorted(state.items())}
 
 
+def this_process() -> dict:
+    """The rank's process: its parent, session and group, how its interpreter was started, and the process-wide
+    state a run leaves as it found it (logging, signal handlers, exit callbacks)."""
+    import atexit
+    import logging
+    import sys
+    import weakref
+
+    return {
+        'parent': os.getppid(),
+        'session': os.getsid(0),
+        'group': os.getpgid(0),
+        'started_as': Path(sys.orig_argv[1]).name if len(sys.orig_argv) > 1 else '',
+        'root_logger': [logging.getLevelName(logging.root.level), *(type(h).__name__ for h in logging.root.handlers)],
+        'signal_handlers': [getattr(signal.getsignal(n), '__qualname__', str(signal.getsignal(n))) for n in (2, 15)],
+        'exit_callbacks': atexit._ncallbacks(),
+        'finalizers': sorted(
+            getattr(info[1], '__qualname__', '?') for f in list(weakref.finalize._registry) if (info := f.peek())
+        ),
+    }
+
+
 def main() -> None:
     if os.environ.get('PROBE_CPU_FSDP'):
         cpu_fsdp()
@@ -144,6 +166,7 @@ def main() -> None:
         'fsdp_units': [
             name for name, module in trainer.state.model.named_modules() if isinstance(module, FullyShardedDataParallel)
         ],
+        'process': this_process(),
     }
     Path(os.environ['PROBE_DIR'], f'rank{rank}.json').write_text(json.dumps(record))
     torch.save(weights, Path(os.environ['PROBE_DIR'], f'rank{rank}.pt'))

@@ -1,6 +1,7 @@
 """The tests' fork server (tests/forkserver.py): a command forked from it ends as a plain process would, and its pid
 names it until the test has waited for it, as a plain child's does."""
 
+import json
 import os
 import select
 import signal
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import forkserver
 import pytest
-from conftest import REPO, start_process, wait_until
+from conftest import LAUNCHER, REPO, TINY, start_job, start_process, wait_until
 
 BAD_FLAG = [sys.executable, str(REPO / 'benchmark.py'), '--batch_size', 'many']
 
@@ -66,3 +67,25 @@ def test_an_exit_status_reported_unreaped_is_the_one_waitpid_gives(end):
     info = os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)
     _, status = os.waitpid(child, 0)
     assert forkserver.wait_status(info) == status
+
+
+@pytest.mark.slow
+def test_a_forked_launchers_ranks_are_its_children_and_start_as_its_plain_ranks_do(tmp_path):
+    """Composer's launcher forked from the server forks its ranks from itself: each is its child, in its session,
+    and begins as a plain launcher's rank (a new interpreter) does, with none of what the launcher changed in its
+    own process (its logging, its signal handlers, the cleanup of its temporary folder)."""
+    ranks = {}
+    for fork in (True, False):
+        out = tmp_path / ('forked' if fork else 'plain')
+        out.mkdir()
+        command = [LAUNCHER, '-n', '2', str(REPO / 'tests' / 'two_rank_probe.py'), *TINY, '--image_size', '32']
+        command += ['--batch_size', '4', '--max_duration', '1ba']
+        with start_job(command, REPO, fork=fork, env={'PROBE_DIR': str(out)}) as launcher:
+            stdout, stderr = launcher.communicate(timeout=600)
+        assert launcher.returncode == 0, stdout[-2000:] + stderr[-3000:]
+        ranks[fork] = [json.loads((out / f'rank{rank}.json').read_text())['process'] for rank in range(2)]
+        for rank in ranks[fork]:
+            assert (rank.pop('parent'), rank.pop('session'), rank.pop('group')) == (launcher.pid,) * 3
+    assert [rank.pop('started_as') for rank in ranks[True]] == ['forkserver.py'] * 2
+    assert [rank.pop('started_as') for rank in ranks[False]] == ['two_rank_probe.py'] * 2
+    assert ranks[True] == ranks[False]
