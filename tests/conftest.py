@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from forkserver import ForkServer
+from forkserver import ForkServer, subprocess_with
 from PIL import Image
 from streaming import MDSWriter
 
@@ -237,10 +237,7 @@ def forked_rows(monkeypatch):
     """For a script under test that runs benchmark.py once per row (benchmarks/speed_sweep.py, gpu_campaign.py):
     `forked_rows(module)` has its subprocess.run fork the row from the fork server, each row still a process of its
     own. The tests are about the rows, not an interpreter's start."""
-    forking = type(subprocess)('subprocess')
-    forking.__dict__.update({name: value for name, value in vars(subprocess).items() if not name.startswith('__')})
-    forking.run = run_forked
-    return lambda module: monkeypatch.setattr(module, 'subprocess', forking)
+    return lambda module: monkeypatch.setattr(module, 'subprocess', subprocess_with(run=run_forked))
 
 
 def start_job(command: list[str], cwd, fork: bool = True, env: dict | None = None) -> subprocess.Popen:

@@ -274,11 +274,8 @@ def as_at_start() -> None:
 def fork_ranks_from_here(handlers: dict) -> None:
     from composer.cli import launcher
 
-    forking = type(subprocess)('subprocess')
-    forking.__dict__.update({name: value for name, value in vars(subprocess).items() if not name.startswith('__')})
-    forking.Popen = RankPopen
     RankPopen.handlers = handlers
-    launcher.subprocess = forking
+    launcher.subprocess = subprocess_with(Popen=RankPopen)
 
 
 class RankPopen(subprocess.Popen):
@@ -296,13 +293,8 @@ class RankPopen(subprocess.Popen):
             return super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
                                           creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread,
                                           errwrite, *rest)  # fmt: skip
-        environment = os.environ if env is None else env
-        request = {
-            **self._request,
-            'cwd': os.fspath(cwd) if cwd is not None else os.getcwd(),
-            'env': {os.fsdecode(key): os.fsdecode(value) for key, value in environment.items()},
-            'new_session': bool(rest[-2]),  # restore_signals, gid, gids, uid, umask, start_new_session, process_group
-        }
+        # rest: restore_signals, gid, gids, uid, umask, start_new_session, process_group
+        request = child_request(self._request, cwd, env, start_new_session=rest[-2])
         for stream in (sys.stdout, sys.stderr):  # else the rank would write what the launcher has not yet
             stream.flush()
         pid = os.fork()
@@ -357,6 +349,25 @@ def parse_command(args: list[str], cwd) -> dict | None:
     return None
 
 
+def child_request(command: dict, cwd, env, start_new_session) -> dict:
+    """A parsed command (parse_command) with what Popen was given for it: its folder, environment and session."""
+    environment = os.environ if env is None else env
+    return {
+        **command,
+        'cwd': os.fspath(cwd) if cwd is not None else os.getcwd(),
+        'env': {os.fsdecode(key): os.fsdecode(value) for key, value in environment.items()},
+        'new_session': bool(start_new_session),
+    }
+
+
+def subprocess_with(**replaced):
+    """A copy of the subprocess module with these names replaced, for one module to use in place of it."""
+    copy = type(subprocess)('subprocess')
+    copy.__dict__.update({name: value for name, value in vars(subprocess).items() if not name.startswith('__')})
+    copy.__dict__.update(replaced)
+    return copy
+
+
 class ForkedPopen(subprocess.Popen):
     """subprocess.Popen of a command the fork server's child runs: pipes, communicate, wait, poll and signals as for
     any child; its exit status comes from the server, the process being the server's child."""
@@ -370,13 +381,7 @@ class ForkedPopen(subprocess.Popen):
         start_new_session = rest[-2]  # restore_signals, gid, gids, uid, umask, start_new_session, process_group
         streams = [p2cread, c2pwrite, errwrite]
         fds = [fd if fd != -1 else standard for standard, fd in enumerate(streams)]
-        environment = os.environ if env is None else env
-        request = {
-            **self._request,
-            'cwd': os.fspath(cwd) if cwd is not None else os.getcwd(),
-            'env': {os.fsdecode(key): os.fsdecode(value) for key, value in environment.items()},
-            'new_session': bool(start_new_session),
-        }
+        request = child_request(self._request, cwd, env, start_new_session)
         payload = json.dumps(request).encode()
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
