@@ -91,12 +91,23 @@ def retry_throttled(call, attempts: int = THROTTLED_ATTEMPTS, sleep=time.sleep):
 
 
 class S3DownloaderOneTransferAttempt(S3Downloader):
-    """Streaming's S3 downloader, less the retries it inherits from boto3, plus retries of throttling. s3transfer
-    retries a GET whose body stops arriving 5 times (TransferConfig's default, kept by Streaming), inside each of
-    Streaming's tries, and botocore retries each request (3 attempts by default): a server that hung in the
-    middle of a download was reported after up to 15 reads of 20 s (seen: 122 s, not the 55 s of a hang between
-    downloads). One attempt in each leaves Streaming's download_retry the only retries of a hang or an error;
-    retry_throttled retries what a busy bucket answers, inside each of them."""
+    """Streaming's S3 downloader, less the retries it inherits from boto3, plus retries of throttling, with a client
+    of each process's own. s3transfer retries a GET whose body stops arriving 5 times (TransferConfig's default,
+    kept by Streaming), inside each of Streaming's tries, and botocore retries each request (3 attempts by
+    default): a server that hung in the middle of a download was reported after up to 15 reads of 20 s (seen:
+    122 s, not the 55 s of a hang between downloads). One attempt in each leaves Streaming's download_retry the
+    only retries of a hang or an error; retry_throttled retries what a busy bucket answers, inside each of them."""
+
+    _client_pid: int | None = None
+
+    def _download_file_impl(self, remote: str, local: str, timeout: float) -> None:
+        # The dataset downloads its index in the main process, and loader workers are forked with that client and
+        # its open keep-alive connection: two workers sending on one socket each read the other's answer, and a
+        # shard was cached with another shard's bytes. Streaming made a new client only after a failed try, which
+        # retry_throttled now saves it from; each process makes its own here.
+        if self._client_pid != os.getpid():
+            self._s3_client = None
+        super()._download_file_impl(remote, local, timeout)
 
     def _create_s3_client(self, unsigned: bool = False, timeout: float | None = None) -> None:
         from boto3.session import Session
@@ -112,6 +123,7 @@ class S3DownloaderOneTransferAttempt(S3Downloader):
         if unsigned:
             config = config.merge(Config(signature_version=UNSIGNED))
         self._s3_client = Session().client('s3', config=config, endpoint_url=os.environ.get('S3_ENDPOINT_URL'))
+        self._client_pid = os.getpid()
         download_file = self._s3_client.download_file
 
         def download_file_once(*args, Config=None, **kwargs):  # noqa: N803 (boto3's name)
@@ -339,9 +351,12 @@ class CheckedStreamingDataset(StreamingDataset):
 
     def get_item(self, sample_id: int, retry: int = 7):
         try:
-            sample = super().get_item(sample_id, retry)
-            self._check_shard_hash(self.spanner[sample_id][0])
-            return sample
+            shard_id = self.spanner[sample_id][0]
+            if shard_id not in self._hashed_shards:  # its bytes checked before Streaming's reader reads them
+                if not self._shard_is_cached(shard_id):
+                    self.prepare_shard(shard_id)  # what Streaming's get_item does on finding no file
+                self._check_shard_hash(shard_id)
+            return super().get_item(sample_id, retry)
         except DataError:
             raise
         except Exception as error:  # a shard deleted or cut short since the checks at start, a failed download
@@ -362,10 +377,18 @@ class CheckedStreamingDataset(StreamingDataset):
         stream = self.streams[self.stream_per_shard[shard_id]]
         for raw, _ in self.shards[shard_id].file_pairs:
             path = Path(stream.local, stream.split or '', raw.basename)
-            if path.is_file() and (failure := shard_hash_mismatch(self.location, path, raw.hashes)) is not None:
+            if not path.is_file():  # evicted or deleted: Streaming's get_item fetches it, or says it is gone
+                return
+            if (failure := shard_hash_mismatch(self.location, path, raw.hashes)) is not None:
                 self._record_failure(failure)
                 raise failure
         self._hashed_shards.add(shard_id)
+
+    def _shard_is_cached(self, shard_id: int) -> bool:
+        stream = self.streams[self.stream_per_shard[shard_id]]
+        return all(
+            Path(stream.local, stream.split or '', raw.basename).is_file() for raw, _ in self.shards[shard_id].file_pairs
+        )
 
     # A read that fails in one loader worker or rank must stop the others on the node at once. The loader hands
     # batches over in worker order, so the run waits on the next worker's batch, not on the one that failed; and

@@ -53,6 +53,18 @@ def test_a_shard_whose_bytes_changed_ends_the_run_naming_it(converted):
         main(settled([*RUN, '--local', str(converted)]))
 
 
+def test_a_shards_hash_is_checked_before_its_first_sample_is_read(converted):
+    """Offsets damaged in a shard's header (its size and sample count kept): Streaming's reader, reading first,
+    failed on them (IndexError: sample 0 is not present); the hash names the shard first."""
+    damaged = shards(converted)[0]['raw_data']['basename']
+    data = bytearray((converted / damaged).read_bytes())
+    count = int.from_bytes(data[:4], 'little')
+    data[4 : 8 + 4 * count] = bytes(4 + 4 * count)  # every sample starts and ends at 0
+    (converted / damaged).write_bytes(bytes(data))
+    with pytest.raises(DataError, match=rf'{converted}: shard {damaged} does not match the {SHARD_HASH} hash'):
+        main(settled([*RUN, '--local', str(converted), '--seed', '1']))
+
+
 def test_whole_shards_train_to_the_end(converted):
     trainer = main(settled([*RUN, '--local', str(converted)]))
     assert int(trainer.state.timestamp.epoch) == 1

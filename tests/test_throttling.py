@@ -1,6 +1,6 @@
 """A bucket that throttles (503 SlowDown) or blips (500, a reset) slows a run, and loses nothing: shard reads and
-checkpoint uploads retry with backoff and jitter, bounded in attempts and time; an error that persists, or one that
-is not transient, is not retried."""
+checkpoint uploads retry with backoff and jitter, bounded in attempts and time, and every retried read caches the
+shard's own bytes; an error that persists, or one that is not transient, is not retried."""
 
 import os
 import subprocess
@@ -8,10 +8,19 @@ import sys
 
 import pytest
 from botocore.exceptions import ClientError, ConnectionClosedError
-from conftest import REPO, good_samples, run_process, s3_client, write_dataset
+from conftest import COLUMNS, REPO, good_samples, run_process, s3_client, write_dataset
+from streaming import MDSWriter
 from throttling_proxy import ThrottlingProxy
+from torch.utils.data import DataLoader
 
-from datapath.streaming_fixes import THROTTLED_ATTEMPTS, THROTTLED_MAX_SLEEP, retry_throttled
+from datapath.streaming_fixes import (
+    THROTTLED_ATTEMPTS,
+    THROTTLED_MAX_SLEEP,
+    CheckedStreamingDataset,
+    clean_stale_shared_memory,
+    retry_throttled,
+)
+from settings.dataset_checks import SHARD_HASH
 
 
 def client_error(status: int, code: str) -> ClientError:
@@ -60,6 +69,43 @@ def test_throttling_that_persists_ends_after_bounded_attempts_and_time():
     with pytest.raises(ClientError, match='SlowDown'):
         retry_throttled(call, sleep=waits.append)
     assert len(calls) == THROTTLED_ATTEMPTS and sum(waits) < 16
+
+
+@pytest.mark.parametrize(
+    'throttling', [{'methods': ('GET',)}, {'every': 5}], ids=['each-first-get', 'every-fifth-request']
+)
+def test_two_loader_workers_through_a_slow_throttling_bucket_read_each_shards_own_bytes(s3, tmp_path, throttling):
+    """A bucket answering 0.1 s late and throttling each object's first GET (or every fifth request), one epoch read
+    by two loader workers. Before: the workers, forked after the index was downloaded, sent their requests on the
+    main process's one connection and read each other's answers; a retried read no longer made a new client, and a
+    shard was cached with another shard's bytes (`IndexError: Relative sample index 0 is not present`)."""
+    samples = good_samples(48, size=(96, 64))
+    with MDSWriter(out=str(tmp_path / 'mds'), columns=COLUMNS, size_limit=1 << 14, hashes=[SHARD_HASH]) as writer:
+        for sample in samples:
+            writer.write(sample)
+    client = s3_client(s3)
+    client.create_bucket(Bucket='slow')
+    for path in (tmp_path / 'mds').iterdir():
+        client.upload_file(str(path), 'slow', f'mds/{path.name}')
+    proxy = ThrottlingProxy(s3, delay=0.1, **throttling)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv('S3_ENDPOINT_URL', proxy.endpoint)
+        clean_stale_shared_memory()
+        try:
+            dataset = CheckedStreamingDataset(remote='s3://slow/mds', local=str(tmp_path / 'cache'), batch_size=4)
+            read = list(DataLoader(dataset, batch_size=None, num_workers=2))
+        finally:
+            proxy.close()
+    shards = len(list((tmp_path / 'mds').glob('*.mds')))
+    index_connections = {port for port, method, path in proxy.requests if path.endswith('/index.json')}
+    shard_connections = {port for port, method, path in proxy.requests if path.endswith('.mds')}
+    assert index_connections and shard_connections and not index_connections & shard_connections
+    assert proxy.throttled >= (shards if 'methods' in throttling else 2 * shards // 5)
+    assert sorted((sample['caption'], sample['jpg']) for sample in read) == sorted(
+        (sample['caption'], sample['jpg']) for sample in samples
+    )
+    for path in (tmp_path / 'mds').glob('*.mds'):
+        assert (tmp_path / 'cache' / path.name).read_bytes() == path.read_bytes()
 
 
 @pytest.mark.slow

@@ -2,12 +2,16 @@
 path and query) is answered 503 SlowDown, every later try of it is passed on; `ThrottlingProxy(endpoint)` serves
 on a port the OS assigns, in a thread, until closed. A client without retries fails at once; one with them gets
 through on its second try, however the requests of its threads and processes interleave. With `refuse` (a part
-of a path), every try of a PUT or POST to such a path is throttled: a failure that persists."""
+of a path), every try of a PUT or POST to such a path is throttled: a failure that persists. With `every` n, the
+n-th, 2n-th, ... request of any kind is throttled instead of each first try; `delay` seconds are waited before
+every answer, as a distant or busy server takes. `requests` lists each request as (the client's port: its
+connection, method, path)."""
 
 import collections
 import http.client
 import http.server
 import threading
+import time
 import urllib.parse
 
 SLOW_DOWN = (
@@ -17,11 +21,12 @@ SLOW_DOWN = (
 
 
 class ThrottlingProxy:
-    def __init__(self, upstream: str, refuse: str | None = None):
+    def __init__(self, upstream: str, refuse: str | None = None, every: int | None = None, delay: float = 0.0, methods=('GET', 'HEAD', 'PUT', 'POST', 'DELETE')):
         upstream = urllib.parse.urlparse(upstream)
-        tries = collections.Counter()
+        tries, requests = collections.Counter(), iter(range(1, 1 << 62))
         lock = threading.Lock()
         self.throttled = 0
+        self.requests = []
 
         proxy = self
 
@@ -35,10 +40,18 @@ class ThrottlingProxy:
                 body = self.rfile.read(int(self.headers.get('Content-Length') or 0))
                 with lock:
                     tries[self.command, self.path] += 1
-                    throttle = tries[self.command, self.path] == 1 or (
+                    if self.command not in methods:
+                        throttle = False
+                    elif every is None:
+                        throttle = tries[self.command, self.path] == 1
+                    else:
+                        throttle = next(requests) % every == 0
+                    throttle = throttle or (
                         refuse is not None and refuse in self.path and self.command in ('PUT', 'POST')
                     )
                     proxy.throttled += throttle
+                    proxy.requests.append((self.client_address[1], self.command, self.path))
+                time.sleep(delay)
                 if throttle:
                     self.send_response(503)
                     self.send_header('Content-Type', 'application/xml')
