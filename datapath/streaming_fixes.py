@@ -386,9 +386,8 @@ class CheckedStreamingDataset(StreamingDataset):
 
     def _shard_is_cached(self, shard_id: int) -> bool:
         stream = self.streams[self.stream_per_shard[shard_id]]
-        return all(
-            Path(stream.local, stream.split or '', raw.basename).is_file() for raw, _ in self.shards[shard_id].file_pairs
-        )
+        folder = Path(stream.local, stream.split or '')
+        return all((folder / raw.basename).is_file() for raw, _ in self.shards[shard_id].file_pairs)
 
     # A read that fails in one loader worker or rank must stop the others on the node at once. The loader hands
     # batches over in worker order, so the run waits on the next worker's batch, not on the one that failed; and

@@ -2,7 +2,7 @@
 path and query) is answered 503 SlowDown, every later try of it is passed on; `ThrottlingProxy(endpoint)` serves
 on a port the OS assigns, in a thread, until closed. A client without retries fails at once; one with them gets
 through on its second try, however the requests of its threads and processes interleave. With `refuse` (a part
-of a path), every try of a PUT or POST to such a path is throttled: a failure that persists. With `every` n, the
+of a path), every try of a PUT or POST to such a path is throttled: a failure that persists. Only `methods` are throttled. With `every` n, the
 n-th, 2n-th, ... request of any kind is throttled instead of each first try; `delay` seconds are waited before
 every answer, as a distant or busy server takes. `requests` lists each request as (the client's port: its
 connection, method, path)."""
@@ -21,7 +21,14 @@ SLOW_DOWN = (
 
 
 class ThrottlingProxy:
-    def __init__(self, upstream: str, refuse: str | None = None, every: int | None = None, delay: float = 0.0, methods=('GET', 'HEAD', 'PUT', 'POST', 'DELETE')):
+    def __init__(
+        self,
+        upstream: str,
+        refuse: str | None = None,
+        every: int | None = None,
+        delay: float = 0.0,
+        methods: tuple[str, ...] = ('GET', 'HEAD', 'PUT', 'POST', 'DELETE'),
+    ):
         upstream = urllib.parse.urlparse(upstream)
         tries, requests = collections.Counter(), iter(range(1, 1 << 62))
         lock = threading.Lock()
