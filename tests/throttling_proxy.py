@@ -2,10 +2,10 @@
 path and query) is answered 503 SlowDown, every later try of it is passed on; `ThrottlingProxy(endpoint)` serves
 on a port the OS assigns, in a thread, until closed. A client without retries fails at once; one with them gets
 through on its second try, however the requests of its threads and processes interleave. With `refuse` (a part
-of a path), every try of a PUT or POST to such a path is throttled: a failure that persists. Only `methods` are throttled. With `every` n, the
-n-th, 2n-th, ... request of any kind is throttled instead of each first try; `delay` seconds are waited before
-every answer, as a distant or busy server takes. `requests` lists each request as (the client's port: its
-connection, method, path)."""
+of a path), every try of a PUT or POST to such a path is throttled: a failure that persists. Only requests of
+`methods` are throttled; with `every` n, the n-th, 2n-th, ... of them rather than each first try. `delay` seconds
+are waited before every answer, as a distant or busy server takes. `requests` lists each request as (the client's
+port: its connection, method, path)."""
 
 import collections
 import http.client
