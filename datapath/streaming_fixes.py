@@ -3,8 +3,8 @@
 - A download that fails in Streaming's background threads only ends the epoch early, and a run exits 0 with a
   throughput: `CheckedStreamingDataset` ends the iteration with DataError, stops the node's other workers and
   ranks at once, and wakes the threads that waited forever for a shard whose download failed.
-- s3transfer and botocore retry inside each of Streaming's retries, and nothing retries a bucket that throttles:
-  `S3DownloaderOneTransferAttempt`.
+- s3transfer and botocore retry inside each of Streaming's retries, nothing retries a bucket that throttles, and
+  loader workers forked after the index's download shared its connection: `S3DownloaderOneTransferAttempt`.
 - Two jobs starting at the same moment picked the same shared-memory prefix: `get_shm_prefix_one_job_at_a_time`.
 - Its default cache folder refuses to start after a killed run (`default_cache_dir`), and its cleaner removes a
   live job's shared memory (`clean_stale_shared_memory`).
@@ -14,10 +14,11 @@
   ran out (`OSError: [Errno 24] Too many open files` at 20,000). The prefix check's attachments are closed once
   read (`close_prefix_check_attachments`), and each block's own descriptor once it is mapped
   (`close_descriptor_once_mapped`).
+- A dataset's index names the files Streaming writes into its cache, as they are: `check_index_before_use`.
 
-The four patches are installed when this module is imported (data.py imports it), where Streaming looks them up.
+The five patches are installed when this module is imported (data.py imports it), where Streaming looks them up.
 Private names of Streaming used here (`_ShardState`, `_get_path`, `_check_and_find`, the thread methods) are
-those of the pinned 0.13.0.
+those of the pinned 0.13.0; `Stream.get_shards` is public.
 """
 
 import atexit
@@ -47,6 +48,7 @@ from streaming.base.shared.memory import SharedMemory as StreamingSharedMemory
 from streaming.base.shared.prefix import _get_path, get_shm_prefix
 from streaming.base.storage import download as streaming_download
 from streaming.base.storage.download import S3Downloader
+from streaming.base.stream import Stream
 
 from guards.outputs import DISK_FULL
 from settings.dataset_checks import (
@@ -54,9 +56,11 @@ from settings.dataset_checks import (
     DataError,
     check_columns,
     check_dataset,
+    is_remote,
     read_timeout,
     shard_hash_mismatch,
 )
+from settings.dataset_index import read_index
 
 # What an object store answers when it is busy or briefly failing: botocore's error codes of throttling and the
 # status codes of a server's transient errors. Real buckets throttle this way under load (503 SlowDown).
@@ -135,6 +139,25 @@ class S3DownloaderOneTransferAttempt(S3Downloader):
 
 
 streaming_download.DOWNLOADER_MAPPINGS[S3Downloader._client_identifier()] = S3DownloaderOneTransferAttempt
+
+
+def check_index_before_use(get_shards):
+    """Streaming's Stream.get_shards (which downloads the index and makes a reader of each shard it lists), then the
+    index checked as untrusted input (dataset_index.read_index) before anything reads or writes a file it names:
+    Streaming joins the names to the cache folder as they are, and a shard named `../x` was written outside it."""
+
+    @functools.wraps(get_shards)
+    def get_checked_shards(self, world, allow_unsafe_types):
+        shards = get_shards(self, world, allow_unsafe_types)
+        folder = os.path.join(self.local, self.split or '')
+        remote = os.path.join(self.remote, self.split or '') if self.remote and not is_remote(self.remote) else None
+        read_index(self.remote or self.local, folder, tuple(f for f in (folder, remote) if f))
+        return shards
+
+    return get_checked_shards
+
+
+Stream.get_shards = check_index_before_use(Stream.get_shards)
 
 
 class NodeStopEvent(threading.Event):

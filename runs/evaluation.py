@@ -17,7 +17,6 @@ never slows a measured window.
 """
 
 import atexit
-import json
 import logging
 import shutil
 import tempfile
@@ -36,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 from data import ImageCaptionSample, PrecomputedLatentsDataset
 from datapath.images import BadSample
 from datapath.loaders import StoppableDataLoader
+from settings.dataset_index import read_index
 from settings.model_folder import CaptionInputs
 from settings.presets import VALIDATION_TIMESTEPS
 from settings.run_sections import EvaluationSection
@@ -63,7 +63,7 @@ def fetch_split(remote: str) -> str:
     folder = tempfile.mkdtemp(prefix='sd2-validation-')
     atexit.register(shutil.rmtree, folder, True)
     CloudDownloader.direct_download(f'{remote.rstrip("/")}/index.json', f'{folder}/index.json')
-    for shard in json.loads(Path(folder, 'index.json').read_text())['shards']:
+    for shard in read_index(remote, folder):  # its names checked before any is fetched
         packed = (shard.get('zip_data') or {}).get('basename')
         name = packed or shard['raw_data']['basename']
         CloudDownloader.direct_download(f'{remote.rstrip("/")}/{name}', f'{folder}/{name}')
@@ -90,7 +90,7 @@ class ValidationSplit(Dataset):
             image_size,
             precomputed,
         )
-        self.shards = json.loads(Path(folder, 'index.json').read_text())['shards']
+        self.shards = read_index(folder, folder)
         self.starts = [0]
         for shard in self.shards:
             self.starts.append(self.starts[-1] + int(shard['samples']))

@@ -45,6 +45,7 @@ from settings.dataset_checks import (
     is_remote,
     s3_client,
 )
+from settings.dataset_index import read_index
 from settings.datasets import CONVERTED_VALIDATION_SPLIT
 from settings.families import FAMILIES
 from settings.model_folder import ModelFolder, caption_inputs
@@ -258,7 +259,7 @@ def merge_parts(out: str, num_parts: int) -> None:
         return
     shards = []
     for index in sorted(Path(out).glob('part-*/index.json')):
-        for shard in json.loads(index.read_text())['shards']:
+        for shard in read_index(f'--out {out}', str(index.parent)):  # a part of an earlier run's, perhaps
             for key in ('raw_data', 'zip_data', 'raw_meta', 'zip_meta'):
                 if shard.get(key):
                     shard[key]['basename'] = f'{index.parent.name}/{shard[key]["basename"]}'

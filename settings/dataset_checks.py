@@ -119,11 +119,13 @@ def check_columns(
 def check_dataset(remote: str | None, local: str | None, retries: int = RETRIES, timeout: float | None = None) -> None:
     """Fail fast with a message naming the dataset when its index.json cannot be read: a missing folder,
     bucket or prefix, or a server that is down (after `retries` retries), rather than deep inside Streaming."""
-    if remote is None:
-        if not (Path(local) / 'index.json').is_file():
+    if remote is None or not is_remote(remote):
+        folder = local if remote is None else remote
+        if not (Path(folder) / 'index.json').is_file():
             raise DataError(
-                f'no Streaming dataset at {local}: {local}/index.json is missing (write one with convert.py)'
+                f'no Streaming dataset at {folder}: {folder}/index.json is missing (write one with convert.py)'
             )
+        index_size_within_bound(folder, (Path(folder) / 'index.json').stat().st_size)
         return
     url = urllib.parse.urlparse(remote)
     if url.scheme != 's3':
@@ -135,7 +137,7 @@ def check_dataset(remote: str | None, local: str | None, retries: int = RETRIES,
     for unsigned in (False, True):
         client = s3_client(timeout, retries + 1, unsigned)
         try:
-            client.head_object(Bucket=bucket, Key=key)
+            index_size_within_bound(remote, client.head_object(Bucket=bucket, Key=key)['ContentLength'])
             return
         except NoCredentialsError:
             continue  # a public bucket: Streaming also falls back to unsigned requests
@@ -153,6 +155,19 @@ def check_dataset(remote: str | None, local: str | None, retries: int = RETRIES,
             raise DataError(f'{remote}: {endpoint} refused access ({code}): check the credentials')
         except BotoCoreError as error:
             raise DataError(f'{remote}: cannot reach the S3 server {endpoint} after {retries + 1} attempts: {error}')
+
+
+# A larger index.json is refused before it is downloaded or parsed: about two million shards' entries, where
+# LAION-5B in 64 MB shards lists under one million.
+MAX_INDEX_BYTES = 1 << 30
+
+
+def index_size_within_bound(location: str, size: int) -> None:
+    if size > MAX_INDEX_BYTES:
+        raise DataError(
+            f'{location}: index.json is {size:,} bytes, more than {MAX_INDEX_BYTES:,}: refused (a broken index, or '
+            'a hostile one)'
+        )
 
 
 def shard_hash_mismatch(location: str, path: Path, expected: dict) -> DataError | None:
@@ -229,6 +244,8 @@ def describe_dataset(
     from streaming.base.format import reader_from_json
     from streaming.base.storage.download import CloudDownloader
 
+    from settings.dataset_index import read_index  # here: it raises this module's DataError
+
     location = remote or local
     with tempfile.TemporaryDirectory(prefix='sd2-describe-') as work:
         folder = local if remote is None else work
@@ -238,12 +255,11 @@ def describe_dataset(
                 CloudDownloader.direct_download(f'{remote.rstrip("/")}/{basename}', f'{work}/{basename}', timeout)
 
         fetch('index.json')
-        try:
-            shards = json.loads((Path(folder) / 'index.json').read_text())['shards']
-            names = [shard['raw_data']['basename'] for shard in shards]
-            num_samples = sum(int(shard['samples']) for shard in shards)
-        except (ValueError, KeyError, TypeError) as error:
-            raise DataError(f'{location}: index.json is not a Streaming index ({type(error).__name__}: {error})')
+        # The folders its names are joined to: the dataset's, or a remote's copy here, its cache and a remote folder.
+        joined_to = (local,) if remote is None else tuple(f for f in (work, local, remote) if f and not is_remote(f))
+        shards = read_index(location, folder, joined_to)
+        names = [shard['raw_data']['basename'] for shard in shards]
+        num_samples = sum(shard['samples'] for shard in shards)
         for name, shard in zip(names, shards):
             check_columns(location, name, shard.get('column_names'), precomputed, shard.get('column_encodings'))
         if remote is None:  # a cache folder of a remote fills as it downloads: Streaming checks what it fetches
@@ -285,8 +301,10 @@ def first_captions(local: str, count: int) -> tuple[str, ...]:
     out): a held-out split's captions, drawn as the run's sample grids."""
     from streaming.base.format import reader_from_json
 
+    from settings.dataset_index import read_index  # here: it raises this module's DataError
+
     captions = []
-    for shard in json.loads((Path(local) / 'index.json').read_text())['shards']:
+    for shard in read_index(local, local):
         if 'caption' not in (shard.get('column_names') or ()):
             return ()
         reader = reader_from_json(local, None, shard)
