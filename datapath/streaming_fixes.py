@@ -57,10 +57,10 @@ from settings.dataset_checks import (
     check_columns,
     check_dataset,
     is_remote,
+    read_index,
     read_timeout,
     shard_hash_mismatch,
 )
-from settings.dataset_index import read_index
 
 # What an object store answers when it is busy or briefly failing: botocore's error codes of throttling and the
 # status codes of a server's transient errors. Real buckets throttle this way under load (503 SlowDown).
@@ -143,7 +143,7 @@ streaming_download.DOWNLOADER_MAPPINGS[S3Downloader._client_identifier()] = S3Do
 
 def check_index_before_use(get_shards):
     """Streaming's Stream.get_shards (which downloads the index and makes a reader of each shard it lists), then the
-    index checked as untrusted input (dataset_index.read_index) before anything reads or writes a file it names:
+    index checked as untrusted input (dataset_checks.read_index) before anything reads or writes a file it names:
     Streaming joins the names to the cache folder as they are, and a shard named `../x` was written outside it."""
 
     @functools.wraps(get_shards)

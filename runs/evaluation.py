@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 from data import ImageCaptionSample, PrecomputedLatentsDataset
 from datapath.images import BadSample
 from datapath.loaders import StoppableDataLoader
-from settings.dataset_index import read_index
+from settings.dataset_checks import read_index
 from settings.model_folder import CaptionInputs
 from settings.presets import VALIDATION_TIMESTEPS
 from settings.run_sections import EvaluationSection

@@ -43,9 +43,9 @@ from settings.dataset_checks import (
     DataError,
     describe_dataset,
     is_remote,
+    read_index,
     s3_client,
 )
-from settings.dataset_index import read_index
 from settings.datasets import CONVERTED_VALIDATION_SPLIT
 from settings.families import FAMILIES
 from settings.model_folder import ModelFolder, caption_inputs
