@@ -3,17 +3,22 @@ the main process, which handles it and shuts them down; and a stop that comes wh
 until they have started, as a loader stopped halfway through starting them prints PyTorch's traceback
 (`'_MultiProcessingDataLoaderIter' object has no attribute '_workers'`) when it is collected.
 
-A worker that dies or stops for good ends the run in one line (loader_failure) within loader_timeout()."""
+A worker that dies or stops for good ends the run in one line (loader_failure) within loader_timeout(), and a
+/dev/shm too full for the loader's queues or Streaming's blocks says so (shared_memory_full)."""
 
 import os
 import re
+import shutil
 import signal
 import threading
 import time
+import traceback
 
 from torch.utils.data import DataLoader
 
+from guards.outputs import DISK_FULL
 from guards.stopping import STOPS, quiet_loader_worker
+from settings.device_checks import MORE_SHARED_MEMORY, SHARED_MEMORY
 
 # How long the run waits for a loader worker's next batch before it ends: far above a batch's worst honest wait
 # (a shard's download, tried 3 times against a hung server, about a minute), so that only a worker that stopped
@@ -56,6 +61,26 @@ def loader_failure(error: RuntimeError, timeout: float) -> str | None:
             'SIGKILL when memory runs out): pass fewer --num_workers, or give the machine more memory'
         )
     return f'a loader worker (pid {pids}) exited unexpectedly (killed?); the run cannot go on without it'
+
+
+# Where a full /dev/shm is met in the main process: the semaphores of the loader's queues (POSIX named semaphores
+# live there) and Streaming's shared-memory blocks. Their OSError names no file, and read as a full output disk.
+SHARED_MEMORY_CODE = ('/multiprocessing/synchronize.py', '/multiprocessing/shared_memory.py', '/streaming/base/shared/')
+
+
+def shared_memory_full(error: OSError) -> str | None:
+    """One line for a full /dev/shm met while the loader or Streaming set up their shared memory, None for any
+    other OSError."""
+    if error.errno not in DISK_FULL or error.filename:
+        return None
+    frames = traceback.extract_tb(error.__traceback__)
+    if not any(code in frame.filename for frame in frames for code in SHARED_MEMORY_CODE):
+        return None
+    held = f' (it holds {shutil.disk_usage(SHARED_MEMORY).total / 1e6:.1f} MB)' if os.path.isdir(SHARED_MEMORY) else ''
+    return (
+        f"{SHARED_MEMORY} is full{held}: the loader workers' queues and Streaming's shared memory live there: "
+        f'{MORE_SHARED_MEMORY}, or pass fewer --num_workers'
+    )
 
 
 class StoppableDataLoader(DataLoader):

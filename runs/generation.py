@@ -174,11 +174,32 @@ def clip_score(images: torch.Tensor, prompts: list[str], folder: str) -> str:
     from transformers import CLIPModel, CLIPProcessor
 
     def local_clip():  # torchmetrics takes hub names, or a function giving the model and its processor
-        return CLIPModel.from_pretrained(folder, local_files_only=True), CLIPProcessor.from_pretrained(folder)
+        model = CLIPModel.from_pretrained(folder, local_files_only=True)
+        return CLIPFeatures(model), CLIPProcessor.from_pretrained(folder)
 
     metric = CLIPScore(model_name_or_path=local_clip)
     metric.update((images * 255).round().byte(), prompts)
     return f'CLIP score: {float(metric.compute()):.3f} ({len(prompts)} images, {folder})'
+
+
+class CLIPFeatures(torch.nn.Module):
+    """A CLIP model whose image and text features are tensors on every Transformers. torchmetrics (1.7 and 1.9) takes
+    get_image_features' and get_text_features' results as the projected features; Transformers 5 returns a
+    BaseModelOutputWithPooling, whose pooler_output holds them, and the CLIP score failed (no attribute 'norm')."""
+
+    def __init__(self, clip: torch.nn.Module):
+        super().__init__()
+        self.clip, self.config = clip, clip.config
+
+    def get_image_features(self, *args, **kwargs) -> torch.Tensor:
+        return projected(self.clip.get_image_features(*args, **kwargs))
+
+    def get_text_features(self, *args, **kwargs) -> torch.Tensor:
+        return projected(self.clip.get_text_features(*args, **kwargs))
+
+
+def projected(features) -> torch.Tensor:
+    return features if isinstance(features, torch.Tensor) else features.pooler_output
 
 
 def fid(images: torch.Tensor, reference: str, weights: str, size: int) -> str:

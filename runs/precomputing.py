@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from data import StreamingLAIONDataset, collate
 from datapath.images import unit_range
-from datapath.loaders import StoppableDataLoader, loader_failure, loader_timeout
+from datapath.loaders import StoppableDataLoader, loader_failure, loader_timeout, shared_memory_full
 from datapath.sample_dataset import ensure_sample_dataset
 from datapath.streaming_fixes import clean_stale_shared_memory
 from guards.arguments import ConfigError
@@ -240,6 +240,8 @@ def part_write_failures(out: str, part: int):
     try:
         yield
     except OSError as error:
+        if (line := shared_memory_full(error)) is not None:
+            raise DataError(f'{line}; the parts finished are kept: the same command finishes the rest') from None
         if error.errno not in DISK_FULL:  # a failed read of the input is not the output's
             raise
         left = f'{part_name(part)} was removed, the parts finished are kept'

@@ -22,7 +22,7 @@ from composer.loggers import InMemoryLogger
 from composer.utils import dist, get_device, reproducibility
 
 from costs.results import Results, cpu_name, mfu, package_versions, peak_flops
-from datapath.loaders import loader_failure, loader_timeout
+from datapath.loaders import loader_failure, loader_timeout, shared_memory_full
 from datapath.sample_dataset import ensure_sample_dataset
 from datapath.streaming_fixes import clean_stale_shared_memory
 from ema import export_ema_unet
@@ -513,6 +513,8 @@ def main_reporting_errors(config: RunConfig, callbacks: tuple = (), announced: b
     except CheckpointWriteError as error:
         stop(1, f'--save_folder {error.file.parent}: {error}; {after_failed_checkpoint(error.file)}')
     except OSError as error:  # a write of the run failed (results, export, samples): a full disk, a removed folder
+        if (line := shared_memory_full(error)) is not None:
+            stop(1, line)
         where = f'{error.filename}: ' if error.filename else ''
         fix = '; nothing of it was written (an earlier file is as it was): free space there and run again'
         stop(1, f'{where}{error.strerror or error}{fix if error.errno == errno.ENOSPC else ""}')

@@ -537,10 +537,9 @@ def test_the_clip_score_is_clips_cosine_of_image_and_prompt_times_100(tmp_path):
     model, processor = CLIPModel.from_pretrained(folder), CLIPProcessor.from_pretrained(folder)
     pixels = [(image * 255).round().byte() for image in images]
     inputs = processor(text=prompts, images=pixels, return_tensors='pt', padding=True)
-    with torch.no_grad():
-        seen = torch.nn.functional.normalize(model.get_image_features(pixel_values=inputs['pixel_values']), dim=-1)
-        read = model.get_text_features(input_ids=inputs['input_ids'], attention_mask=inputs['attention_mask'])
-    expected = (100 * (seen * torch.nn.functional.normalize(read, dim=-1)).sum(-1)).mean().clamp(min=0)
+    with torch.no_grad():  # the model's own output: the projected embeddings, normalized, on every Transformers
+        embedded = model(**inputs)
+    expected = (100 * (embedded.image_embeds * embedded.text_embeds).sum(-1)).mean().clamp(min=0)
     assert expected > 1 and printed == pytest.approx(float(expected), abs=1e-3)
 
 
