@@ -102,8 +102,8 @@ gpu-wheels:
 # The second CPU lane, on today's stack rather than the pins (docs/install.md): a separate venv with the newest torch
 # from PyPI (a CUDA build, which loads its nvidia-* libraries even on a CPU, so pip installs them as usual) and
 # numpy, then requirements-current.txt with --no-deps, as on a machine with its own PyTorch, and the newest wandb.
-# Runs the fast tests a stack change breaks (the `stack` marker: imports, tokenizers, model builds, a training run per
-# family, W&B, Streaming, checkpoints, export) and the benchmark of `make bench`.
+# Runs the whole fast tier (a stack change breaks more than the `stack` tests see: the CLIP score did), in
+# TEST_WORKERS processes as `make test` does, and the benchmark of `make bench`.
 CURRENT_VENV ?= .venv-current
 CURRENT_TORCH ?= torch==2.15.0 torchvision==0.29.2 numpy==2.4.6
 CURRENT_WANDB ?= wandb==0.31.0
@@ -117,7 +117,7 @@ $(CURRENT_VENV)/.installed: requirements-current.txt requirements-test.txt pypro
 	touch $@
 
 test-current: $(CURRENT_VENV)/.installed
-	$(CURRENT_VENV)/bin/python -m pytest -m 'stack and not slow and not gpu'
+	OMP_NUM_THREADS=1 $(CURRENT_VENV)/bin/python -m pytest -n $(TEST_WORKERS) -m 'not slow and not gpu'
 	$(call RUN_BENCHMARK,$(CURRENT_VENV),--results_json results/current.json)
 
 # The third CPU lane: a GPU machine's own packages (the image of docs/install.md: torch 2.11, transformers 5.17,

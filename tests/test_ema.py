@@ -3,7 +3,6 @@ evaluation and export, checkpoint round trip with autoresume, offload, options, 
 
 import contextlib
 import os
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +12,7 @@ import torch.multiprocessing as mp
 from composer.algorithms import EMA as ComposerEMA
 from composer.core import Event, Time, Timestamp
 from composer.utils import reproducibility
-from conftest import settled
+from conftest import free_port, settled
 from diffusers import UNet2DConditionModel
 from torch.utils.data import DataLoader
 
@@ -396,7 +395,5 @@ def _two_rank_worker(rank: int, port: int):
 
 @pytest.mark.slow
 def test_fsdp_updates_shards_in_place_and_ddp_keeps_plain_names():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    mp.spawn(_two_rank_worker, args=(port,), nprocs=2)
+    # A port claimed for the test run: one bound to port 0 and closed could be handed out again before rank 0 binds.
+    mp.spawn(_two_rank_worker, args=(free_port(),), nprocs=2)

@@ -115,7 +115,7 @@ def test_the_pins_agree_with_the_requirement_files():
     assert {'mosaicml', 'mosaicml-streaming', 'diffusers', 'transformers', 'huggingface-hub', 'boto3'} <= shared
     # Both files pin the same versions, except the Hugging Face libraries: requirements-current.txt has their newest
     # releases (Transformers 5 and huggingface_hub 2), which Composer's torch <2.7.1 keeps out of the pinned stack;
-    # torchao, whose releases follow torch's; and torchmetrics, past the <1.7.5 Composer declares, as GPU images have it.
+    # torchao, whose releases follow torch's; torchmetrics past the <1.7.5 Composer declares, as GPU images have it.
     newest = {'diffusers', 'transformers', 'huggingface-hub', 'tokenizers', 'torchao', 'torchmetrics'}
     assert [p for p in shared - newest if current[p][2:] not in SpecifierSet(pinned[p])] == []
     for transformers in (pinned['transformers'], current['transformers']):
