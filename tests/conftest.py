@@ -77,20 +77,35 @@ def skip_unless_ci(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.hookimpl(trylast=True)  # after -m has deselected
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(config, items):
+    """The gpu tier is decided by the tests selected, by their marker (not a keyword, which a parametrize id `gpu`
+    also is): a selection of gpu tests with CPU tests is refused, and so is one of gpu tests on a machine without
+    CUDA; neither passes by skipping them. CPU tests see no CUDA, however they were selected."""
     import torch  # here: conftest is imported before pytest_configure hides CUDA
 
-    if torch.cuda.is_available() or not any('gpu' in item.keywords for item in items):
+    gpu = [item for item in items if item.get_closest_marker('gpu')]
+    if config.option.collectonly:
         return
-    if all('gpu' in item.keywords for item in items) and not config.option.collectonly:
+    if not gpu:
+        # pytest_configure hid CUDA where the -m expression left the gpu tier out; a selection by path or -k is
+        # known only now, before any test has run (CUDA reads the variable when it first initializes).
+        os.environ['CUDA_VISIBLE_DEVICES'] = ''
+        if torch.cuda.is_available():
+            raise pytest.UsageError(
+                'CUDA was initialized while the tests were collected, and CPU tests would see it: select them with '
+                "-m 'not gpu'"
+            )
+        return
+    if len(gpu) < len(items):
+        raise pytest.UsageError(
+            f'the selection holds {len(gpu)} test(s) of the gpu tier and {len(items) - len(gpu)} CPU test(s): CPU '
+            "tests must see no CUDA and gpu tests need it; run them apart (-m gpu, -m 'not gpu')"
+        )
+    if not torch.cuda.is_available():
         raise pytest.UsageError(
             f'no CUDA device: the {len(items)} selected test(s) of the gpu tier need one (run them on a GPU machine)'
         )
-    skip = pytest.mark.skip(reason='no CUDA device')
-    for item in items:
-        if 'gpu' in item.keywords:
-            item.add_marker(skip)
 
 
 # ------------------------------------------------------------------------------------- datasets

@@ -2,6 +2,7 @@
 tests alone on a machine without CUDA fails in one line instead of passing by skipping them."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -40,3 +41,32 @@ def test_the_gpu_tier_without_cuda_fails_saying_why_and_still_lists_its_tests():
     assert len(errors) == 1 and errors[0].startswith('ERROR: no CUDA device: the ') and 'gpu tier' in errors[0]
     listed = pytest_in_a_machine_without_cuda('-m', 'gpu', '--collect-only', 'tests/test_gpu.py')
     assert listed.returncode == 0 and 'tests/test_gpu.py::test_' in listed.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    'selection',
+    [
+        ['tests/test_gpu.py', 'tests/test_tiers.py'],
+        ['-m', 'gpu or not gpu', 'tests/test_gpu.py', 'tests/test_tiers.py'],
+        ['-k', 'gpu'],
+    ],
+    ids=['paths', 'markers', 'keywords'],
+)
+def test_a_selection_of_gpu_and_cpu_tests_is_refused_in_one_line(selection):
+    """Before: `pytest tests/test_gpu.py tests/test_tiers.py` without CUDA gave "8 passed, 41 skipped", exit 0."""
+    run = pytest_in_a_machine_without_cuda(*selection)
+    assert run.returncode != 0 and ' passed' not in run.stdout, run.stdout[-2000:]
+    errors = [line for line in (run.stdout + run.stderr).splitlines() if line.startswith('ERROR:')]
+    assert len(errors) == 1 and re.match(
+        r'ERROR: the selection holds \d+ test\(s\) of the gpu tier and \d+ CPU', errors[0]
+    )
+
+
+@pytest.mark.parametrize('device', ['gpu'])
+def test_a_cpu_test_with_a_parameter_named_gpu_runs_and_sees_no_cuda(device):
+    """A parametrize id `gpu` is a keyword of the test, not the gpu marker: it ran as a CPU test (before, it was
+    skipped as "no CUDA device" in any session that also selected gpu tests)."""
+    import torch
+
+    assert device == 'gpu' and os.environ['CUDA_VISIBLE_DEVICES'] == '' and not torch.cuda.is_available()
