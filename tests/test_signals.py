@@ -4,6 +4,7 @@ terminal, which signals the whole foreground group): benchmark.py, precompute.py
 leave nothing half-written that looks whole."""
 
 import json
+import math
 import multiprocessing
 import os
 import re
@@ -32,17 +33,24 @@ from settings.flags import parse_args
 NAMES = {signal.SIGINT: 'Ctrl-C (SIGINT)', signal.SIGTERM: 'SIGTERM'}
 
 
-def live_members(group: int) -> list[int]:
-    """The processes of a process group still running (zombies waiting for their reaper are done)."""
+def live_members(group: int, started_by: int) -> list[int]:
+    """The processes of a process group still running (zombies waiting for their reaper are done) that started by
+    `started_by` (clock_ticks() once its leader was reaped): once every member has ended, the kernel may give the
+    group's id to a new process, whose group is not this one."""
     members = []
     for stat in Path('/proc').glob('[0-9]*/stat'):
         try:
             fields = stat.read_text().rsplit(')', 1)[1].split()
         except (OSError, IndexError):
             continue  # ended while read
-        if int(fields[2]) == group and fields[0] != 'Z':
+        if int(fields[2]) == group and fields[0] != 'Z' and int(fields[19]) <= started_by:
             members.append(int(stat.parent.name))
     return members
+
+
+def clock_ticks() -> int:
+    """Now, in the clock ticks since boot that /proc/PID/stat gives a process's start in."""
+    return math.ceil(float(Path('/proc/uptime').read_text().split()[0]) * os.sysconf('SC_CLK_TCK')) + 1
 
 
 def signals_pending(pid: int) -> bool:
@@ -88,7 +96,8 @@ def test_a_signal_to_every_process_of_a_run_checkpoints_the_batch_reached(tmp_pa
         f'{NAMES[signum]}: stopped at batch {reached} of 400; checkpoint {checkpoint.name} written in {folder}; '
         'rerun the same command with --autoresume to continue',
     )
-    wait_until(lambda: not live_members(run.pid), 30, 'every process of the run ended, loader workers included')
+    reaped = clock_ticks()
+    wait_until(lambda: not live_members(run.pid, reaped), 30, 'every process of the run ended, loader workers included')
     assert not (folder / LOCK_FILE).exists()
 
 
@@ -119,7 +128,8 @@ def test_a_signal_to_every_process_of_a_run_saving_to_s3_uploads_the_batch_reach
         f'SIGTERM: stopped at batch {reached} of 400; its checkpoint uploaded to {folder}, which the latest link '
         'there names; rerun the same command with --autoresume to continue',
     )
-    wait_until(lambda: not live_members(run.pid), 30, "every process of the run ended, the uploader's too")
+    reaped = clock_ticks()
+    wait_until(lambda: not live_members(run.pid, reaped), 30, "every process of the run ended, the uploader's too")
     flags += ['--max_duration', f'{reached + 2}ba', '--autoresume']
     resumed = start_job([sys.executable, str(REPO / 'benchmark.py'), *flags], tmp_path)
     out, err = resumed.communicate(timeout=300)
@@ -154,7 +164,8 @@ def test_a_signal_to_every_process_under_composers_launcher_names_the_checkpoint
     assert re.search(line, err), err[-3000:]  # rank 0's; the launcher shows another rank's output when it fails first
     assert not re.search(r'exited with code (?!143\b)', err), err[-3000:]  # every rank ended by the signal
     assert 'Traceback' not in err and 'killed by signal' not in err, err[-3000:]
-    wait_until(lambda: not live_members(run.pid), 30, 'every process of the job ended, loader workers included')
+    reaped = clock_ticks()
+    wait_until(lambda: not live_members(run.pid, reaped), 30, 'every process of the job ended, loader workers included')
     resumed = start_job([*command[:6], str(free_port()), *command[7:], '--autoresume'], tmp_path)
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-3000:]
@@ -335,7 +346,8 @@ def test_a_child_that_leaves_signals_to_its_parent_ends_once_its_parent_is_kille
     assert Path(f'/proc/{child}').exists()
     parent.kill()
     parent.communicate(timeout=30)
-    wait_until(lambda: child not in live_members(parent.pid), 10, 'the child ended after its parent')
+    reaped = clock_ticks()
+    wait_until(lambda: child not in live_members(parent.pid, reaped), 10, 'the child ended after its parent')
 
 
 def precompute_flags(source: str, out: Path) -> list[str]:
@@ -421,7 +433,8 @@ def test_precompute_stopped_by_a_signal_to_every_process_ends_in_one_line(tmp_pa
     )
     finished = parts(out)
     assert 1 <= len(finished) < 6 and set(finished.values()) == {8}, finished
-    wait_until(lambda: not live_members(run.pid), 30, 'every process ended, loader workers included')
+    reaped = clock_ticks()
+    wait_until(lambda: not live_members(run.pid, reaped), 30, 'every process ended, loader workers included')
 
 
 def test_a_workers_hangup_from_a_parent_stopped_while_taking_a_batch_prints_no_traceback(capfd):
