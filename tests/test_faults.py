@@ -954,11 +954,15 @@ def test_a_save_folder_turned_read_only_mid_run_names_the_last_whole_checkpoint(
 def test_two_jobs_starting_together_each_get_their_own_shared_memory(tmp_path, dataset, monkeypatch):
     """Two datasets built at the same moment (two jobs of a sweep): each search for a free shared-memory prefix
     waits, once done, for the other job's to begin, so that both search before either registers, as when two
-    processes start together; where the search is locked (streaming_fixes), the second cannot begin, and the first
-    goes on after a hang guard of 0.5 s."""
+    processes start together; where the search is locked (streaming_fixes), the other job waits for the lock
+    instead, and the first goes on once it does. Events, not a timeout: under any load, without the lock the two
+    searches overlap."""
     from streaming.base.shared import prefix
 
-    find, searching = prefix._check_and_find_retrying, set()
+    from datapath import streaming_fixes
+
+    find, wait_for_lock = prefix._check_and_find_retrying, streaming_fixes.wait_for_lock
+    searching, waiting = set(), set()
     both = threading.Condition()
 
     def find_slowly(*args, **kwargs):
@@ -966,11 +970,19 @@ def test_two_jobs_starting_together_each_get_their_own_shared_memory(tmp_path, d
             searching.add(threading.get_ident())
             both.notify_all()
         found = find(*args, **kwargs)
-        with both:
-            both.wait_for(lambda: len(searching) == 2, timeout=0.5)
+        with both:  # the hang guard only stops a broken test from hanging; it is never reached
+            others = lambda: (searching | waiting) - {threading.get_ident()}  # noqa: E731
+            assert both.wait_for(others, timeout=300), 'the other job neither searched nor waited for the lock'
         return found
 
+    def wait_for_lock_noted(*args, **kwargs):
+        with both:
+            waiting.add(threading.get_ident())
+            both.notify_all()
+        return wait_for_lock(*args, **kwargs)
+
     monkeypatch.setattr(prefix, '_check_and_find_retrying', find_slowly)
+    monkeypatch.setattr(streaming_fixes, 'wait_for_lock', wait_for_lock_noted)
     copies = [shutil.copytree(dataset, tmp_path / f'job{i}') for i in range(2)]
     built, errors = [None, None], []
 
