@@ -587,10 +587,13 @@ def test_composer_launcher_end_to_end(tmp_path):
         str(results),
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert 'throughput:' in run.stdout
     summary = json.loads(results.read_text())
-    assert summary['img_per_sec'] > 0 and summary['img_per_sec_per_device'] > 0
-    assert summary['flops_per_sec'] > 0 and summary['flops_per_image'] > 0
+    shown = re.search(r'^throughput: ([\d.]+) img/s \(([\d.]+) per device', run.stdout, re.MULTILINE)
+    assert shown and float(shown.group(1)) == pytest.approx(summary['img_per_sec'], abs=0.01), run.stdout[-2000:]
+    assert summary['img_per_sec'] > 0 and summary['img_per_sec_per_device'] == summary['img_per_sec']  # one device
+    # FLOP/s is the images' rate times the FLOPs of one, counted for the tiny model at its 64px
+    assert summary['flops_per_image'] == tiny_model().flops_per_image(64, 64)
+    assert summary['flops_per_sec'] == pytest.approx(summary['img_per_sec'] * summary['flops_per_image'], rel=1e-6)
     assert summary['mfu'] is None and summary['peak_gpu_memory_gb'] is None  # no known peak FLOP/s on a CPU
     assert summary['device_train_microbatch_size'] == 4
     assert summary['world_size'] == 1 and summary['device_type'] == 'cpu'
