@@ -220,14 +220,21 @@ def train_twin(tmp_path, twin, *flags):
 def test_each_twin_trains_online_and_from_precomputed_data(tmp_path, twin):
     import precompute
 
-    online = train_twin(tmp_path / 'online', twin, '--use_ema', '--export_ema_unet', str(tmp_path / 'ema-unet'))
+    saved = ['--save_folder', str(tmp_path / 'ckpt'), '--save_interval', '3ba', '--run_name', 'twin']
+    online = train_twin(tmp_path / 'online', twin, '--use_ema', '--export_ema_unet', str(tmp_path / 'ema-unet'), *saved)
     assert online['model_name'] == twin and online['img_per_sec'] > 0
     assert online['trained_parameters'] == count(build_model(CONFIGS_DIR / twin).unet)
-    # The exported EMA UNet loads in Diffusers, the model's own class and config.
+    # The exported EMA UNet loads in Diffusers, the model's own class and config, and holds the average the last
+    # checkpoint holds, not the trained weights.
     unet = UNet2DConditionModel.from_pretrained(tmp_path / 'ema-unet')
     assert count(unet) == online['trained_parameters'] and unet.config.get('addition_embed_type') == (
         'text_time' if 'sdxl' in twin else None
     )
+    state = torch.load(tmp_path / 'ckpt' / 'latest-rank0.pt', map_location='cpu', weights_only=False)['state']
+    average, trained = dict(state['algorithms'])['EMA']['ema'], state['model']
+    exported = {f'unet.{name}': value for name, value in unet.state_dict().items()}
+    assert all(torch.equal(value, average[name]) for name, value in exported.items())
+    assert not all(torch.equal(value, trained[name]) for name, value in exported.items())
     out = tmp_path / 'latents'
     precompute.main(['--model_name', twin, '--out', str(out), '--image_size', '32', '--part_size', '400'])
     from_latents = train_twin(tmp_path / 'precomputed', twin, '--precomputed_latents', '--local', str(out))
