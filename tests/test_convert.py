@@ -639,6 +639,6 @@ def test_an_input_that_is_not_there_is_named_as_missing(tmp_path):
     with pytest.raises(convert.ConvertError, match=f'^{tmp_path}/nophotos: no such file or folder$'):
         convert.main([str(tmp_path / 'nophotos'), str(tmp_path / 'out')])
     (tmp_path / 'notes.txt').write_text('a file, not images')
-    with pytest.raises(convert.ConvertError, match=r'notes.txt: not a \.tar file or a folder$'):
+    with pytest.raises(convert.ConvertError, match=r'notes.txt: not a \.tar or \.parquet file, or a folder$'):
         convert.main([str(tmp_path / 'notes.txt'), str(tmp_path / 'out')])
     assert not (tmp_path / 'out').exists()
