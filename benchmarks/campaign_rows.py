@@ -11,9 +11,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # Each row's process runs this interpreter with the same site setting (a rehearsal runs `python -S`).
 PYTHON = [sys.executable, *(['-S'] if sys.flags.no_site else [])]
-# In the order of their value per GPU minute (docs/speed.md, "Loans"): the first loan's rows, then the second's.
+# In the order of their value per GPU minute (docs/speed.md, "Loans"). A loan's first rows are the environment and
+# the correctness checks: a kernel or fp8 path that fails its check is not measured for speed.
 STEPS = (
     'environment',
+    'checks',
     'headline',
     'channels_last',
     'profile',
@@ -25,15 +27,28 @@ STEPS = (
     'tests_rest',
     'late',
 )
+# The loans that measure what is left, each within LOAN_ROW_SECONDS of rows at the recorded figures
+# (tests/test_gpu_campaign.py holds each plan to it). Measured already on 2026-11-26: the headline rows on an H100
+# and an H200, channels-last compiled at microbatch 64 on the H200, the eager microbatch curve (16, 32, 64).
+LOANS = {
+    'kernels': ('environment', 'checks', 'channels_last', 'profile', 'kernels'),
+    'sweep': ('environment', 'checks', 'kernels', 'sweep', 'transformers'),
+    'transformers': ('environment', 'checks', 'transformers'),
+    'paths': ('environment', 'paths'),
+}
 # The headline recipe: the fast recipe from precomputed latents, compiled on a GPU (on a CPU, the rehearsal's tiny
 # rows run eager: Inductor there would measure the CPU's compiler, not the campaign).
 HEADLINE = ('--precomputed_latents',)
 # Step 5: the kernels past the fast recipe (models/kernels.py), each added to the headline recipe alone.
 KERNELS = {
+    'cudnn_benchmark': ('--cudnn_benchmark',),  # first: the headline recipe's compiled graph, a cache hit
     'fused_groupnorm': ('--fused_groupnorm',),
     'attention cudnn': ('--attention', 'cudnn'),
-    'cudnn_benchmark': ('--cudnn_benchmark',),
 }
+# The correctness check (campaign_probes.py checks) a row's speed waits on: a path that fails it is not measured.
+CHECKED_BY = {'--fused_groupnorm': 'fused_groupnorm', 'cudnn': 'attention_cudnn', '--fp8': 'fp8'}
+# Flags that leave the compiled graph as it is: rows that differ only in them share one compile.
+SAME_GRAPH_FLAGS = ('--cudnn_benchmark', '--profile')
 # Step 8: the headline recipe changed in one thing: one of its paths taken out, or another put in.
 PATHS = {
     'without fused_adamw': ('--no-fused_adamw',),
@@ -63,11 +78,33 @@ FIRST_TESTS = (
 
 def benchmark_row(key: str, cost: str, flags: tuple[str, ...], results: Path, batches: int) -> dict:
     argv = [str(REPO / 'benchmark.py'), '--use_synth_data', '--max_duration', f'{batches}ba', *flags]
-    return {'key': key, 'kind': 'benchmark', 'cost': cost, 'argv': [*argv, '--results_json', str(results)]}
+    row = {'key': key, 'kind': 'benchmark', 'cost': cost, 'argv': [*argv, '--results_json', str(results)]}
+    return checked(row, flags) | ({'graph': graph_of(flags)} if cost == 'compile' else {})
 
 
 def probe_row(key: str, cost: str, argv: list[str]) -> dict:
-    return {'key': key, 'kind': 'probe', 'cost': cost, 'argv': ['-m', 'benchmarks.campaign_probes', *argv]}
+    row = {'key': key, 'kind': 'probe', 'cost': cost, 'argv': ['-m', 'benchmarks.campaign_probes', *argv]}
+    return checked(row, tuple(argv)) | ({'graph': graph_of(tuple(argv))} if '--compile' in argv else {})
+
+
+def checked(row: dict, flags: tuple[str, ...]) -> dict:
+    """The row with the correctness check its speed waits on, where one of its flags has one."""
+    needs = [check for flag, check in CHECKED_BY.items() if flag in flags]
+    return row | ({'needs': needs[0]} if needs else {})
+
+
+def graph_of(flags: tuple[str, ...]) -> str:
+    """What a compiled row's graph depends on: its flags less those that leave the graph as it is (and their
+    values), less the batch count and the output files."""
+    kept, skip = [], False
+    for flag in flags:
+        if skip:
+            skip = False
+        elif flag in SAME_GRAPH_FLAGS or flag in ('--max_duration', '--results_json'):
+            skip = flag in ('--profile', '--max_duration', '--results_json')
+        else:
+            kept.append(flag)
+    return ' '.join(kept)
 
 
 def test_row(nodeid: str) -> dict:
@@ -83,14 +120,21 @@ class Campaign:
     """The rows of each step. A step stands alone: where it needs a microbatch the sweep has not measured, it takes
     the memory plan's."""
 
-    def __init__(self, args: argparse.Namespace, on_gpu: bool, work: Path):
+    def __init__(self, args: argparse.Namespace, on_gpu: bool, work: Path, planned: int | None = None):
         self.args, self.on_gpu, self.work = args, on_gpu, work
         self.model, self.size = ('sd2-base', 512) if on_gpu else ('tiny', 64)
-        self.microbatches = (4, 8, 16, 32, 64) if on_gpu else (1, 2, 4, 8)
         self.batch = 256 if on_gpu else 16  # the headline's: 8 microbatches of an H100's planned 32
         self.compiled = ('--compile',) if on_gpu else ()
         self.batches = args.batches or (10 if on_gpu else 3)
-        self._planned = None
+        self._planned = planned
+
+    @property
+    def microbatches(self) -> tuple[int, ...]:
+        """The sweep's microbatches. On a GPU the eager curve's shape is measured (16, 32, 64 on an H200): one
+        compiled row at half the planned microbatch, beside the headline recipe's own at the planned one."""
+        if self.on_gpu:
+            return (self.planned() // 2,)
+        return tuple(m for m in (1, 2, 4, 8) if m <= self.planned())
 
     def run(self, name: str, flags: tuple[str, ...], microbatch: int | None, batch: int, cost='eager') -> dict:
         """A benchmark.py row of this machine's SD2 (or its tiny twin); microbatch None: the run plans its own."""
@@ -123,7 +167,9 @@ class Campaign:
 
     def fastest(self, done: dict) -> tuple[int, str]:
         """The sweep's fastest microbatch, or the memory plan's where the sweep has not measured every row."""
-        sweep = [done.get(f'sweep mb{m}') for m in self.microbatches if m <= self.planned()]
+        sweep = [done.get(f'sweep mb{m}') for m in self.microbatches]
+        if self.on_gpu:  # the planned microbatch's row is the headline recipe's own
+            sweep.append(done.get('headline recipe (A)'))
         measured = [
             (row['img_per_sec_per_device'], row['microbatch']) for row in sweep if row and row.get('microbatch')
         ]
@@ -134,6 +180,8 @@ class Campaign:
     def rows(self, step: str, done: dict) -> list[dict]:
         if step == 'environment':
             return [probe_row('environment', 'probe', ['environment'])]
+        if step == 'checks':
+            return [probe_row('checks', 'checks', ['checks'])]
         if step == 'headline':
             return self.headline_rows()
         if step == 'tests_first':
@@ -154,7 +202,7 @@ class Campaign:
                 return [skipped_row(f'kernel {name}', 'GPU only', 'eager') for name in KERNELS]
             return [self.headline_recipe(f'kernel {name}', flags) for name, flags in KERNELS.items()]
         if step == 'sweep':
-            return [self.headline_recipe(f'sweep mb{m}', (), m) for m in self.microbatches if m <= self.planned()]
+            return [self.headline_recipe(f'sweep mb{m}', (), m) for m in self.microbatches]
         if step in ('paths', 'late'):
             microbatch, source = self.fastest(done)
             rows = []
@@ -186,38 +234,24 @@ class Campaign:
         ]
 
     def transformer_rows(self) -> list[dict]:
+        """Each transformer's forward and backward, compiled block by block (campaign_probes.py: each repeated
+        block's code compiled once, not the whole model), in bf16 and fp8; report.py --predict from Flux's."""
         rows = []
-        for name in ('sd3.5-medium', 'pixart-sigma') if self.on_gpu else ('tiny-sd3.5-medium', 'tiny-pixart-sigma'):
-            # A few planned microbatches a step, not the presets' global batch of 1,024 on one GPU.
-            flags = (
-                '--model_name',
-                name,
-                '--precomputed_latents',
-                *self.compiled,
-                '--batch_size',
-                '64' if self.on_gpu else '4',
-            )
+        for name, size, microbatch in TRANSFORMERS:
+            name, size = (name, size) if self.on_gpu else (f'tiny-{name}', 64)
             for fp8 in (False, True):
-                key = f'{name} preset' + (', compiled' if self.on_gpu else '') + (', fp8' if fp8 else '')
-                if fp8 and not self.on_gpu:
-                    rows.append(skipped_row(key, 'GPU only (float8 needs an H100 or newer)', 'transformer'))
-                    continue
-                results = self.work / f'{slug(key)}.json'
-                rows.append(
-                    benchmark_row(key, 'transformer', (*flags, *(('--fp8',) if fp8 else ())), results, self.batches)
-                )
-        flux = 'flux-schnell' if self.on_gpu else 'tiny-flux-schnell'
-        size = '256' if self.on_gpu else '64'
-        for fp8 in (False, True):
-            key = f'{flux} {size}px step, compiled' + (', fp8' if fp8 else '')
-            if not self.on_gpu:
-                rows.append(skipped_row(key, 'GPU only (Inductor; float8 needs an H100 or newer)', 'transformer'))
-                continue
-            argv = ['transformer_step', '--model_name', flux, '--image_size', size, '--microbatch', '4', '--compile']
-            rows.append(probe_row(key, 'transformer', argv + ['--fp8'] * fp8))
-        bf16 = f'{flux} {size}px step, compiled'
+                key = f'{name} {size}px step' + (', compiled' if self.on_gpu else '') + (', fp8' if fp8 else '')
+                argv = ['transformer_step', '--model_name', name, '--image_size', str(size)]
+                argv += ['--microbatch', str(microbatch if self.on_gpu else 2)] + ['--compile'] * self.on_gpu
+                rows.append(probe_row(key, 'transformer', argv + ['--fp8'] * fp8))
+        flux = f'{"" if self.on_gpu else "tiny-"}flux-schnell'
+        bf16 = f'{flux} {256 if self.on_gpu else 64}px step' + (', compiled' if self.on_gpu else '')
         rows.append({'key': f'{flux} predicted', 'kind': 'predict', 'cost': 'predict', 'from': bf16})
         return rows
+
+
+# The transformers' steps: the model, the image size and the microbatch on a GPU.
+TRANSFORMERS = (('sd3.5-medium', 512, 8), ('pixart-sigma', 512, 8), ('flux-schnell', 256, 4))
 
 
 def planned_microbatch(model: str, size: int, batch: int) -> int:

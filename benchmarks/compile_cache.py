@@ -1,18 +1,23 @@
 """Inductor's and Triton's caches for the GPU campaign (gpu_campaign.py): one folder every row of a call compiles
 into and reads from, packed into the campaign's folder at the end of a call and unpacked by the next call, which
-carries the folder back: a compiled row whose graphs an earlier call compiled reads them instead of compiling."""
+carries the folder back: a compiled row whose graphs an earlier call compiled reads them instead of compiling.
+Only what a later process reloads is packed, within what a lent machine returns (a file of at most 16 MiB)."""
 
+import io
+import json
 import os
 import tarfile
 import tempfile
 from pathlib import Path
 
-# Inductor's and Triton's caches, kept across the rows of a call (every row's process reads them) and across calls:
-# packed into --out at the end of a call, which the next call carries back, and unpacked before its first row.
-# Compiling is most of a compiled row's time (docs/speed.md has the figures); a cache hit skips most of it.
 COMPILE_CACHE = Path(tempfile.gettempdir()) / 'gpu-campaign-compile-cache'
 COMPILE_CACHE_FILE = 'compile-cache.tar.gz'
-COMPILE_CACHE_LIMIT = 24 << 20  # bytes packed: what a call's carry holds beside the wheels (64 MiB in all)
+COMPILE_CACHE_LIMIT = 15 << 20  # bytes packed: a file over 16 MiB does not come back from a lent machine
+# What a later process reloads: Inductor's compiled graphs (their code inside each entry) and AOT autograd's, and
+# each Triton kernel's binary with its metadata. Triton's intermediate forms (.ttir, .ttgir, .llir, .ptx, the
+# source) are for reading, not loading, and Inductor's generated modules are written again from the graph entries.
+INDUCTOR_KEPT = ('fxgraph', 'aotautograd')
+TRITON_KEPT = ('.cubin', '.hsaco', '.json')
 
 
 def use_compile_cache(out: Path, cache: Path = COMPILE_CACHE) -> str | None:
@@ -28,16 +33,36 @@ def use_compile_cache(out: Path, cache: Path = COMPILE_CACHE) -> str | None:
     return f'compile cache: {packed} unpacked into {cache}'
 
 
+def reloaded_files(cache: Path) -> list[Path]:
+    """The cache's files a later process reloads (INDUCTOR_KEPT, TRITON_KEPT)."""
+    inductor = [path for name in INDUCTOR_KEPT for path in (cache / 'inductor' / name).rglob('*') if path.is_file()]
+    triton = [path for path in (cache / 'triton').rglob('*') if path.is_file() and path.suffix in TRITON_KEPT]
+    return sorted(inductor + triton)
+
+
+def kept_group(path: Path, kept: set[Path]) -> bytes:
+    """A Triton group file naming only the files packed beside it (an older Triton misses a group naming one gone)."""
+    group = json.loads(path.read_text())
+    children = group.get('child_paths', {})
+    group['child_paths'] = {name: child for name, child in children.items() if Path(child) in kept}
+    return json.dumps(group).encode()
+
+
 def keep_compile_cache(out: Path, cache: Path = COMPILE_CACHE) -> str | None:
-    """Packs `cache` into --out for the next call, where it fits COMPILE_CACHE_LIMIT; the line saying what was done."""
-    files = [path for path in cache.rglob('*') if path.is_file()] if cache.is_dir() else []
+    """Packs what reloads of `cache` into --out for the next call, where it fits COMPILE_CACHE_LIMIT; the line
+    saying what was done."""
+    files = reloaded_files(cache) if cache.is_dir() else []
     if not files:
         return None
+    kept = set(files)
     packed = out / COMPILE_CACHE_FILE
     partial = packed.with_name(packed.name + '.partial')
     with tarfile.open(partial, 'w:gz') as archive:
         for path in files:
-            archive.add(path, arcname=str(path.relative_to(cache)))
+            info = archive.gettarinfo(path, arcname=str(path.relative_to(cache)))
+            data = kept_group(path, kept) if path.name.startswith('__grp__') else path.read_bytes()
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
     size = partial.stat().st_size
     if size > COMPILE_CACHE_LIMIT:
         partial.unlink()

@@ -1,9 +1,10 @@
-"""The GPU campaign in one command: what a GPU's first minutes should measure, ordered by value, in slices that
-each end before --time_limit and resume where the last stopped. On a lent machine `bash benchmarks/gpu_slice.sh`
-runs it (docs/speed.md).
+"""The GPU campaign in one command: what a GPU's minutes should measure, ordered by value, in loans whose rows fit
+their 13 minutes, each loan in calls that end before the call's 10 minutes, resuming where the last stopped. On a
+lent machine `bash benchmarks/gpu_slice.sh` runs it (docs/speed.md); here, `--land` commits what it measured.
 
-    python benchmarks/gpu_campaign.py                        # one slice of at most 7.5 minutes (3.5 on a CPU)
-    python benchmarks/gpu_campaign.py --resume               # the next slice, keeping what was measured
+    python benchmarks/gpu_campaign.py --loan kernels        # the next call of the loan named (campaign_rows.LOANS)
+    python benchmarks/gpu_campaign.py --resume              # the next call of every step, keeping what was measured
+    python benchmarks/gpu_campaign.py --land results/gpu-campaign    # its rows into benchmarks/measured/DATE-GPU/
 
 The steps (each row a process of its own: a failure is a row of the table, not the end of the campaign). Every
 benchmark row past the headline is the README's headline recipe, the fast recipe compiled from precomputed latents
@@ -11,35 +12,43 @@ at the planned microbatch, changed in the one thing it measures; each step stand
 fastest microbatch takes the memory plan's where the sweep has not measured one, and says so):
 
 1. environment: the GPU, driver and versions; a bf16 matrix multiply's and a copy's measured ceilings;
-2. headline: SD2 base at 512px with the fast recipe at the planned microbatch, from precomputed latents and with
+2. checks: the fused GroupNorm+SiLU, cuDNN attention and fp8 against their references (campaign_probes.py): a path
+   that fails its check is not measured for speed;
+3. headline: SD2 base at 512px with the fast recipe at the planned microbatch, from precomputed latents and with
    the encoders online, eager, beside the published recipe at microbatch 4; then the two fast rows with --compile;
-3. channels_last: the headline recipe, and the same with --channels_last (the A/B, in one call);
-4. profile: the headline recipe's step under the profiler (benchmarks/profile_summary.py: busy share, classes of
-   work), summarized on the machine;
-5. kernels: the headline recipe with --fused_groupnorm, --attention cudnn, --cudnn_benchmark, each alone;
-6. transformers: SD3.5 medium and PixArt-Sigma at their presets' sizes, compiled at the planned microbatch, bf16
-   and --fp8; Flux's transformer forward and backward per image at 256px, compiled, in bf16 and with --fp8, and
-   report.py --predict from it (labelled: the transformer's forward and backward only);
-7. sweep: the headline recipe at microbatch 4 up to the planned one (out-of-memory rows recorded as such);
-8. paths: the headline recipe less one of its paths (fused AdamW, low-precision norms), fp16 for bf16,
+4. channels_last: the headline recipe, and the same with --channels_last (the A/B);
+5. profile: the headline recipe's step under the profiler (benchmarks/profile_summary.py), summarized on the
+   machine: the headline recipe's compiled graph again, a cache hit;
+6. kernels: the headline recipe with --cudnn_benchmark (its graph: a cache hit), --fused_groupnorm, --attention
+   cudnn, each alone;
+7. transformers: SD3.5 medium, PixArt-Sigma and Flux's forward and backward, their blocks compiled once each, bf16
+   and fp8, and report.py --predict from Flux's (labelled: the transformer's forward and backward only);
+8. sweep: the headline recipe at half the planned microbatch (the planned one is the headline recipe's own row);
+9. paths: the headline recipe less one of its paths (fused AdamW, low-precision norms), fp16 for bf16,
    reduce-overhead for default compiling, with activation checkpointing;
-9. gpu tests, first a handful of the gpu tier's most telling, then the rest, each its own row, counted by its
+10. gpu tests, first a handful of the gpu tier's most telling, then the rest, each its own row, counted by its
    outcome; then max-autotune-no-cudagraphs (minutes of tuning: never in the first calls).
 
-A row starts only if its estimate (by kind: eager run, compiled run, profile, transformer, test, probe; the median
-of the rows of that kind this machine measured, else a default) fits the time left; the estimates are printed at
-the start of each call. A row cut by the deadline is tried again in the next call; cut twice, it says so and is
-passed over. Rows are kept per machine (device and torch): a call on another GPU adds its own rows beside them.
+A row starts only if its estimate fits the time left in the call and in the loan. The estimates are seeded from the
+rows recorded in benchmarks/measured/ (a compiled row, an eager row, and a compiled row whose graph an earlier row
+of the loan compiled: that row's compile less what the cache saves), then this machine's own medians; before the
+first row a call prints the loan's plan, its rows and minutes call by call. A row cut by the deadline is tried
+again in the next call; cut twice, it says so and is passed over. Rows are kept per machine (device and torch),
+each with its provenance (command, BENCHMARK_GIT_COMMIT, date, driver, CUDA, cuDNN) and its results file; the
+rows landed in benchmarks/measured/ count as measured, so the next loan resumes from the committed folders.
 Everything lands in one folder (--out) of at most 8 files: campaign.md (the table, printed last), campaign.json
-(every row, for --resume), logs.tar.gz (each process's output), the profile summary and compile-cache.tar.gz
-(Inductor's and Triton's caches, unpacked by the next call: its compiled rows compile only what is new). On a CPU
-it runs the tiny twins' rows (the GPU-only ones skipped), which checks the campaign, not the hardware.
+(every row with its results), logs.tar.gz (each process's output, the end of it), the profile summary and
+compile-cache.tar.gz (what Inductor and Triton reload, at most 15 MiB). On a CPU it runs the tiny twins' rows (the
+GPU-only ones skipped), which checks the campaign, not the hardware.
 """
 
 import argparse
+import datetime
 import io
 import json
 import os
+import re
+import shlex
 import statistics
 import subprocess
 import tarfile
@@ -48,18 +57,44 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from benchmarks.campaign_rows import PYTHON, REPO, STEPS, Campaign, slug
-from benchmarks.compile_cache import keep_compile_cache, use_compile_cache
+from benchmarks.campaign_rows import LOANS, PYTHON, REPO, STEPS, Campaign, slug
+from benchmarks.compile_cache import COMPILE_CACHE_FILE, keep_compile_cache, use_compile_cache
 from costs.results import Results
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
-# Seconds a row of each kind takes from start to exit, before this machine has measured one: a GPU's (True), from
-# the rows of benchmarks/results.md, and a CPU's (False).
+MEASURED = REPO / 'benchmarks' / 'measured'  # the committed folders: recorded figures, and rows measured already
+# Seconds a row of each kind takes from start to exit where benchmarks/measured/ records none: a GPU's (True) and a
+# CPU's (False). 'cached': a compiled row whose graph an earlier row compiled; 'profile_extra': the profiler's own.
 ESTIMATES = {
-    True: {'probe': 40, 'eager': 80, 'compile': 240, 'profile': 100, 'transformer': 150, 'test': 90, 'predict': 10},
-    False: {'probe': 10, 'eager': 15, 'compile': 15, 'profile': 25, 'transformer': 20, 'test': 12, 'predict': 5},
+    True: {
+        'probe': 40,
+        'checks': 60,
+        'eager': 80,
+        'compile': 240,
+        'cached': 120,
+        'profile_extra': 20,
+        'transformer': 150,
+        'test': 90,
+        'predict': 10,
+    },
+    False: {
+        'probe': 10,
+        'checks': 10,
+        'eager': 15,
+        'compile': 15,
+        'cached': 15,
+        'profile_extra': 10,
+        'transformer': 20,
+        'test': 12,
+        'predict': 5,
+    },
 }
-SLICE_MINUTES = {True: 7.5, False: 3.5}  # a lent GPU call's 10 minutes less the start and the copy; a CPU's check
+# A loan: 15 device-minutes, the machine's start (about 47 s) and the files' copies in them: 13 minutes of rows.
+LOAN_ROW_SECONDS = 13 * 60
+# A call: at most 10 minutes, its copies in them; the second call of a loan starts at once, the machine still warm.
+CALL_SECONDS = {True: 9 * 60, False: 3.5 * 60}
+LOG_TAIL_BYTES = 64 << 10  # of each row's output, in logs.tar.gz: a traceback's end, not megabytes of warnings
+clock = time.perf_counter  # the rehearsal's fake clock replaces it
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -74,12 +109,23 @@ def parse_args(argv=None) -> argparse.Namespace:
         '--time_limit',
         type=float,
         default=None,
-        help='minutes: start no row whose estimate would end after them (default: 7.5 on a GPU, 3.5 on a CPU)',
+        help='minutes: start no row whose estimate would end after them (default: 9 on a GPU, 3.5 on a CPU; '
+        "within a loan's minutes left)",
     )
     parser.add_argument('--resume', action='store_true', help='keep the rows --out holds')
     parser.add_argument('--steps', nargs='+', choices=STEPS, default=list(STEPS), help='steps to run (default: all)')
+    parser.add_argument(
+        '--loan',
+        choices=LOANS,
+        default=None,
+        help="a loan's steps, its calls within its 13 minutes of rows (implies --resume)",
+    )
+    parser.add_argument('--land', metavar='FOLDER', help="a campaign folder's rows into --measured, then stop")
+    parser.add_argument('--measured', default=str(MEASURED), help='the committed folders (default: %(default)s)')
     parser.add_argument('--batches', type=int, default=None, help='batches per run (default: 10 on a GPU, 3 on CPU)')
     args = parser.parse_args(argv)
+    if args.loan:
+        args.steps, args.resume = list(LOANS[args.loan]), True
     if args.time_limit is not None and not args.time_limit > 0:
         parser.error(f'--time_limit {args.time_limit}: must be positive (minutes)')
     if args.batches is not None and args.batches < 3:
@@ -125,6 +171,9 @@ def execute(row: dict, seconds_left: float, work: Path) -> dict:
     fields = ('img_per_sec_per_device', 'mfu', 'peak_gpu_memory_gb', 'peak_gpu_memory_reserved_gb', 'device_name')
     measured |= {field: results.get(field) for field in fields}
     measured['microbatch'] = results.get('device_train_microbatch_size')
+    first_step = (results.get('provenance') or {}).get('seconds_to_first_step_end')
+    measured |= {'first_step_seconds': first_step} if first_step is not None else {}
+    measured['results'] = results  # the whole file, provenance in it: landed as a file of its own
     if row['kind'] == 'profile':
         from benchmarks import profile_summary
 
@@ -243,7 +292,7 @@ def write_folder(out: Path, work: Path, state: dict) -> None:
     if archive.is_file():
         with tarfile.open(archive) as old:
             kept = {member.name: old.extractfile(member).read() for member in old.getmembers() if member.isfile()}
-    kept |= {log.name: log.read_bytes() for log in work.glob('*.log')}
+    kept |= {log.name: log.read_bytes()[-LOG_TAIL_BYTES:] for log in work.glob('*.log')}
     with tarfile.open(archive, 'w:gz') as new:
         for name, data in sorted(kept.items()):
             info = tarfile.TarInfo(name)
@@ -305,57 +354,236 @@ def cells(key: str, row: dict) -> tuple:
     )
 
 
-def estimates(rows: dict, on_gpu: bool) -> dict[str, float]:
-    """Seconds a row of each kind is expected to take: the median of this machine's finished rows of that kind,
-    else the default; a compiled row's compile is inside its own seconds."""
+# ------------------------------------------------------------------------------------------------ the plan
+
+
+def recorded_rows(measured: Path = MEASURED) -> dict[str, dict]:
+    """Every machine's rows landed in the committed folders (each folder's campaign.json), the folder named in each."""
+    machines: dict[str, dict] = {}
+    for state_file in sorted(measured.glob('*/campaign.json')):
+        landed = json.loads(state_file.read_text())
+        rows = machines.setdefault(landed['machine'], {})
+        for key, row in landed['rows'].items():
+            rows.setdefault(key, {**row, 'landed': state_file.parent.name})
+    return machines
+
+
+def estimates(rows: dict, on_gpu: bool, recorded: dict[str, dict] | None = None) -> dict[str, float]:
+    """Seconds a row of each kind is expected to take: the median of this machine's finished rows of that kind, else
+    of the rows recorded on any GPU (on a GPU), else the default. A cache hit's: a compiled row less what its
+    compile took, that row's seconds to its first step's end less an eager row's (its seconds less its batches)."""
     expected = dict(ESTIMATES[on_gpu])
-    for cost in expected:
-        seconds = [row['seconds'] for row in rows.values() if row.get('cost') == cost and 'seconds' in row]
-        if seconds:
-            expected[cost] = statistics.median(seconds)
+    recorded_gpu = [row for machine in (recorded or {}).values() for row in machine.values()] if on_gpu else []
+    for source in (recorded_gpu, list(rows.values())):
+        finished = [row for row in source if 'seconds' in row and not row.get('error') and not row.get('pending')]
+        for cost in expected:
+            seconds = [row['seconds'] for row in finished if row.get('cost') == cost]
+            if seconds:
+                expected[cost] = statistics.median(seconds)
+        compiled = [
+            row['first_step_seconds']
+            for row in finished
+            if row.get('cost') == 'compile' and 'first_step_seconds' in row
+        ]
+        starts = [
+            row['seconds'] - row['batch_seconds']
+            for row in finished
+            if row.get('cost') == 'eager' and 'batch_seconds' in row
+        ]
+        if compiled and starts:
+            compiling = statistics.median(compiled) - statistics.median(starts)
+            expected['cached'] = max(expected['compile'] - compiling, expected['eager'])
     return expected
 
 
-LOAN_SECONDS = 2 * 9 * 60  # a loan: two calls of at most 9 minutes
+def row_seconds(row: dict, expected: dict[str, float], compiled: set[str]) -> float:
+    """A row's estimate, a compiled row whose graph is in `compiled` (an earlier row's) counted as a cache hit."""
+    if row['kind'] == 'skipped':
+        return 0.0
+    if row['cost'] not in ('compile', 'profile'):  # a transformer's blocks: a compile of their own each
+        return expected[row['cost']]
+    seconds = expected['cached'] if row['graph'] in compiled else expected['compile']
+    return seconds + (expected['profile_extra'] if row['cost'] == 'profile' else 0)
 
 
-def loans_left(campaign: Campaign, steps: list[str], done: dict, expected: dict[str, float]) -> str:
-    """The minutes the rows not yet measured in these steps are estimated at, and the loans they need."""
-    todo = [
-        row
+def to_measure(campaign: Campaign, steps: list[str], done: dict) -> list[tuple[str, dict]]:
+    """The rows of these steps not yet measured (or cut once), step by step."""
+    return [
+        (step, row)
         for step in steps
         for row in campaign.rows(step, done)
-        if row['kind'] != 'skipped' and (done.get(row['key']) is None or done[row['key']].get('pending'))
+        if done.get(row['key']) is None or done[row['key']].get('pending')
     ]
-    seconds = sum(expected[row['cost']] for row in todo)
-    loans = -(-seconds // LOAN_SECONDS)
-    minutes = f'about {seconds / 60:.0f} minutes'
-    return f'{len(todo)} row(s) left in these steps, {minutes}: {loans:.0f} loan(s) of two 9-minute calls'
 
 
-def load_state(out: Path, resume: bool) -> dict:
+def plan_calls(
+    todo: list[tuple[str, dict]], expected: dict, loan_seconds: float, call_seconds: float, compiled: set[str]
+) -> tuple[list[list[tuple[dict, float]]], list[dict]]:
+    """The calls a loan of `loan_seconds` of rows makes, at the estimates: each call's rows in order, a row only where
+    its estimate fits the call's time left and the loan's; a row that fits neither is left for a later loan. The
+    next call starts when the one before has no room for the next row. Returns the calls and the rows left."""
+    calls, left, compiled = [[]], [], set(compiled)
+    loan_left, call_left = loan_seconds, min(call_seconds, loan_seconds)
+    for _, row in todo:
+        seconds = row_seconds(row, expected, compiled)
+        if row['kind'] == 'predict' and any(other['key'] == row['from'] for other in left):
+            left.append(row)  # its measurement is left for a later loan too
+            continue
+        if seconds > loan_left:
+            left.append(row)
+            continue
+        if seconds > call_left and calls[-1]:
+            calls.append([])
+            call_left = min(call_seconds, loan_left)
+        if seconds > call_left:
+            left.append(row)
+            continue
+        calls[-1].append((row, seconds))
+        loan_left, call_left = loan_left - seconds, call_left - seconds
+        compiled |= {row['graph']} if 'graph' in row else set()
+    return [call for call in calls if call], left
+
+
+def plan_lines(name: str, calls: list, left: list[dict], loan_seconds: float) -> list[str]:
+    """The plan as a call prints it before its first row."""
+    total = sum(seconds for call in calls for _, seconds in call)
+    lines = [
+        f'{name}: {sum(map(len, calls))} row(s) in {len(calls)} call(s), {total / 60:.1f} of its '
+        f'{loan_seconds / 60:.1f} minutes of rows'
+    ]
+    for number, call in enumerate(calls, 1):
+        minutes = sum(seconds for _, seconds in call) / 60
+        lines.append(
+            f'  call {number}, {minutes:.1f} minutes: ' + '; '.join(f'{row["key"]} {s:.0f} s' for row, s in call)
+        )
+    if left:
+        lines.append(f'  left for a later loan: {len(left)} row(s): ' + '; '.join(row['key'] for row in left))
+    return lines
+
+
+def load_state(out: Path, resume: bool, measured: Path = MEASURED, machine: str | None = None) -> dict:
+    """The campaign's rows: --out's (on --resume), with the rows landed in the committed folders (this machine's,
+    where one is named)."""
     saved = json.loads((out / 'campaign.json').read_text()) if resume and (out / 'campaign.json').is_file() else {}
     if 'machine' in saved and 'machines' not in saved:  # an earlier layout: one machine's rows
         saved = {'machines': {saved['machine']: {'rows': saved.get('rows', {})}}}
-    return {'machines': saved.get('machines', {})}
+    state = {'machines': saved.get('machines', {}), 'loans': saved.get('loans', {})}
+    if resume:
+        for landed, rows in recorded_rows(measured).items():
+            if machine is not None and landed != machine:
+                continue
+            held = state['machines'].setdefault(landed, {'rows': {}})['rows']
+            for key, row in rows.items():
+                held.setdefault(key, row)
+    return state
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    started = time.perf_counter()
-    out, on_gpu = Path(args.out), on_a_gpu()
-    work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / f'gpu-campaign-work-{os.getpid()}'
-    out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
+# ------------------------------------------------------------------------------------------------ provenance
+
+
+def provenance(row: dict, measured: dict, environment: dict | None) -> dict:
+    """Where a row's figures came from: its command, the commit (BENCHMARK_GIT_COMMIT, which a copy without .git
+    is given), the date, and the driver, CUDA and cuDNN its results file or the environment row records."""
+    argv = row.get('argv') or (['-m', 'pytest', row['test']] if 'test' in row else [])
+    gpu = ((measured.get('results') or {}).get('provenance') or {}).get('gpu') or {}
+    environment = {
+        **(environment or {}),
+        **{name: measured[name] for name in ('driver', 'cuda', 'cudnn') if name in measured},
+    }
+    return {
+        'command': shlex.join(['python3', *argv]) if argv else None,
+        'git_commit': os.environ.get('BENCHMARK_GIT_COMMIT') or git_commit(),
+        'date': datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
+        'driver': gpu.get('driver_version') or environment.get('driver'),
+        'cuda': gpu.get('cuda') or environment.get('cuda'),
+        'cudnn': gpu.get('cudnn') or environment.get('cudnn'),
+    }
+
+
+def git_commit() -> str | None:
+    found = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=REPO, capture_output=True, text=True)
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+# ------------------------------------------------------------------------------------------------ landing
+
+
+def gpu_slug(machine: str) -> str:
+    """'NVIDIA H100 80GB HBM3 torch 2.11.0' -> 'h100': the folder's name for a GPU."""
+    words = machine.removeprefix('NVIDIA ').split()
+    return re.sub(r'[^a-z0-9]+', '-', (words or ['unknown'])[0].lower())
+
+
+def land(folder: Path, measured: Path = MEASURED) -> list[Path]:
+    """Each machine's rows that are not landed yet into measured/DATE-GPU/ (the date each row was measured): its
+    campaign.json (the rows, their provenance, each naming its results file) and the results files. Returns the
+    folders written."""
+    state = json.loads((folder / 'campaign.json').read_text())
+    written = []
+    for machine, held in state['machines'].items():
+        if machine.startswith('cpu ') and measured == MEASURED:
+            continue  # a CPU rehearsal measures the campaign, not a GPU: nothing to commit
+        for key, row in held['rows'].items():
+            if row.get('landed') or row.get('pending') or 'provenance' not in row:
+                continue
+            target = measured / f'{row["provenance"]["date"][:10]}-{gpu_slug(machine)}'
+            target.mkdir(parents=True, exist_ok=True)
+            state_file = target / 'campaign.json'
+            landed = json.loads(state_file.read_text()) if state_file.is_file() else {'machine': machine, 'rows': {}}
+            if landed['rows'].get(key, {}).get('provenance') == row['provenance']:
+                continue  # landed by an earlier --land
+            row = dict(row)
+            if 'results' in row:
+                row['file'] = f'{slug(key)}.json'
+                (target / row['file']).write_text(json.dumps(row.pop('results'), indent=2) + '\n')
+            landed['rows'][key] = row
+            state_file.write_text(json.dumps(landed, indent=1) + '\n')
+            written.append(target) if target not in written else None
+    return written
+
+
+# ------------------------------------------------------------------------------------------------ a call
+
+
+def machine_name() -> str:
     probe = (
         'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() '
         "else 'cpu', 'torch', torch.__version__)"
     )
-    machine = subprocess.run([*PYTHON, '-c', probe], capture_output=True, text=True).stdout.strip() or 'unknown'
-    state = load_state(out, args.resume)
+    return subprocess.run([*PYTHON, '-c', probe], capture_output=True, text=True).stdout.strip() or 'unknown'
+
+
+def check_failed(row: dict, rows: dict) -> str | None:
+    """Why a row's speed is not measured: its correctness check failed, or was not run on this machine yet."""
+    if 'needs' not in row:
+        return None
+    check = (rows.get('checks') or {}).get(row['needs'])
+    if check is None:
+        return f'no correctness check of {row["needs"]} on this machine yet'
+    if check.get('passed') is False:
+        return f'{row["needs"]} failed its correctness check (error {check["error"]:.3g}, bound {check["bound"]:g})'
+    return None
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.land:
+        for folder in land(Path(args.land), Path(args.measured)):
+            print(f'landed: {folder}')
+        return {}
+    started = clock()
+    out, on_gpu = Path(args.out), on_a_gpu()
+    work = Path(args.work) if args.work else Path(tempfile.gettempdir()) / f'gpu-campaign-work-{os.getpid()}'
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    machine = machine_name()
+    state = load_state(out, args.resume, Path(args.measured), machine)
     rows = state['machines'].setdefault(machine, {'rows': {}})['rows']
-    limit = 60 * (args.time_limit or SLICE_MINUTES[on_gpu])
-    expected = estimates(rows, on_gpu)
+    recorded = recorded_rows(Path(args.measured))
+    expected = estimates(rows, on_gpu, recorded)
+    spent = state['loans'].get(args.loan, 0.0) if args.loan else 0.0
+    loan_left = LOAN_ROW_SECONDS - spent if args.loan else float('inf')
+    limit = min(60 * args.time_limit if args.time_limit else CALL_SECONDS[on_gpu], loan_left)
     if not on_gpu:
         print(
             'no GPU here: the campaign runs its tiny CPU rows instead (the tiny model at 32 px, a few batches; the '
@@ -363,43 +591,72 @@ def main(argv=None) -> dict:
             flush=True,
         )
     print(
-        f'{machine}: a slice of {limit / 60:g} minutes; estimates in seconds: '
+        f'{machine}: a call of {limit / 60:.1f} minutes; estimates in seconds: '
         + ', '.join(f'{cost} {seconds:.0f}' for cost, seconds in expected.items()),
         flush=True,
     )
+    if os.environ.get('BENCHMARK_GIT_COMMIT') is None and git_commit() is None:
+        print('no .git here and BENCHMARK_GIT_COMMIT unset: the rows name no commit', flush=True)
     if (line := use_compile_cache(out)) is not None:
         print(line, flush=True)
     campaign = Campaign(args, on_gpu, work)
-    print(loans_left(campaign, args.steps, rows, expected), flush=True)
+    todo = to_measure(campaign, args.steps, rows)
+    # Graphs an earlier call of this loan compiled are in the compile cache it brought back: cache hits.
+    cache = (out / COMPILE_CACHE_FILE).is_file()
+    compiled = {
+        row['graph'] for row in rows.values() if cache and args.loan and row.get('loan') == args.loan and 'graph' in row
+    }
+    budget = loan_left if args.loan else limit
+    calls, planned_left = plan_calls(todo, expected, budget, limit, compiled)
+    name = f'loan {args.loan}' if args.loan else 'this call'
+    print('\n'.join(plan_lines(name, calls, planned_left, budget)), flush=True)
     left = 0
-    for step in args.steps:
-        if limit - (time.perf_counter() - started) < min(expected.values()):
-            left += 1  # no row of any kind fits: the step's rows are not even listed
+    for step, row in todo:
+        kept = rows.get(row['key'])
+        seconds_left = limit - (clock() - started)
+        estimate = row_seconds(row, expected, compiled)
+        if row['kind'] != 'skipped' and estimate > seconds_left:
+            left += 1
             continue
-        for row in campaign.rows(step, rows):
-            kept = rows.get(row['key'])
-            if kept is not None and not kept.get('pending'):
-                continue
-            seconds_left = limit - (time.perf_counter() - started)
-            if row['kind'] != 'skipped' and expected[row['cost']] > seconds_left:
-                left += 1
-                continue
-            if row['kind'] != 'skipped':
-                print(f'[{step}] {row["key"]} (about {expected[row["cost"]]:.0f} s) ...', flush=True)
-            if row['kind'] == 'predict':
-                measured = predict(rows, row, work)
+        if row['kind'] == 'predict' and row['from'] not in rows:
+            left += 1  # what it predicts from is not measured yet
+            continue
+        if (why := check_failed(row, rows)) is not None:
+            if why.startswith('no correctness check'):
+                left += 1  # measured once a loan has checked it
             else:
-                measured = execute(row, seconds_left, work)
-            cuts = (kept or {}).get('cuts', 0) + bool(measured.get('cut'))
-            if measured.get('cut') and cuts < 2:
-                measured = {'pending': True, 'cuts': cuts}
-                left += 1
-            elif measured.get('cut'):
-                measured = {'error': 'cut by the deadline twice: passed over', 'cuts': cuts}
-            rows[row['key']] = {'step': step, 'cost': row['cost'], **row.get('record', {}), **measured}
-            state['left'] = left
-            write_folder(out, work, state)
+                rows[row['key']] = {'step': step, 'cost': row['cost'], 'skipped': why}
+            continue
+        if row['kind'] != 'skipped':
+            print(f'[{step}] {row["key"]} (about {estimate:.0f} s) ...', flush=True)
+        if row['kind'] == 'predict':
+            measured = predict(rows, row, work)
+        else:
+            measured = execute(row, seconds_left, work)
+        compiled |= {row['graph']} if 'graph' in row and not measured.get('error') else set()
+        cuts = (kept or {}).get('cuts', 0) + bool(measured.get('cut'))
+        if measured.get('cut') and cuts < 2:
+            measured = {'pending': True, 'cuts': cuts}
+            left += 1
+        elif measured.get('cut'):
+            measured = {'error': 'cut by the deadline twice: passed over', 'cuts': cuts}
+        record = {'step': step, 'cost': row['cost'], **row.get('record', {}), **measured}
+        record |= {'graph': row['graph']} if 'graph' in row else {}
+        record |= {'loan': args.loan} if args.loan else {}
+        if row['kind'] != 'skipped' and not record.get('pending'):
+            record['provenance'] = provenance(row, measured, rows.get('environment'))
+        if 'results' in measured:  # the batches' seconds: what an eager row spends past its start
+            rate, config = measured['results'].get('img_per_sec') or 0, measured['results'].get('config', {})
+            if rate and config.get('num_batches'):
+                record['batch_seconds'] = config['num_batches'] * config['batch_size'] / rate
+        rows[row['key']] = record
+        state['left'] = left
+        if args.loan:
+            state['loans'][args.loan] = spent + clock() - started
+        write_folder(out, work, state)
     state['left'] = left
+    if args.loan:
+        state['loans'][args.loan] = spent + clock() - started
     if on_gpu:
         mark_planned(rows, campaign.planned())
     write_folder(out, work, state)

@@ -79,10 +79,10 @@ def test_a_lent_machines_two_calls_rehearsed_on_a_cpu(tmp_path):
     first = call(tmp_path / 'out1', 'environment headline')
     assert first.startswith('gpu_slice: no wheels in .whl/: using the packages')
     assert 'gpu_slice: no GPU here' in first
-    assert 'a slice of 30 minutes; estimates in seconds: probe 10, eager 15, compile 15' in first
-    assert re.search(
-        r'\n\d+ row\(s\) left in these steps, about \d+ minutes: \d+ loan\(s\) of two 9-minute calls', first
-    )
+    assert 'a call of 30.0 minutes; estimates in seconds: probe 10, checks 10, eager 15, compile 15' in first
+    # The plan before the first row: this call's rows and their minutes.
+    assert re.search(r'\nthis call: 6 row\(s\) in 1 call\(s\), [\d.]+ of its 30.0 minutes of rows\n  call 1', first)
+    assert first.index('this call: ') < first.index('\n[environment] environment')
     assert sorted(map(str, returned_files(tmp_path / 'out1'))) == [
         'gpu-campaign/campaign.json',
         'gpu-campaign/campaign.md',
@@ -201,10 +201,22 @@ def test_a_campaign_folder_of_the_earlier_layout_is_kept_as_its_machines_rows(tm
     (tmp_path / 'campaign.json').write_text(
         json.dumps({'machine': 'NVIDIA H100 80GB HBM3 torch 2.11.0', 'rows': {'a': {}}})
     )
-    assert gpu_campaign.load_state(tmp_path, resume=True) == {
-        'machines': {'NVIDIA H100 80GB HBM3 torch 2.11.0': {'rows': {'a': {}}}}
+    nothing_landed = tmp_path / 'measured'
+    assert gpu_campaign.load_state(tmp_path, resume=True, measured=nothing_landed) == {
+        'machines': {'NVIDIA H100 80GB HBM3 torch 2.11.0': {'rows': {'a': {}}}},
+        'loans': {},
     }
-    assert gpu_campaign.load_state(tmp_path, resume=False) == {'machines': {}}
+    assert gpu_campaign.load_state(tmp_path, resume=False) == {'machines': {}, 'loans': {}}
+
+
+def test_resuming_keeps_the_rows_landed_in_the_committed_folders_beside_the_folders_own():
+    """A loan resumes from benchmarks/measured/: a row landed there is measured; --out's own row of that key wins."""
+    landed = gpu_campaign.load_state(REPO / 'nowhere', resume=True)
+    h100 = landed['machines']['NVIDIA H100 80GB HBM3 torch 2.11.0']['rows']
+    assert h100['headline online, fast, compiled']['landed'] == '2026-11-26-h100'
+    assert h100['headline online, fast, compiled']['seconds'] == 216
+    assert 'headline recipe (A)' in h100  # the compiled precomputed row: the A/B's A on the H100
+    assert 'headline recipe with channels_last (B)' in landed['machines']['NVIDIA H200 torch 2.11.0']['rows']
 
 
 @pytest.mark.slow
