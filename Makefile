@@ -10,9 +10,9 @@ export WANDB_MODE ?= offline
 install: $(VENV)/.installed
 
 # The pinned packages, then this repo itself in editable mode (its modules importable from benchmarks/).
-$(VENV)/.installed: requirements.txt requirements-test.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-test.txt requirements-data.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements.txt -r requirements-test.txt
+	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements.txt -r requirements-test.txt -r requirements-data.txt
 	$(VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e .
 	touch $@
 
@@ -78,11 +78,23 @@ gpu-check: install
 	exit $$status
 
 # The GPU campaign (benchmarks/gpu_campaign.py, docs/speed.md) on a machine with .venv: each call measures for at
-# most 7.5 minutes, then stops; the next call goes on where it stopped. Its folder, results/gpu-campaign, holds the
+# most 9 minutes, then stops; the next call goes on where it stopped. Its folder, results/gpu-campaign, holds the
 # table and every row. A GPU machine without network runs `bash benchmarks/gpu_slice.sh` with the wheels of
-# `make gpu-wheels`.
+# `make gpu-wheels`: `make gpu-loan LOAN=kernels` prints a loan's plan at the recorded figures and the command for
+# each of its calls, this checkout's commit in it; `make gpu-land` commits what came back (results/gpu-campaign)
+# into benchmarks/measured/DATE-GPU/ and writes the README's GPU table and results.md's entries from that folder.
 gpu-campaign: install
 	$(VENV)/bin/python benchmarks/gpu_campaign.py --resume
+
+LOAN ?= kernels
+.PHONY: gpu-loan gpu-land
+gpu-loan:
+	$(VENV)/bin/python benchmarks/gpu_campaign.py --plan --loan $(LOAN)
+	@echo "each call: BENCHMARK_GIT_COMMIT=$$(git rev-parse HEAD) GPU_LOAN=$(LOAN) bash benchmarks/gpu_slice.sh"
+
+gpu-land:
+	$(VENV)/bin/python benchmarks/gpu_campaign.py --land results/gpu-campaign
+	$(VENV)/bin/python benchmarks/measured_tables.py --write
 
 # For a GPU machine without network that has a torch 2.11 image's packages (docs/install.md): the wheels that image
 # lacks (requirements-gpu-image.txt) for its Python 3.12 on manylinux x86_64, into the ignored .whl/, copied there with
@@ -108,11 +120,11 @@ CURRENT_VENV ?= .venv-current
 CURRENT_TORCH ?= torch==2.15.0 torchvision==0.29.2 numpy==2.4.6
 CURRENT_WANDB ?= wandb==0.31.0
 
-$(CURRENT_VENV)/.installed: requirements-current.txt requirements-test.txt pyproject.toml
+$(CURRENT_VENV)/.installed: requirements-current.txt requirements-test.txt requirements-data.txt pyproject.toml
 	$(PYTHON) -m venv $(CURRENT_VENV)
 	$(CURRENT_VENV)/bin/pip install --disable-pip-version-check -q $(CURRENT_TORCH)
 	$(CURRENT_VENV)/bin/pip install --disable-pip-version-check -q --no-deps -r requirements-current.txt
-	$(CURRENT_VENV)/bin/pip install --disable-pip-version-check -q -r requirements-test.txt $(CURRENT_WANDB)
+	$(CURRENT_VENV)/bin/pip install --disable-pip-version-check -q -r requirements-test.txt -r requirements-data.txt $(CURRENT_WANDB)
 	$(CURRENT_VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e .
 	touch $@
 

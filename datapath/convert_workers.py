@@ -1,4 +1,7 @@
-"""convert.py's worker processes: each converts its share of the inputs in a process of its own, forked from the
+"""convert.py --workers N: each worker converts its share of the pieces of the inputs into a part of the output,
+and one index is merged over the parts.
+
+The worker processes: each converts its share of the inputs in a process of its own, forked from the
 main one (which has imported Streaming already, so a worker starts at once), and hands back what it wrote.
 
 Signals are the main process's: a worker ignores Ctrl-C and a job-wide SIGTERM (guards/stopping.py), and the main
@@ -6,13 +9,20 @@ process, stopping, ends every worker before it removes what they wrote. A worker
 result (killed, out of memory) stops the others and the conversion, named in one line.
 """
 
+import logging
 import multiprocessing
 import signal
+from collections import Counter
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
+from tqdm import tqdm
+
+from datapath.convert_inputs import Piece, Reading, piece_samples
+from datapath.mds_output import SKIPPED_NAMED, VALIDATION_SPLIT, staged, write_part
 from guards.outputs import one_line
 from guards.stopping import leave_signals_to_parent
+from settings.dataset_checks import is_remote
 
 PROGRESS_EVERY_S = 0.2  # how often the main process adds up the workers' counts for its progress bar
 
@@ -82,3 +92,94 @@ def died(index: int, processes: list) -> str:
     code = process.exitcode
     how = f'was killed by {signal.Signals(-code).name}' if code and code < 0 else f'ended with exit status {code}'
     return f'conversion worker {index + 1} of {len(processes)} (pid {process.pid}) {how} before it was done'
+
+
+def write_in_workers(shares, reading: Reading, out, overwrite, size_limit, total, progress, validation) -> dict:
+    """Each share of the pieces converted by a worker of its own into `part-NNNNN` of the output (and of its split),
+    then one index over the parts, merged by Streaming's merge_index, in share order: the samples one process would
+    write, in its order, in more shards."""
+
+    def write(target: str, before_first_sample) -> dict:
+        first_sample = once_across_workers(before_first_sample)
+
+        def convert_share(index, share, counts):
+            part = f'part-{index:05}'
+            samples = counted(share, reading, counts, index)
+            split = f'{target}/{VALIDATION_SPLIT}/{part}'
+            return write_part(
+                samples, f'{target}/{part}', split, size_limit, None, False, validation, first_sample, False
+            )
+
+        with tqdm(total=total, unit='img', disable=not progress, desc=f'converting ({len(shares)} workers)') as bar:
+            parts = run_workers(convert_share, shares, lambda done: bar.update(done - bar.n))
+        stats = merged_counts(parts)
+        if stats['written']:
+            if stats['held_out']:
+                held_out = [index for index, part in enumerate(parts) if part['held_out']]
+                merge_parts(f'{target}/{VALIDATION_SPLIT}', held_out)
+            merge_parts(target, [index for index, part in enumerate(parts) if part['written']])
+        return stats
+
+    try:
+        return staged(out, overwrite, write)
+    except WorkerDied as error:
+        left = f'{out} has no index.json of it' if is_remote(out) else f'{out} is left as it was'
+        raise ConversionStopped(f'{error}: conversion stopped; {left}') from None
+
+
+class ConversionStopped(RuntimeError):
+    """A worker died (killed, out of memory): one line, exit status 1."""
+
+
+def counted(share: list[Piece], reading: Reading, counts, index: int):
+    """A share's samples, each counted in counts[index] as it is read (the main process's progress bar)."""
+    for piece in share:
+        for sample in piece_samples(piece, reading):
+            yield sample
+            counts[index] += 1
+
+
+def once_across_workers(action):
+    """`action` run once, by the first worker to call it (None stays None)."""
+    if action is None:
+        return None
+    context = multiprocessing.get_context('fork')
+    lock, done = context.Lock(), context.Value('b', 0, lock=False)
+
+    def run_once():
+        with lock:
+            if not done.value:
+                action()
+                done.value = 1
+
+    return run_once
+
+
+def merged_counts(parts: list[dict]) -> dict:
+    """The workers' counts as one conversion's: the first SKIPPED_NAMED skipped in input order (the shares follow
+    one another)."""
+    skipped, named = Counter(), []
+    for part in parts:
+        skipped.update(part['skipped'])
+        named += part['skipped_named']
+    return {
+        'written': sum(part['written'] for part in parts),
+        'held_out': sum(part['held_out'] for part in parts),
+        'skipped': dict(skipped),
+        'skipped_named': named[:SKIPPED_NAMED],
+        'shards': sum(part['shards'] for part in parts),
+    }
+
+
+def merge_parts(target: str, indexes: list[int]) -> None:
+    """One index.json in `target` over its parts' (Streaming's merge_index; on a remote, downloaded, merged and
+    uploaded). Parts that hold no sample wrote no index and are left out."""
+    from streaming.base.util import merge_index  # here: Streaming loads torch
+
+    remote = is_remote(target)
+    logging.disable(logging.WARNING)  # merge_index warns of its temporary folder, every time
+    try:
+        index_files = [f'{target}/part-{index:05}/index.json' for index in indexes]
+        merge_index(index_files, target, keep_local=not remote)
+    finally:
+        logging.disable(logging.NOTSET)

@@ -32,18 +32,22 @@ def parquet_layout(path: Path, caption_column: str | None = None) -> tuple[str, 
             return kind.get_field_index('bytes') >= 0
         return pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
 
+    return pick_columns(str(path), names, holds_image, caption_column)
+
+
+def pick_columns(where: str, names: list[str], holds_image, caption_column: str | None) -> tuple[str, str]:
+    """The image column (the first of IMAGE_COLUMNS that holds_image) and the caption column (caption_column, else
+    the first of CAPTION_COLUMNS) among a table's column names; the Spark route picks its DataFrame's alike."""
     image = next((name for name in IMAGE_COLUMNS if name in names and holds_image(name)), None)
     captions = (caption_column,) if caption_column else CAPTION_COLUMNS
     caption = next((name for name in captions if name in names), None)
     if image is None or caption is None:
         wanted = []
         if image is None:
-            wanted.append(f'an image column ({", ".join(IMAGE_COLUMNS)}: bytes, or a struct with bytes)')
+            wanted.append(f'image column ({", ".join(IMAGE_COLUMNS)}: bytes, or a struct with bytes)')
         if caption is None:
-            wanted.append(
-                f'a caption column ({", ".join(captions)}{"" if caption_column else "; or --caption_column"})'
-            )
-        raise ParquetLayoutError(f'{path}: no {" and no ".join(wanted)} among its columns {", ".join(names)}')
+            wanted.append(f'caption column ({", ".join(captions)}{"" if caption_column else "; or --caption_column"})')
+        raise ParquetLayoutError(f'{where}: no {" and no ".join(wanted)} among its columns {", ".join(names)}')
     return image, caption
 
 

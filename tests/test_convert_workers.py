@@ -17,13 +17,14 @@ from test_data import RecordSamples
 
 import convert
 import precompute
+from datapath import convert_inputs, convert_workers
 from runs.run import main
 
 
 @pytest.fixture
 def small_slices(monkeypatch):
     """A folder shared out four images at a time, so that a few dozen images make several workers' shares."""
-    monkeypatch.setattr(convert, 'FOLDER_SLICE', 4)
+    monkeypatch.setattr(convert_inputs, 'FOLDER_SLICE', 4)
 
 
 def write_folder(folder: Path, n: int, bad_every: int | None = 3) -> Path:
@@ -81,14 +82,14 @@ def test_a_killed_worker_stops_the_conversion_and_leaves_the_output_as_it_was(tm
     out = tmp_path / 'out'
     convert.convert([str(photos)], str(out), progress=False)
     earlier = read_mds(out)
-    read = convert.piece_samples
+    read = convert_workers.piece_samples
 
     def killed_on_its_last_piece(piece, reading):
         if piece.images and piece.images[-1].name == '015.jpg':  # the second worker's share
             os.kill(os.getpid(), signal.SIGKILL)
         return read(piece, reading)
 
-    monkeypatch.setattr(convert, 'piece_samples', killed_on_its_last_piece)
+    monkeypatch.setattr(convert_workers, 'piece_samples', killed_on_its_last_piece)
     with pytest.raises(convert.ConversionStopped) as stopped:
         convert.convert([str(photos)], str(out), overwrite=True, progress=False, workers=2)
     assert str(stopped.value).startswith('conversion worker 2 of 2 (pid ')
