@@ -95,6 +95,7 @@ LOAN_ROW_SECONDS = 13 * 60
 CALL_SECONDS = {True: 9 * 60, False: 3.5 * 60}
 LOG_TAIL_BYTES = 64 << 10  # of each row's output, in logs.tar.gz: a traceback's end, not megabytes of warnings
 clock = time.perf_counter  # the rehearsal's fake clock replaces it
+LENT_GPU = 'NVIDIA H200 torch 2.11.0'  # the kind lent here (benchmarks/measured/2026-11-26-h200)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -121,6 +122,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="a loan's steps, its calls within its 13 minutes of rows (implies --resume)",
     )
     parser.add_argument('--land', metavar='FOLDER', help="a campaign folder's rows into --measured, then stop")
+    parser.add_argument(
+        '--plan',
+        nargs='?',
+        const=LENT_GPU,
+        metavar='MACHINE',
+        help="print --loan's plan on a GPU the committed folders hold (default: %(const)s) and stop",
+    )
     parser.add_argument('--measured', default=str(MEASURED), help='the committed folders (default: %(default)s)')
     parser.add_argument('--batches', type=int, default=None, help='batches per run (default: 10 on a GPU, 3 on CPU)')
     args = parser.parse_args(argv)
@@ -545,6 +553,20 @@ def land(folder: Path, measured: Path = MEASURED) -> list[Path]:
 # ------------------------------------------------------------------------------------------------ a call
 
 
+def print_plan(args: argparse.Namespace) -> list:
+    """A loan's plan on a GPU whose rows the committed folders hold, at their figures, its microbatch theirs."""
+    recorded = recorded_rows(Path(args.measured))
+    if args.plan not in recorded:
+        raise SystemExit(f'--plan: no rows of {args.plan!r} in {args.measured} (there: {", ".join(recorded)})')
+    rows = recorded[args.plan]
+    planned = rows['headline precomputed, fast, compiled']['microbatch']
+    campaign = Campaign(args, True, Path(tempfile.gettempdir()), planned=planned)
+    todo = to_measure(campaign, args.steps, rows)
+    calls, left = plan_calls(todo, estimates(rows, True, recorded), LOAN_ROW_SECONDS, CALL_SECONDS[True], set())
+    print('\n'.join(plan_lines(f'loan {args.loan or "of every step"} on {args.plan}', calls, left, LOAN_ROW_SECONDS)))
+    return calls
+
+
 def machine_name() -> str:
     probe = (
         'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() '
@@ -570,6 +592,9 @@ def main(argv=None) -> dict:
     if args.land:
         for folder in land(Path(args.land), Path(args.measured)):
             print(f'landed: {folder}')
+        return {}
+    if args.plan:
+        print_plan(args)
         return {}
     started = clock()
     out, on_gpu = Path(args.out), on_a_gpu()

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# The one command a lent GPU machine runs (docs/speed.md, "A lent GPU machine"): the next slice of the GPU campaign
-# (benchmarks/gpu_campaign.py), from the repo root, with nothing but the machine's python3 and, when present, the
-# wheels of requirements-gpu-image.txt in .whl/ (make gpu-wheels): no editable install, no make, no network.
+# The one command a lent GPU machine runs (docs/speed.md, "A lent GPU machine"): the next call of a loan of the GPU
+# campaign (benchmarks/gpu_campaign.py), from the repo root, with nothing but the machine's python3 and, when
+# present, the wheels of requirements-gpu-image.txt in .whl/ (make gpu-wheels): no editable install, no make, no
+# network. `make gpu-loan LOAN=kernels` prints the command with this checkout's commit in it:
 #
-#     bash benchmarks/gpu_slice.sh
+#     BENCHMARK_GIT_COMMIT=<commit> GPU_LOAN=kernels bash benchmarks/gpu_slice.sh
 #
 # It installs .whl/*.whl into a target folder when there are any (and says so, or that it uses what python3 has),
-# puts the repo on the path itself, and runs the campaign for GPU_SLICE_MINUTES (default 7.5 on a GPU, 3.5 on a
+# puts the repo on the path itself, and runs the loan's next call (GPU_LOAN, one of campaign_rows.LOANS: its rows
+# within 13 minutes a loan, 9 a call; without one, every step for GPU_SLICE_MINUTES, default 9 on a GPU, 3.5 on a
 # CPU) into $OUT/gpu-campaign (OUT defaults to results/gpu-slice): at most 8 files, one folder down, also when a
-# row fails or the slice ends early. Given back as results/gpu-campaign (a carried folder), the next call resumes
-# from it: rows measured are kept, rows cut by the deadline are tried again. GPU_SLICE_STEPS names the campaign's
-# steps to run (default: all, in order), e.g. GPU_SLICE_STEPS='environment channels_last profile kernels' where an
-# earlier loan measured the headline.
+# row fails or the call ends early. The rows landed in benchmarks/measured/ count as measured; the loan's second
+# call, started at once, carries the first's folder back as results/gpu-campaign (its compile cache and its
+# minutes spent). The machine's copy has no .git: BENCHMARK_GIT_COMMIT names the commit in every row.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu-slice}
@@ -42,8 +43,10 @@ if [ -f "$RESUME/campaign.json" ] && [ ! -f "$OUT/gpu-campaign/campaign.json" ];
     echo "gpu_slice: resuming from $RESUME"
 fi
 work=$(mktemp -d)
+[ -n "${BENCHMARK_GIT_COMMIT:-}" ] || [ -d .git ] \
+    || echo 'gpu_slice: BENCHMARK_GIT_COMMIT unset and no .git here: the rows will name no commit' >&2
 # shellcheck disable=SC2086  # the steps are words
-python3 benchmarks/gpu_campaign.py --resume --out "$OUT/gpu-campaign" --work "$work" \
+python3 benchmarks/gpu_campaign.py --resume --out "$OUT/gpu-campaign" --work "$work" ${GPU_LOAN:+--loan "$GPU_LOAN"} \
     ${GPU_SLICE_MINUTES:+--time_limit "$GPU_SLICE_MINUTES"} ${GPU_SLICE_STEPS:+--steps $GPU_SLICE_STEPS}
 status=$?
 rm -rf "$work"

@@ -245,3 +245,18 @@ def test_only_what_reloads_is_packed_and_a_triton_group_names_only_what_was_pack
     ]
     group = json.loads((unpacked / 'triton/abc/__grp__k.json').read_text())
     assert sorted(group['child_paths']) == ['k.cubin', 'k.json']
+
+
+def test_the_next_loans_plan_is_printed_here_at_the_recorded_figures(capsys):
+    """make gpu-loan: the plan of a loan from the committed folders as they stand, without a GPU."""
+    gpu_campaign.main(['--plan', '--loan', 'kernels'])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith(f'loan kernels on {H200}: 6 row(s) in 2 call(s), ')
+    minutes = float(printed[0].split(', ')[-1].split(' of its ')[0])
+    assert minutes <= 13 and printed[0].endswith('of its 13.0 minutes of rows')
+    assert (
+        printed[1].startswith('  call 1, ')
+        and printed[-1] == '  left for a later loan: 1 row(s): kernel attention cudnn'
+    )
+    with pytest.raises(SystemExit, match='no rows of .A100'):
+        gpu_campaign.main(['--plan', 'A100', '--loan', 'kernels'])
