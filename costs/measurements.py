@@ -157,8 +157,8 @@ def collect_points(args):
 
 
 # The settings a results file records that change its throughput: runs at one GPU count are averaged into one row
-# only where they agree on these.
-AVERAGED_ALIKE = ('device_train_microbatch_size', 'compile', 'run_recipe', 'precision', 'batch_size')
+# only where they agree on these. Random tensors (use_synth_data) leave data loading out of what is measured.
+AVERAGED_ALIKE = ('device_train_microbatch_size', 'compile', 'run_recipe', 'precision', 'batch_size', 'use_synth_data')
 
 
 def refuse_averaging_other_settings(gpu: str, points: list) -> None:

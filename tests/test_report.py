@@ -916,13 +916,21 @@ def test_the_figure_draws_the_predictions_range_as_a_band(tmp_path):
 
 def test_runs_of_other_settings_at_one_gpu_count_are_not_averaged(tmp_path):
     """Two runs of one machine at microbatch 4 and 16 (37.0 and 98.3 img/s) made one row of 67.7, describing
-    neither; runs of one setting are still averaged."""
+    neither, and a run on random tensors was averaged with one on real data; runs of one setting are still
+    averaged."""
     mb4 = results_file(tmp_path / 'mb4.json', img_per_sec=37.0, config={'device_train_microbatch_size': 4})
     mb16 = results_file(tmp_path / 'mb16.json', img_per_sec=98.3, config={'device_train_microbatch_size': 16})
     with pytest.raises(
         report.ReportError, match=r'mb4.json, .*mb16.json: runs at 8 GPU\(s\) with other device_train_micro'
     ):
         run_report(tmp_path, [mb4, mb16])
+    # Random tensors leave data loading out: a run on them and one on real data are not averaged either.
+    real = results_file(tmp_path / 'real.json', img_per_sec=37.0, config={'use_synth_data': False})
+    synth = results_file(tmp_path / 'synth.json', img_per_sec=41.0, config={'use_synth_data': True})
+    with pytest.raises(
+        report.ReportError, match=r'real.json, .*synth.json: runs at 8 GPU\(s\) with other use_synth_data'
+    ):
+        run_report(tmp_path, [real, synth])
     again = results_file(tmp_path / 'again.json', img_per_sec=39.0, config={'device_train_microbatch_size': 4})
     ((_, rows, _, _),) = run_report(tmp_path, [mb4, again])
     (measured,) = [row for row in rows if row.kind == 'measured']
