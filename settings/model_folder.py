@@ -11,6 +11,7 @@ A folder's layout is checked first (resolve_model_dir); its configs are then rea
 take that description, not the path.
 """
 
+import difflib
 import functools
 import json
 import os
@@ -135,8 +136,11 @@ def download_from_hub(model_name: str) -> Path:
     """A hub id's configs and first weight file of each part, when the network is allowed (HF_HUB_OFFLINE unset)."""
     looks_like_hub_id = model_name.count('/') == 1 and not model_name.startswith(('.', '/', '~'))
     if not looks_like_hub_id:
+        close = difflib.get_close_matches(model_name, BUILTIN_MODELS, n=1, cutoff=0.75)
+        meant = f"; did you mean '{close[0]}'?" if close else ''
         raise ModelFolderError(
-            f'--model_name {model_name!r}: not a built-in model ({", ".join(BUILTIN_MODELS)}) and no such folder'
+            f'--model_name {model_name!r}: not a built-in model ({", ".join(BUILTIN_MODELS)}) and no such '
+            f'folder{meant}'
         )
     if os.environ.get('HF_HUB_OFFLINE', '0') not in ('0', '', 'false'):
         raise ModelFolderError(

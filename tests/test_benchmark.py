@@ -544,8 +544,10 @@ def test_xformers_installed_needs_a_gpu(monkeypatch):
 
 
 def test_unknown_model_and_missing_config_file(tmp_path):
-    with pytest.raises(ConfigError, match="--model_name 'sd3-huge': not a built-in model"):
+    with pytest.raises(ConfigError, match="--model_name 'sd3-huge': not a built-in model .* no such folder$"):
         resolve_model_dir('sd3-huge')
+    with pytest.raises(ConfigError, match="no such folder; did you mean 'sd2-base'\\?$"):
+        resolve_model_dir('sd2base')
     write_model_folder(tmp_path, skip='vae/config.json')
     with pytest.raises(ConfigError, match='missing config file.*vae/config.json'):
         resolve_model_dir(str(tmp_path))
