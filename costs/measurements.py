@@ -172,7 +172,8 @@ def refuse_averaging_other_settings(gpu: str, points: list) -> None:
             if len(values) > 1:
                 sources = ', '.join(p.source for p in runs)
                 raise ReportError(
-                    f'{gpu}: {sources}: runs at {count} GPU(s) with other {name} ({", ".join(sorted(values))}), '
+                    f'{gpu}: {sources}: runs at {count} {device_word(runs)}{"s" * (count != 1)} with other {name} '
+                    f'({", ".join(sorted(values))}), '
                     'which a table would average into one row; report one setting at a time (a microbatch curve: '
                     '--microbatch_curve FILE ...)'
                 )

@@ -153,7 +153,7 @@ def measured_throughputs(points, budget, models) -> tuple[dict, list[str]]:
     measured = {ph: {k: sum(v) / len(v) for k, v in by_phase.get(ph, {}).items()} for ph in phases}
     device = device_word(points)
     notes = [
-        f'{points[0].gpu}, {ph or points[0].image_size}px: {len(v)} runs at {k} {device}s averaged'
+        f'{points[0].gpu}, {ph or points[0].image_size}px: {len(v)} runs at {k} {device}{"s" * (k != 1)} averaged'
         for ph, d in by_phase.items()
         for k, v in d.items()
         if len(v) > 1
