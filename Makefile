@@ -111,6 +111,14 @@ gpu-wheels:
 	echo "$(GPU_WHEELS): $$(ls $(GPU_WHEELS) | wc -l) wheels, $$((bytes / 1048576)) MiB (at most 64 MiB)"; \
 	[ $$bytes -lt 67108864 ] || { echo "gpu-wheels: $(GPU_WHEELS) is over 64 MiB, more than it is meant to take" >&2; exit 1; }
 
+# The Spark route's lane (datapath/spark_convert.py, docs/data.md): pyspark and what it writes with
+# (requirements-spark.txt) added to $(VENV), then its tests in Spark's local mode, which need a Java runtime on the
+# machine (.ci/run installs Debian's default-jre-headless). Their file is not one `make test` collects.
+.PHONY: test-spark
+test-spark: install
+	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements-spark.txt
+	$(VENV)/bin/python -m pytest -n 0 tests/spark_lane.py
+
 # The second CPU lane, on today's stack rather than the pins (docs/install.md): a separate venv with the newest torch
 # from PyPI (a CUDA build, which loads its nvidia-* libraries even on a CPU, so pip installs them as usual) and
 # numpy, then requirements-current.txt with --no-deps, as on a machine with its own PyTorch, and the newest wandb.
