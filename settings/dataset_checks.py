@@ -135,12 +135,14 @@ def check_dataset(remote: str | None, local: str | None, retries: int = RETRIES,
 
     bucket, key = url.netloc, '/'.join(part for part in (url.path.strip('/'), 'index.json') if part)
     endpoint = os.environ.get('S3_ENDPOINT_URL') or 'AWS'
+    unsigned_note = ''  # said with every error once the bucket is read unsigned for want of credentials
     for unsigned in (False, True):
         client = s3_client(timeout, retries + 1, unsigned)
         try:
             index_size_within_bound(remote, client.head_object(Bucket=bucket, Key=key)['ContentLength'])
             return
         except NoCredentialsError:
+            unsigned_note = NO_CREDENTIALS
             continue  # a public bucket: Streaming also falls back to unsigned requests
         except ClientError as error:
             code = error.response.get('Error', {}).get('Code', '')
@@ -148,14 +150,23 @@ def check_dataset(remote: str | None, local: str | None, retries: int = RETRIES,
                 try:
                     client.head_bucket(Bucket=bucket)
                 except ClientError:
-                    raise DataError(f'{remote}: bucket {bucket!r} does not exist on {endpoint}')
+                    raise DataError(f'{remote}: bucket {bucket!r} does not exist on {endpoint}{unsigned_note}')
                 raise DataError(
                     f'{remote}: no index.json under this prefix on {endpoint} (wrong prefix? '
-                    'write shards with convert.py)'
+                    f'write shards with convert.py){unsigned_note}'
                 )
-            raise DataError(f'{remote}: {endpoint} refused access ({code}): check the credentials')
+            fix = unsigned_note or ': check the credentials'
+            raise DataError(f'{remote}: {endpoint} refused access ({code}){fix}')
         except BotoCoreError as error:
-            raise DataError(f'{remote}: cannot reach the S3 server {endpoint} after {retries + 1} attempts: {error}')
+            raise DataError(
+                f'{remote}: cannot reach the S3 server {endpoint} after {retries + 1} attempts: {error}{unsigned_note}'
+            )
+
+
+NO_CREDENTIALS = (
+    '; no AWS credentials were found, so it was read unsigned, as a public bucket is: for a private one set '
+    'AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE (~/.aws/credentials)'
+)
 
 
 # ------------------------------------------------------------------------------------- the index, untrusted

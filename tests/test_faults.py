@@ -27,6 +27,7 @@ from conftest import (
     TINY,
     fake_gpu,
     final_weights,
+    free_port,
     good_samples,
     jpeg,
     run_cli,
@@ -1023,3 +1024,22 @@ def test_a_job_stuck_holding_the_prefix_lock_is_named_not_waited_on_forever(tmp_
         os.close(waiter)
         if holder is not None:
             os.close(holder)
+
+
+@pytest.mark.parametrize('credentials', [False, True])
+def test_a_bucket_read_without_credentials_says_so_and_how_to_give_them(monkeypatch, tmp_path, credentials):
+    """No AWS credentials: the check falls back to unsigned requests, as Streaming does for a public bucket. Before,
+    a failure said only `cannot reach the S3 server ... after 1 attempts`, not that no credentials were found."""
+    for name in ('AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY', 'AWS_SESSION_TOKEN', 'AWS_PROFILE'):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv('AWS_SHARED_CREDENTIALS_FILE', str(tmp_path / 'none'))
+    monkeypatch.setenv('AWS_CONFIG_FILE', str(tmp_path / 'none'))
+    monkeypatch.setenv('AWS_EC2_METADATA_DISABLED', 'true')  # no instance role to ask for
+    if credentials:
+        monkeypatch.setenv('AWS_ACCESS_KEY_ID', 'testing')
+        monkeypatch.setenv('AWS_SECRET_ACCESS_KEY', 'testing')
+    monkeypatch.setenv('S3_ENDPOINT_URL', f'http://127.0.0.1:{free_port()}')  # claimed, and nothing listens there
+    with pytest.raises(DataError, match='^s3://bucket/mds: cannot reach the S3 server') as error:
+        dataset_checks.check_dataset('s3://bucket/mds', None, retries=0, timeout=2)
+    said = str(error.value).endswith(dataset_checks.NO_CREDENTIALS)
+    assert said != credentials and 'AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY' in dataset_checks.NO_CREDENTIALS
