@@ -173,6 +173,9 @@ def build_run_model(config: RunConfig) -> DiffusionModel:
     for line in use_kernels(config.speed, model):
         announce(line)
     announce(describe_model(config, model))
+    # Counted now, and kept (models.parts.counted_once): SpeedMonitor asks for a batch's FLOPs at each batch end,
+    # after the batch's time is taken, and the first ask, which counts them, landed in its first window.
+    model.flops_per_image(config.data.image_size, config.data.image_size)
     return model
 
 
@@ -437,6 +440,10 @@ def validation_results(trainer: Trainer) -> dict:
     return fields
 
 
+# Fewer rolling windows than this leave a median that a single slow batch moves: the throughput line says so.
+FEW_WINDOWS = 3
+
+
 def print_summary(results: Results, trained: int, resumed: bool) -> str:
     """Prints the results of a run that trained `trained` batches in this process; returns the first line, the
     throughput."""
@@ -455,7 +462,10 @@ def print_summary(results: Results, trained: int, resumed: bool) -> str:
         line += f', {results.flops_per_sec / 1e12:.3g} TFLOP/s'
     if results.mfu:
         line += f', MFU {100 * results.mfu:.1f}%'
-    throughput = line + f'; median of {results.throughput_windows} rolling windows'
+    windows = results.throughput_windows
+    throughput = line + f'; median of {windows} rolling window{"s" * (windows != 1)}'
+    if windows < FEW_WINDOWS:
+        throughput += ' (few: the figure varies from run to run; 20 batches or more give a steadier one)'
     print(throughput, flush=True)
     if results.peak_gpu_memory_gb is not None:
         line = (

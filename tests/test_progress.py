@@ -1,5 +1,6 @@
 """What a run prints: its configuration at the start, and the img/s of each progress line."""
 
+import re
 import types
 
 import pytest
@@ -155,3 +156,22 @@ def test_the_start_is_printed_before_composer_loads(tmp_path):
     lines = run.stdout.splitlines()
     assert lines.index('config (every field: --results_json):') < lines.index('-- composer starts loading')
     assert lines[0].startswith('defaults: ') and lines.count('config (every field: --results_json):') == 1
+
+
+def test_a_two_batch_runs_throughput_is_its_second_batchs_and_says_its_windows_are_few(capsys):
+    """The one window of a 2-batch run is its second batch, which the last progress line measures too. Before:
+    `83.30 img/s` on that line and `throughput: 9.56 img/s`, as the FLOP count SpeedMonitor asks for at the first
+    batch's end, made then, landed in the window."""
+    from conftest import TINY, settled
+
+    from runs.run import main
+
+    main(settled([*TINY, '--image_size', '32', '--batch_size', '8', '--max_duration', '2ba']))
+    out = capsys.readouterr().out
+    shown = float(re.search(r'^batch 2 of 2 \(100%\): loss [\d.]+, ([\d.]+) img/s', out, re.MULTILINE).group(1))
+    line = next(line for line in out.splitlines() if line.startswith('throughput: '))
+    measured = float(re.match(r'throughput: ([\d.]+) img/s', line).group(1))
+    assert measured == pytest.approx(shown, rel=0.25), out
+    assert line.endswith(
+        'median of 1 rolling window (few: the figure varies from run to run; 20 batches or more give a steadier one)'
+    )
