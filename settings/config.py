@@ -486,6 +486,13 @@ def settled_batches(
             f'{location}: {samples_per_device} samples per device, fewer than one device '
             f'batch ({device_batch}): use a larger dataset or a smaller --batch_size'
         )
+    left_out = samples_per_device - batches_per_epoch * device_batch
+    if num_batches is None and left_out:
+        notes.append(
+            f'--max_duration {flags.max_duration}: an epoch of {location} is {batches_per_epoch} batch(es) of '
+            f'{device_batch} per device: {left_out} of its {samples_per_device} samples per device are left out of '
+            'each epoch (the loader drops a partial batch; shuffled, other samples each epoch)'
+        )
     return num_batches if num_batches is not None else duration.value * batches_per_epoch
 
 

@@ -1043,3 +1043,18 @@ def test_a_bucket_read_without_credentials_says_so_and_how_to_give_them(monkeypa
         dataset_checks.check_dataset('s3://bucket/mds', None, retries=0, timeout=2)
     said = str(error.value).endswith(dataset_checks.NO_CREDENTIALS)
     assert said != credentials and 'AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY' in dataset_checks.NO_CREDENTIALS
+
+
+def test_an_epoch_that_drops_a_partial_batch_says_how_many_samples_it_leaves_out(tmp_path):
+    """21 samples in batches of 8: an epoch is 2 batches, and 5 samples are not trained on in it; it used to pass
+    without a word. An epoch of whole batches says nothing."""
+    data = write_dataset(tmp_path / 'mds', good_samples(21), size_limit=1 << 14)
+    run = ['--model_name', 'tiny', '--image_size', '32', '--local', data, '--max_duration', '1ep']
+    dropped = settled([*run, '--batch_size', '8'])
+    assert dropped.batch.num_batches == 2
+    assert (
+        f'--max_duration 1ep: an epoch of {data} is 2 batch(es) of 8 per device: 5 of its 21 samples per device are '
+        'left out of each epoch (the loader drops a partial batch; shuffled, other samples each epoch)' in dropped.notes
+    )
+    whole = settled([*run, '--batch_size', '7'])
+    assert whole.batch.num_batches == 3 and not any('left out of each epoch' in note for note in whole.notes)
