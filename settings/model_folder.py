@@ -139,8 +139,7 @@ def download_from_hub(model_name: str) -> Path:
         close = difflib.get_close_matches(model_name, BUILTIN_MODELS, n=1, cutoff=0.75)
         meant = f"; did you mean '{close[0]}'?" if close else ''
         raise ModelFolderError(
-            f'--model_name {model_name!r}: not a built-in model ({", ".join(BUILTIN_MODELS)}) and no such '
-            f'folder{meant}'
+            f'--model_name {model_name!r}: not a built-in model ({", ".join(BUILTIN_MODELS)}) and no such folder{meant}'
         )
     if os.environ.get('HF_HUB_OFFLINE', '0') not in ('0', '', 'false'):
         raise ModelFolderError(
