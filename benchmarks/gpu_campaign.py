@@ -410,7 +410,10 @@ def row_seconds(row: dict, expected: dict[str, float], compiled: set[str]) -> fl
         return 0.0
     if row['cost'] not in ('compile', 'profile'):  # a transformer's blocks: a compile of their own each
         return expected[row['cost']]
-    seconds = expected['cached'] if row['graph'] in compiled else expected['compile']
+    if 'graph' not in row:  # an eager profile (a CPU's)
+        seconds = expected['eager']
+    else:
+        seconds = expected['cached'] if row['graph'] in compiled else expected['compile']
     return seconds + (expected['profile_extra'] if row['cost'] == 'profile' else 0)
 
 

@@ -37,8 +37,12 @@ if ! python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else
     exit 2
 fi
 
+# The machine's copy has no .git: each row's results file names the commit given in BENCHMARK_GIT_COMMIT.
+[ -n "${BENCHMARK_GIT_COMMIT:-}" ] || [ -d .git ] \
+    || echo 'gpu_headline: BENCHMARK_GIT_COMMIT unset and no .git here: the rows will name no commit' >&2
 {
     date -u +%FT%TZ
+    echo "commit ${BENCHMARK_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv 2>&1 || echo 'no nvidia-smi'
     python3 - <<'PY' 2>&1
 import importlib.metadata, platform, torch
