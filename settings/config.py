@@ -311,6 +311,13 @@ def settle_data(
     check_data_flags(flags)
     if flags.tokenizer is not None:  # it loads, and gives the ids of the model's text encoders
         check_tokenizer(flags.tokenizer, model.caption_inputs)
+    own = Path(model.model_dir) / 'tokenizer'
+    reads_captions = not (flags.use_synth_data or flags.precomputed_latents or model.caption_inputs.uses_t5)
+    if flags.tokenizer is None and reads_captions and own.is_dir():
+        notes.append(
+            f"tokenizer: the built-in CLIP tokenizer (CLIP's ids), not the model folder's {own}, which is read only "
+            f'when given: --tokenizer {own}'
+        )
     cpu_threads, cpu_threads_given = flags.cpu_threads, flags.cpu_threads is not None
     if cpu_threads is None and gpu is None:
         cpu_threads, cpu_threads_given, why = hardware.cpu_threads()

@@ -467,6 +467,18 @@ def test_cpu_defaults_to_the_tiny_preset_and_says_so():
     assert any("using 'tiny'" in note for note in args.notes)  # main() prints the notes first
 
 
+def test_a_model_folders_own_tokenizer_is_named_where_the_builtin_one_is_used(tmp_path):
+    """A model folder with its tokenizer/: the run took the built-in CLIP tokenizer without a word (the run
+    description said "tokenizer": null). The start lines say which one, and how to use the folder's."""
+    folder = tmp_path / 'model'
+    write_model_folder(folder, skip=None)
+    (folder / 'tokenizer').mkdir()
+    run = ['--model_name', str(folder), '--image_size', '32']
+    said = f"tokenizer: the built-in CLIP tokenizer (CLIP's ids), not the model folder's {folder / 'tokenizer'}"
+    assert any(note.startswith(said) for note in settled(run).notes)
+    assert not any(note.startswith('tokenizer:') for note in settled([*run, '--use_synth_data']).notes)
+
+
 def write_model_folder(root, skip):
     for name in model_folder.CONFIG_FILES:
         if name != skip:
