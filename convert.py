@@ -36,12 +36,10 @@ from datapath.convert_inputs import (  # noqa: F401  STAGING, split_name and wri
     Reading,
     expand_inputs,
     parquet_layouts,
-    piece_samples,
     pieces_of,
-    shares_of,
     split_name,
 )
-from datapath.convert_workers import ConversionStopped, write_in_workers
+from datapath.convert_workers import ConversionStopped, write_pieces
 from datapath.mds_output import (  # noqa: F401
     SKIPPED_NAMED,
     STAGING,
@@ -93,16 +91,8 @@ def convert(
         raise ConvertError(
             f'{", ".join(inputs)}: no .tar files, and no image files ({extensions}) at any depth; nothing written'
         )
-    rows = [piece.rows for piece in pieces]
-    total = None if None in rows else sum(rows)
     validation = validation_fraction > 0 or any(source.held_out for source in sources)
-    shares = shares_of(pieces, workers)
-    if len(shares) > 1:
-        import streaming  # noqa: F401  imported once here, before the workers fork: none imports it again
-
-        return write_in_workers(shares, reading, out, overwrite, size_limit, total, progress, validation)
-    samples = (sample for piece in pieces for sample in piece_samples(piece, reading))
-    return write_mds(samples, out, overwrite, size_limit, total, progress, validation=validation)
+    return write_pieces(pieces, reading, out, overwrite, size_limit, progress, validation, workers)
 
 
 # --------------------------------------------------------------------------------------------- main

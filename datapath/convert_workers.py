@@ -18,8 +18,8 @@ from multiprocessing.connection import wait
 
 from tqdm import tqdm
 
-from datapath.convert_inputs import Piece, Reading, piece_samples
-from datapath.mds_output import SKIPPED_NAMED, VALIDATION_SPLIT, staged, write_part
+from datapath.convert_inputs import Piece, Reading, piece_samples, shares_of
+from datapath.mds_output import SKIPPED_NAMED, VALIDATION_SPLIT, staged, write_mds, write_part
 from guards.outputs import one_line
 from guards.stopping import leave_signals_to_parent
 from settings.dataset_checks import is_remote
@@ -92,6 +92,20 @@ def died(index: int, processes: list) -> str:
     code = process.exitcode
     how = f'was killed by {signal.Signals(-code).name}' if code and code < 0 else f'ended with exit status {code}'
     return f'conversion worker {index + 1} of {len(processes)} (pid {process.pid}) {how} before it was done'
+
+
+def write_pieces(pieces, reading, out, overwrite=False, size_limit=1 << 26, progress=True, validation=False, workers=1):
+    """The pieces of the inputs as one MDS dataset (and its split), by `workers` processes, or by this one where
+    there is one share: its shards then lie in `out` itself."""
+    rows = [piece.rows for piece in pieces]
+    total = None if None in rows else sum(rows)
+    shares = shares_of(pieces, workers)
+    if len(shares) > 1:
+        import streaming  # noqa: F401  imported once here, before the workers fork: none imports it again
+
+        return write_in_workers(shares, reading, out, overwrite, size_limit, total, progress, validation)
+    samples = (sample for piece in pieces for sample in piece_samples(piece, reading))
+    return write_mds(samples, out, overwrite, size_limit, total, progress, validation=validation)
 
 
 def write_in_workers(shares, reading: Reading, out, overwrite, size_limit, total, progress, validation) -> dict:
