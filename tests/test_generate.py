@@ -66,6 +66,12 @@ def test_a_checkpoint_alone_draws_with_its_runs_model_prediction_type_and_tokeni
     given = draw(checkpoint, tmp_path / 'given', *flags)
     assert "from the checkpoint's run" not in capfd.readouterr().out  # all given: nothing taken, nothing differs
     assert torch.equal(alone, given)
+    # The checkpoint's trained weights draw them: the same checkpoint with its UNet's last layer zeroed draws others.
+    saved = torch.load(checkpoint, map_location='cpu', weights_only=False)
+    saved['state']['model']['unet.conv_out.weight'].zero_()
+    torch.save(saved, tmp_path / 'changed.pt')
+    assert not torch.equal(draw(tmp_path / 'changed.pt', tmp_path / 'changed'), alone)
+    capfd.readouterr()
     # A flag given is used, with a line saying that it differs from the run's.
     epsilon = draw(checkpoint, tmp_path / 'epsilon', '--prediction_type', 'epsilon')
     lines = capfd.readouterr().out.splitlines()
