@@ -57,7 +57,7 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from benchmarks.campaign_rows import LOANS, PYTHON, REPO, STEPS, Campaign, slug
+from benchmarks.campaign_rows import CHECKED_BY, LOANS, PYTHON, REPO, STEPS, Campaign, slug
 from benchmarks.compile_cache import COMPILE_CACHE_FILE, keep_compile_cache, use_compile_cache
 from costs.results import Results
 
@@ -96,6 +96,7 @@ CALL_SECONDS = {True: 9 * 60, False: 3.5 * 60}
 LOG_TAIL_BYTES = 64 << 10  # of each row's output, in logs.tar.gz: a traceback's end, not megabytes of warnings
 clock = time.perf_counter  # the rehearsal's fake clock replaces it
 LENT_GPU = 'NVIDIA H200 torch 2.11.0'  # the kind lent here (benchmarks/measured/2026-11-26-h200)
+CHECKS = tuple(CHECKED_BY.values())  # the checks row's fields (campaign_probes.py checks)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -347,6 +348,8 @@ def cells(key: str, row: dict) -> tuple:
         note = f'{row["device"]}; matmul {matmul}, copy {row["copy_gb_s"]:.0f} GB/s'
     if 'tflops' in row:
         note = f'{row["tflops"]:.1f} TFLOP/s, {row["seconds_per_image"] * 1e3:.1f} ms per image'
+    if checked := [name for name in CHECKS if isinstance(row.get(name), dict)]:
+        note = '; '.join(check_note(name, row[name]) for name in checked)
     allocated, reserved = row.get('peak_gpu_memory_gb'), row.get('peak_gpu_memory_reserved_gb')
     memory = f'{allocated:.1f}' if allocated else ''
     memory += f' / {reserved:.1f}' if reserved else ''
@@ -374,6 +377,15 @@ def recorded_rows(measured: Path = MEASURED) -> dict[str, dict]:
         for key, row in landed['rows'].items():
             rows.setdefault(key, {**row, 'landed': state_file.parent.name})
     return machines
+
+
+def check_note(name: str, check: dict) -> str:
+    """'fp8 passed (0.0012 within 0.05)', 'fused_groupnorm FAILED (0.3 over 0.01)', or why it was skipped."""
+    if 'skipped' in check:
+        return f'{name} skipped: {check["skipped"]}'
+    if check['passed']:
+        return f'{name} passed ({check["error"]:.2g} within {check["bound"]:g})'
+    return f'{name} FAILED ({check["error"]:.2g} over {check["bound"]:g})'
 
 
 def estimates(rows: dict, on_gpu: bool, recorded: dict[str, dict] | None = None) -> dict[str, float]:

@@ -212,6 +212,8 @@ def test_a_kernel_that_fails_its_check_is_not_measured_for_speed(tmp_path, monke
     assert rows['kernel fused_groupnorm']['skipped'] == (
         'fused_groupnorm failed its correctness check (error 0.3, bound 0.01)'
     )
+    table = (tmp_path / 'out' / 'campaign.md').read_text()
+    assert 'fused_groupnorm FAILED (0.3 over 0.01); attention_cudnn passed (0.004 within 0.01); fp8 skipped: ' in table
     # Without a check on this machine, a checked path waits for one rather than being measured unchecked.
     fake.ran.clear()
     state = gpu_campaign.main([*argv, '--out', str(tmp_path / 'out2'), '--steps', 'transformers'])
