@@ -353,8 +353,21 @@ def test_learning_curve_plots_runs_and_names_a_file_without_one(tmp_path, capsys
     plain = results('plain', [[0, 1.1], [800, 0.6], [1600, 0.5]], [[0, 1.1], [800, 0.8], [1600, 0.6]])
     fast = results('fast', [[0, 1.1], [800, 0.62], [1600, 0.52]])
     out = tmp_path / 'curve.png'
-    assert learning_curve.main([plain, fast, '--out', str(out)]) == 0
-    assert out.stat().st_size > 10_000
+    import matplotlib.pyplot as plt
+
+    drawn, close = [], plt.close
+    with pytest.MonkeyPatch.context() as patch:  # each figure kept as it is closed, to read what it draws
+        patch.setattr(plt, 'close', lambda figure: (drawn.append(figure), close(figure)))
+        assert learning_curve.main([plain, fast, '--out', str(out)]) == 0
+    lines = {line.get_label(): line for line in drawn[0].axes[0].get_lines()}
+    assert sorted(lines) == ['fast', 'plain', 'plain (EMA weights)']
+    for label, curve in (
+        ('plain', [[0, 1.1], [800, 0.6], [1600, 0.5]]),
+        ('fast', [[0, 1.1], [800, 0.62], [1600, 0.52]]),
+    ):
+        assert [list(point) for point in zip(lines[label].get_xdata(), lines[label].get_ydata())] == curve
+    assert list(lines['plain (EMA weights)'].get_ydata()) == [1.1, 0.8, 0.6]
+    assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     assert '| plain | 1600 | 1.1000 | 0.5000 | 0.6000 |' in capsys.readouterr().out
     assert learning_curve.main([plain, results('none', None)]) == 2
     assert 'none.json: no validation loss in it' in capsys.readouterr().err
