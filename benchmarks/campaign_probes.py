@@ -141,11 +141,16 @@ def check_fp8(device: torch.device) -> dict:
 
 
 def checks() -> dict:
-    device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    """The checks, with the stack they ran on (the loan's first row: no environment row before it)."""
+    on_gpu = torch.cuda.is_available()
+    device = torch.device('cuda' if on_gpu else 'cpu')
     return {
         'fused_groupnorm': check_fused_groupnorm(device),
         'attention_cudnn': check_attention_cudnn(device),
         'fp8': check_fp8(device),
+        'driver': torch.cuda.driver_version() if on_gpu and hasattr(torch.cuda, 'driver_version') else None,
+        'cuda': torch.version.cuda,
+        'cudnn': torch.backends.cudnn.version() if on_gpu else None,
     }
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # Each row's process runs this interpreter with the same site setting (a rehearsal runs `python -S`).
 PYTHON = [sys.executable, *(['-S'] if sys.flags.no_site else [])]
-# In the order of their value per GPU minute (docs/speed.md, "Loans"). A loan's first rows are the environment and
-# the correctness checks: a kernel or fp8 path that fails its check is not measured for speed.
+# In the order of their value per GPU minute (docs/speed.md, "Loans"). A loan's first row is the correctness checks
+# (a kernel or fp8 path that fails its check is not measured for speed), then the environment.
 STEPS = (
-    'environment',
     'checks',
+    'environment',
     'headline',
     'channels_last',
     'profile',
@@ -31,9 +31,9 @@ STEPS = (
 # (tests/test_gpu_campaign.py holds each plan to it). Measured already on 2026-11-26: the headline rows on an H100
 # and an H200, channels-last compiled at microbatch 64 on the H200, the eager microbatch curve (16, 32, 64).
 LOANS = {
-    'kernels': ('environment', 'checks', 'channels_last', 'profile', 'kernels'),
-    'sweep': ('environment', 'checks', 'kernels', 'sweep', 'transformers'),
-    'transformers': ('environment', 'checks', 'transformers'),
+    'kernels': ('checks', 'environment', 'channels_last', 'profile', 'kernels'),
+    'sweep': ('checks', 'environment', 'kernels', 'sweep', 'transformers'),
+    'transformers': ('checks', 'environment', 'transformers'),
     'paths': ('environment', 'paths'),
 }
 # The headline recipe: the fast recipe from precomputed latents, compiled on a GPU (on a CPU, the rehearsal's tiny

@@ -11,9 +11,9 @@ benchmark row past the headline is the README's headline recipe, the fast recipe
 at the planned microbatch, changed in the one thing it measures; each step stands alone (a row that needs the
 fastest microbatch takes the memory plan's where the sweep has not measured one, and says so):
 
-1. environment: the GPU, driver and versions; a bf16 matrix multiply's and a copy's measured ceilings;
-2. checks: the fused GroupNorm+SiLU, cuDNN attention and fp8 against their references (campaign_probes.py): a path
+1. checks: the fused GroupNorm+SiLU, cuDNN attention and fp8 against their references (campaign_probes.py): a path
    that fails its check is not measured for speed;
+2. environment: the GPU, driver and versions; a bf16 matrix multiply's and a copy's measured ceilings;
 3. headline: SD2 base at 512px with the fast recipe at the planned microbatch, from precomputed latents and with
    the encoders online, eager, beside the published recipe at microbatch 4; then the two fast rows with --compile;
 4. channels_last: the headline recipe, and the same with --channels_last (the A/B);

@@ -110,8 +110,8 @@ class FakeGpu:
             (kernel / 'kernel.cubin').write_bytes(bytes(1 << 20))
             (kernel / 'kernel.ptx').write_bytes(bytes(4 << 20))  # not reloaded: not packed
         if row['key'] == 'checks':
-            return {'seconds': seconds, 'status': 0, **self.checks}
-        if row['kind'] == 'probe':
+            return {'seconds': seconds, 'status': 0, 'driver': '580.159.04', 'cuda': '13.0', **self.checks}
+        if row['kind'] == 'probe':  # the checks' and the environment's stack
             return {'seconds': seconds, 'status': 0, 'device': 'NVIDIA H200', 'driver': '580.159.04', 'cuda': '13.0'}
         return {'seconds': seconds, 'status': 0, 'img_per_sec_per_device': 100.0, 'results': self.results}
 
@@ -157,8 +157,8 @@ def test_two_loans_of_15_minutes_rehearsed_on_a_fake_clock(tmp_path, monkeypatch
     assert f'compile cache: {packed} unpacked' in second
     assert first_seconds + second_seconds <= gpu_campaign.LOAN_ROW_SECONDS
     assert fake.ran == [
-        'environment',
         'checks',
+        'environment',
         'headline recipe (A)',
         'profile of the headline recipe',
         'kernel cudnn_benchmark',
