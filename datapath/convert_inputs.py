@@ -107,7 +107,7 @@ def tar_samples(path: Path):
 # (`data/train-00000-of-00004.parquet`): the training set, and the validation split, `validation` where there is
 # one, else `test`.
 TRAINING_SPLIT, HELD_OUT_SPLITS = 'train', ('validation', 'test')
-FOLDER_SLICE = 256  # images of a folder shared out to one worker at a time
+FOLDER_SLICE = 64  # images of a folder in one piece: small enough that N workers get about equal shares
 
 
 @dataclass
