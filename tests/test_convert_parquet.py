@@ -7,20 +7,26 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from conftest import REPO, jpeg
 from test_convert import read_mds
 
 import convert
 
-IMAGE = pa.struct([('bytes', pa.binary()), ('path', pa.string())])
+
+def arrow():
+    """pyarrow, imported by the tests that run (requirements-data.txt): a lane whose environment has not it, which
+    runs none of them, still collects this file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pa, pq
 
 
 def write_hugging_face_parquet(path: Path, first: int, n: int, row_group_size: int = 3) -> list[tuple[bytes, str]]:
     """n rows of `image` {bytes, path} and `text`, one of them not an image and one without a caption; returns the
     (bytes, caption) that should be written, in order."""
+    pa, pq = arrow()
     images, texts, expected = [], [], []
     for i in range(first, first + n):
         image = b'<html>404</html>' if i == first + 1 else jpeg(i, (24, 16))
@@ -30,13 +36,19 @@ def write_hugging_face_parquet(path: Path, first: int, n: int, row_group_size: i
         if i not in (first + 1, first + 2):
             expected.append((image, text.strip()))
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.table({'image': pa.array(images, IMAGE), 'text': pa.array(texts, pa.string())})
+    table = pa.table(
+        {
+            'image': pa.array(images, pa.struct([('bytes', pa.binary()), ('path', pa.string())])),
+            'text': pa.array(texts, pa.string()),
+        }
+    )
     pq.write_table(table, path, row_group_size=row_group_size)
     return expected
 
 
 @pytest.mark.parametrize('workers', [1, 2])
 def test_hugging_face_parquet_with_an_undecodable_row_skipped(tmp_path, workers):
+    _, pq = arrow()
     expected = write_hugging_face_parquet(tmp_path / 'data.parquet', 0, 10)
     assert pq.ParquetFile(tmp_path / 'data.parquet').metadata.num_row_groups == 4  # read one at a time
     stats = convert.convert([str(tmp_path / 'data.parquet')], str(tmp_path / 'out'), progress=False, workers=workers)
@@ -49,6 +61,7 @@ def test_hugging_face_parquet_with_an_undecodable_row_skipped(tmp_path, workers)
 
 
 def test_img2dataset_parquet_of_jpg_bytes(tmp_path):
+    pa, pq = arrow()
     rows = {
         'key': ['000000000', '000000001'],
         'url': ['http://a', 'http://b'],
@@ -63,6 +76,7 @@ def test_img2dataset_parquet_of_jpg_bytes(tmp_path):
 
 
 def test_a_parquet_file_of_other_columns_is_refused_in_one_line_listing_them(tmp_path):
+    pa, pq = arrow()
     pq.write_table(pa.table({'url': ['http://a'], 'width': [64]}), tmp_path / 'links.parquet')
     run = subprocess.run(
         [sys.executable, str(REPO / 'convert.py'), str(tmp_path / 'links.parquet'), str(tmp_path / 'out')],

@@ -61,6 +61,14 @@ def test_workers_write_the_samples_one_process_writes(tmp_path, small_slices, wo
     assert not (tmp_path / 'many' / convert.STAGING).exists()
 
 
+@pytest.mark.parametrize('workers', ['0', '-2'])
+def test_fewer_than_one_worker_is_refused(tmp_path, workers):
+    photos = write_folder(tmp_path / 'photos', 2)
+    with pytest.raises(convert.ConvertError, match=rf'^--workers {workers}: the number of processes converting'):
+        convert.main([str(photos), str(tmp_path / 'out'), '--workers', workers])
+    assert not (tmp_path / 'out').exists()
+
+
 def test_tars_shared_out_give_the_samples_of_one_process(tmp_path):
     laion = tmp_path / 'laion'
     laion.mkdir()
@@ -143,3 +151,27 @@ def test_training_and_precompute_read_what_the_workers_wrote(tmp_path, small_sli
     assert sorted(i for batch in record.batches for i in batch) == list(range(18))
     latents = ['--local', str(out), '--out', str(tmp_path / 'latents'), '--model_name', 'tiny', '--image_size', '32']
     assert precompute.main(latents)['encoded'] == 18
+
+
+@pytest.mark.slow
+def test_workers_upload_their_parts_and_one_merged_index_to_s3(s3, tmp_path, small_slices):
+    import boto3
+    from streaming import StreamingDataset
+
+    photos = write_folder(tmp_path / 'photos', 30)
+    remote = 's3://bucket/workers/mds'
+    stats = convert.convert([str(photos)], remote, progress=False, workers=2, validation_fraction=0.5)
+    one = convert.convert([str(photos)], str(tmp_path / 'one'), progress=False, validation_fraction=0.5)
+    assert (stats['written'], stats['held_out']) == (one['written'], one['held_out']) and one['held_out'], one
+    keys = {item['Key'] for item in boto3.client('s3', endpoint_url=s3).list_objects_v2(Bucket='bucket')['Contents']}
+    assert {'workers/mds/index.json', 'workers/mds/validation/index.json', 'workers/mds/part-00000/index.json'} <= keys
+    assert 'workers/mds/part-00001/shard.00000.mds' in keys
+
+    def samples(remote_folder: str, local: Path) -> list:
+        dataset = StreamingDataset(remote=remote_folder, local=str(local), batch_size=1, shuffle=False)
+        return [(dataset[i]['jpg'], dataset[i]['caption']) for i in range(dataset.num_samples)]
+
+    assert samples(remote, tmp_path / 'cache') == read_mds(tmp_path / 'one')
+    assert samples(f'{remote}/validation', tmp_path / 'split-cache') == read_mds(tmp_path / 'one' / 'validation')
+    with pytest.raises(convert.ConvertError, match='is not empty; pass --overwrite'):
+        convert.convert([str(photos)], remote, progress=False, workers=2)
