@@ -206,13 +206,15 @@ def stopped_line(signum: int, out: str) -> str:
 
 
 def describe_written(stats: dict, validation_fraction: float) -> str:
-    """The summary's count of samples, and where the held-out split is when one was asked for."""
+    """The summary's count of samples, and where the held-out split is when one was asked for or the input had
+    its own (a Hugging Face validation split)."""
     out = stats['out']
-    if not validation_fraction:
+    if not validation_fraction and not stats['held_out']:
         return f'wrote {stats["written"]} samples in {stats["shards"]} shard(s) to {out}'
     split = f'{out.rstrip("/")}/{VALIDATION_SPLIT}'
+    why = share_held_out(stats, validation_fraction) if validation_fraction else ", the input's own split"
     held_out = (
-        f'{stats["held_out"]} held out for validation in {split}{share_held_out(stats, validation_fraction)}'
+        f'{stats["held_out"]} held out for validation in {split}{why}'
         if stats['held_out']
         else f'none held out for validation (too few images for --validation_fraction {validation_fraction})'
     )

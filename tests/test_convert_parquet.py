@@ -118,11 +118,19 @@ def write_image_folder(folder: Path, first: int, n: int) -> list[tuple[bytes, st
 
 
 @pytest.mark.parametrize('held_out', ['validation', 'test'])
-def test_split_image_folders_keep_the_validation_images_out_of_training(tmp_path, held_out):
+def test_split_image_folders_keep_the_validation_images_out_of_training(tmp_path, held_out, capsys):
     training = write_image_folder(tmp_path / 'mydata' / 'train', 0, 24)
     validation = write_image_folder(tmp_path / 'mydata' / held_out, 100, 12)
     stats = convert.main([str(tmp_path / 'mydata'), str(tmp_path / 'out')])
     assert (stats['written'], stats['held_out']) == (24, 12)
+    assert (
+        capsys.readouterr()
+        .out.splitlines()[-1]
+        .startswith(
+            f'wrote 24 training samples in 1 shard(s) to {tmp_path}/out, 12 held out for validation in '
+            f"{tmp_path}/out/validation, the input's own split, in "
+        )
+    )
     assert read_mds(tmp_path / 'out') == training
     assert read_mds(tmp_path / 'out' / 'validation') == validation
     refused = rf'--validation_fraction 0.2: the input has its own {held_out} split .*; leave the flag out'
