@@ -38,6 +38,7 @@ from datapath.convert_inputs import (  # noqa: F401  STAGING, split_name and wri
     parquet_layouts,
     pieces_of,
     split_name,
+    split_position,
 )
 from datapath.convert_workers import ConversionStopped, write_pieces
 from datapath.mds_output import (  # noqa: F401

@@ -23,6 +23,7 @@ from conftest import REPO, TINY, free_port, good_samples, jpeg, settled, start_j
 
 import convert
 import precompute
+from datapath import convert_inputs
 from guards.stopping import Stopped, quiet_loader_worker, without_hangups_of_a_stopped_parent
 from guards.writer_lock import LOCK_FILE
 from runs import precomputing
@@ -538,7 +539,7 @@ def test_convert_stopped_by_a_signal_leaves_the_output_as_it_was(tmp_path, monke
     handler = signal.getsignal(signal.SIGTERM)
     convert.main([str(photos), str(earlier)])
     before = listing(earlier)
-    samples = convert.folder_samples
+    samples = convert_inputs.folder_samples
 
     def samples_then_sigterm(*args, **kwargs):
         for number, sample in enumerate(samples(*args, **kwargs)):
@@ -546,7 +547,7 @@ def test_convert_stopped_by_a_signal_leaves_the_output_as_it_was(tmp_path, monke
                 os.kill(os.getpid(), signal.SIGTERM)  # scancel, with shards of this conversion staged
             yield sample
 
-    monkeypatch.setattr(convert, 'folder_samples', samples_then_sigterm)
+    monkeypatch.setattr(convert_inputs, 'folder_samples', samples_then_sigterm)
     for out in (earlier, tmp_path / 'new'):
         with pytest.raises(Stopped) as stopped:
             convert.main([str(photos), str(out), '--overwrite', '--size_limit', '1kb'])
@@ -576,7 +577,7 @@ def test_convert_stopped_by_ctrl_c_ends_in_one_line(tmp_path):
     photos = photo_folder(tmp_path / 'photos', 200)
     out = tmp_path / 'out'
     run = start_job([sys.executable, '-c', SLOW_CONVERT, str(photos), str(out), '--size_limit', '1kb'], REPO)
-    wait_until(lambda: any((out / convert.STAGING).glob('*.mds')), 60, 'shards staged')
+    wait_until(lambda: any((out / convert.STAGING).rglob('*.mds')), 60, 'shards staged')  # in a worker's part-NNNNN
     os.killpg(run.pid, signal.SIGINT)
     _, err = run.communicate(timeout=60)
     assert run.returncode == 130, err[-3000:]
