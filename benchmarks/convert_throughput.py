@@ -74,14 +74,17 @@ def main(argv=None) -> None:
     def convert_folder(folder: Path, out: Path, workers: int) -> float:
         sources = expand_inputs([str(folder)])
         reading = Reading(False, {source.path: metadata_captions(source.path) for source in sources}, {}, 0.0)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), cpu_seconds()
         stats = write_pieces(pieces_of(sources), reading, str(out), overwrite=True, progress=False, workers=workers)
         seconds = time.perf_counter() - start
         assert stats['written'] == args.images, stats
+        cpu_per_image.setdefault((folder.name, workers), []).append((cpu_seconds() - cpu) / args.images)
         return seconds
 
-    print('| size | workers | img/s | MB/s | img/s per worker | scaling (vs N x 1 worker) |')
-    print('|---|---|---|---|---|---|')
+    cpu_per_image = {}
+
+    print('| size | workers | img/s | MB/s | img/s per worker | scaling (vs N x 1 worker) | CPU ms / image |')
+    print('|---|---|---|---|---|---|---|')
     folders = {}
     for size in args.sizes:
         folder = scratch / f'{size[0]}x{size[1]}'
@@ -96,7 +99,8 @@ def main(argv=None) -> None:
             rate = args.images / statistics.median(seconds)
             print(
                 f'| {size[0]}x{size[1]} ({megabytes / args.images * 1000:.0f} kB) | {workers} | {rate:.0f} | '
-                f'{rate * megabytes / args.images:.1f} | {rate / workers:.0f} | {rate / (workers * one):.2f} |'
+                f'{rate * megabytes / args.images:.1f} | {rate / workers:.0f} | {rate / (workers * one):.2f} | '
+                f'{statistics.median(cpu_per_image[folder.name, workers]) * 1e3:.2f} |'
             )
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     itself = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -113,6 +117,13 @@ def main(argv=None) -> None:
         else:
             spark_rate(spark_convert, scratch, folders[args.sizes[0]], cores)
     check_two_workers(folders[args.sizes[0]][0], scratch, args, convert_folder)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its ended children (the workers): with the same per image for N workers as
+    for one, a scaling below N is the machine's other load, not the workers' overhead."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def where_time_goes(folder: Path, args, usable_sample, shard_hash) -> None:
