@@ -34,7 +34,9 @@ from torch.utils.data import default_collate
 from benchmarks.launch_counts import step_ops
 from costs.results import cpu_name, package_versions
 from data import SyntheticLatentsDataset
+from models import fused_groupnorm
 from models.diffusion_transformer import convert_to_float8
+from models.groupnorm_silu_kernels import triton_available
 from models.stable_diffusion import build_model
 from settings.model_folder import LATENT_DOWNSAMPLE, resolve_model_dir
 
@@ -95,9 +97,6 @@ def verdict(error: float, bound: float) -> dict:
 def check_fused_groupnorm(device: torch.device) -> dict:
     """The fused GroupNorm+SiLU's Triton kernels against PyTorch's GroupNorm and SiLU in float64, bf16 inputs at
     SD2's widths, fresh random data, channels-last as the UNet's activations can be."""
-    from models import fused_groupnorm
-    from models.groupnorm_silu_kernels import triton_available
-
     if not triton_available(device):
         return {'skipped': 'no Triton kernels on this device'}
     x = torch.randn(4, 320, 32, 32, device=device, dtype=torch.bfloat16).to(memory_format=torch.channels_last)

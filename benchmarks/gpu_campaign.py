@@ -43,26 +43,28 @@ GPU-only ones skipped), which checks the campaign, not the hardware.
 """
 
 import argparse
-import datetime
-import io
 import json
 import os
-import re
-import shlex
 import statistics
 import subprocess
-import tarfile
 import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from benchmarks.campaign_rows import CHECKED_BY, LOANS, PYTHON, REPO, STEPS, Campaign, slug
+from benchmarks.campaign_record import (
+    MEASURED,
+    git_commit,
+    land,
+    provenance,
+    table,
+    write_folder,
+)
+from benchmarks.campaign_rows import LOANS, PYTHON, REPO, STEPS, Campaign, slug
 from benchmarks.compile_cache import COMPILE_CACHE_FILE, keep_compile_cache, use_compile_cache
 from costs.results import Results
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
-MEASURED = REPO / 'benchmarks' / 'measured'  # the committed folders: recorded figures, and rows measured already
 # Seconds a row of each kind takes from start to exit where benchmarks/measured/ records none: a GPU's (True) and a
 # CPU's (False). 'cached': a compiled row whose graph an earlier row compiled; 'profile_extra': the profiler's own.
 ESTIMATES = {
@@ -93,10 +95,8 @@ ESTIMATES = {
 LOAN_ROW_SECONDS = 13 * 60
 # A call: at most 10 minutes, its copies in them; the second call of a loan starts at once, the machine still warm.
 CALL_SECONDS = {True: 9 * 60, False: 3.5 * 60}
-LOG_TAIL_BYTES = 64 << 10  # of each row's output, in logs.tar.gz: a traceback's end, not megabytes of warnings
 clock = time.perf_counter  # the rehearsal's fake clock replaces it
 LENT_GPU = 'NVIDIA H200 torch 2.11.0'  # the kind lent here (benchmarks/measured/2026-11-26-h200)
-CHECKS = tuple(CHECKED_BY.values())  # the checks row's fields (campaign_probes.py checks)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -286,85 +286,6 @@ def predict(done: dict, row: dict, work: Path) -> dict:
     return {'report': f'{label}\n\n{finished.stdout.strip()}'}
 
 
-# ------------------------------------------------------------------------------------------------ the folder
-
-
-def write_folder(out: Path, work: Path, state: dict) -> None:
-    """campaign.json, campaign.md, logs.tar.gz (the logs so far, the earlier archive's kept), profile summaries."""
-    (out / 'campaign.json').write_text(json.dumps(state, indent=1) + '\n')
-    (out / 'campaign.md').write_text(table(state) + '\n')
-    for machine in state['machines'].values():
-        for key, row in machine['rows'].items():
-            if 'profile' in row:
-                (out / f'{slug(key)}.md').write_text(row['profile'] + '\n')
-    archive, kept = out / 'logs.tar.gz', {}
-    if archive.is_file():
-        with tarfile.open(archive) as old:
-            kept = {member.name: old.extractfile(member).read() for member in old.getmembers() if member.isfile()}
-    kept |= {log.name: log.read_bytes()[-LOG_TAIL_BYTES:] for log in work.glob('*.log')}
-    with tarfile.open(archive, 'w:gz') as new:
-        for name, data in sorted(kept.items()):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            new.addfile(info, io.BytesIO(data))
-
-
-def table(state: dict) -> str:
-    """One table of every machine's rows, the machine named in each; the reports after it."""
-    on_cpus_only = all(machine.startswith('cpu ') for machine in state['machines'])
-    lines = [
-        '# GPU campaign, rehearsed on a CPU: tiny rows that check the campaign, not the hardware'
-        if on_cpus_only
-        else '# GPU campaign',
-        '',
-        '| machine | step | row | microbatch | img/s per device | MFU | peak GB alloc. / reserved | seconds | note |',
-        '|---|---|---|---|---|---|---|---|---|',
-    ]
-    for machine, held in state['machines'].items():
-        for key, row in held['rows'].items():
-            lines.append('| ' + ' | '.join(str(cell) for cell in (machine, *cells(key, row))) + ' |')
-    for machine, held in state['machines'].items():
-        for key, row in held['rows'].items():
-            if 'report' in row:
-                lines += ['', f'## {key} ({machine})', '', row['report']]
-    left = state.get('left')
-    lines += ['', f'{left} row(s) left: run again with --resume.' if left else 'Every step measured.']
-    return '\n'.join(lines)
-
-
-def cells(key: str, row: dict) -> tuple:
-    rate = row.get('img_per_sec_per_device') or row.get('img_per_sec')
-    note = row.get('error') or row.get('skipped') or ''
-    if row.get('pending'):
-        note = f'cut by the deadline {row["cuts"]} time(s): tried again next call'
-    if row.get('planned'):
-        note = 'planned microbatch ' + note
-    if row.get('microbatch_from'):
-        note = f'microbatch from {row["microbatch_from"]}' + (f'; {note}' if note else '')
-    if 'outcome' in row:
-        note = row['outcome'] + (f': {note}' if note else '')
-    if 'matmul_tflops' in row:
-        matmul = f'{row["matmul_tflops"]:.1f} TFLOP/s {row["matmul_dtype"]}'
-        note = f'{row["device"]}; matmul {matmul}, copy {row["copy_gb_s"]:.0f} GB/s'
-    if 'tflops' in row:
-        note = f'{row["tflops"]:.1f} TFLOP/s, {row["seconds_per_image"] * 1e3:.1f} ms per image'
-    if checked := [name for name in CHECKS if isinstance(row.get(name), dict)]:
-        note = '; '.join(check_note(name, row[name]) for name in checked)
-    allocated, reserved = row.get('peak_gpu_memory_gb'), row.get('peak_gpu_memory_reserved_gb')
-    memory = f'{allocated:.1f}' if allocated else ''
-    memory += f' / {reserved:.1f}' if reserved else ''
-    return (
-        row.get('step', ''),
-        key,
-        row.get('microbatch') or '',
-        f'{rate:.2f}' if rate else '',
-        f'{row["mfu"]:.1%}' if row.get('mfu') else '',
-        memory,
-        f'{row["seconds"]:.0f}' if 'seconds' in row else '',
-        note,
-    )
-
-
 # ------------------------------------------------------------------------------------------------ the plan
 
 
@@ -377,15 +298,6 @@ def recorded_rows(measured: Path = MEASURED) -> dict[str, dict]:
         for key, row in landed['rows'].items():
             rows.setdefault(key, {**row, 'landed': state_file.parent.name})
     return machines
-
-
-def check_note(name: str, check: dict) -> str:
-    """'fp8 passed (0.0012 within 0.05)', 'fused_groupnorm FAILED (0.3 over 0.01)', or why it was skipped."""
-    if 'skipped' in check:
-        return f'{name} skipped: {check["skipped"]}'
-    if check['passed']:
-        return f'{name} passed ({check["error"]:.2g} within {check["bound"]:g})'
-    return f'{name} FAILED ({check["error"]:.2g} over {check["bound"]:g})'
 
 
 def estimates(rows: dict, on_gpu: bool, recorded: dict[str, dict] | None = None) -> dict[str, float]:
@@ -501,70 +413,6 @@ def load_state(out: Path, resume: bool, measured: Path = MEASURED, machine: str 
     return state
 
 
-# ------------------------------------------------------------------------------------------------ provenance
-
-
-def provenance(row: dict, measured: dict, environment: dict | None) -> dict:
-    """Where a row's figures came from: its command, the commit (BENCHMARK_GIT_COMMIT, which a copy without .git
-    is given), the date, and the driver, CUDA and cuDNN its results file or the environment row records."""
-    argv = row.get('argv') or (['-m', 'pytest', row['test']] if 'test' in row else [])
-    gpu = ((measured.get('results') or {}).get('provenance') or {}).get('gpu') or {}
-    environment = {
-        **(environment or {}),
-        **{name: measured[name] for name in ('driver', 'cuda', 'cudnn') if name in measured},
-    }
-    return {
-        'command': shlex.join(['python3', *argv]) if argv else None,
-        'git_commit': os.environ.get('BENCHMARK_GIT_COMMIT') or git_commit(),
-        'date': datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
-        'driver': gpu.get('driver_version') or environment.get('driver'),
-        'cuda': gpu.get('cuda') or environment.get('cuda'),
-        'cudnn': gpu.get('cudnn') or environment.get('cudnn'),
-    }
-
-
-def git_commit() -> str | None:
-    found = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=REPO, capture_output=True, text=True)
-    return found.stdout.strip() if found.returncode == 0 else None
-
-
-# ------------------------------------------------------------------------------------------------ landing
-
-
-def gpu_slug(machine: str) -> str:
-    """'NVIDIA H100 80GB HBM3 torch 2.11.0' -> 'h100': the folder's name for a GPU."""
-    words = machine.removeprefix('NVIDIA ').split()
-    return re.sub(r'[^a-z0-9]+', '-', (words or ['unknown'])[0].lower())
-
-
-def land(folder: Path, measured: Path = MEASURED) -> list[Path]:
-    """Each machine's rows that are not landed yet into measured/DATE-GPU/ (the date each row was measured): its
-    campaign.json (the rows, their provenance, each naming its results file) and the results files. Returns the
-    folders written."""
-    state = json.loads((folder / 'campaign.json').read_text())
-    written = []
-    for machine, held in state['machines'].items():
-        if machine.startswith('cpu ') and measured == MEASURED:
-            continue  # a CPU rehearsal measures the campaign, not a GPU: nothing to commit
-        for key, row in held['rows'].items():
-            if row.get('landed') or row.get('pending') or 'provenance' not in row:
-                continue
-            target = measured / f'{row["provenance"]["date"][:10]}-{gpu_slug(machine)}'
-            target.mkdir(parents=True, exist_ok=True)
-            state_file = target / 'campaign.json'
-            landed = json.loads(state_file.read_text()) if state_file.is_file() else {'machine': machine, 'rows': {}}
-            if landed['rows'].get(key, {}).get('provenance') == row['provenance']:
-                continue  # landed by an earlier --land
-            row = dict(row)
-            if 'results' in row:
-                row['file'] = f'{slug(key)}.json'
-                (target / row['file']).write_text(json.dumps(row.pop('results'), indent=2) + '\n')
-            landed['rows'][key] = row
-            state_file.write_text(json.dumps(landed, indent=1) + '\n')
-            written.append(target) if target not in written else None
-    return written
-
-
 # ------------------------------------------------------------------------------------------------ a call
 
 
@@ -624,19 +472,7 @@ def main(argv=None) -> dict:
     spent = state['loans'].get(args.loan, 0.0) if args.loan else 0.0
     loan_left = LOAN_ROW_SECONDS - spent if args.loan else float('inf')
     limit = min(60 * args.time_limit if args.time_limit else CALL_SECONDS[on_gpu], loan_left)
-    if not on_gpu:
-        print(
-            'no GPU here: the campaign runs its tiny CPU rows instead (the tiny model at 32 px, a few batches; the '
-            "GPU tests recorded as skipped), which check the campaign's steps and files, not the hardware",
-            flush=True,
-        )
-    print(
-        f'{machine}: a call of {limit / 60:.1f} minutes; estimates in seconds: '
-        + ', '.join(f'{cost} {seconds:.0f}' for cost, seconds in expected.items()),
-        flush=True,
-    )
-    if os.environ.get('BENCHMARK_GIT_COMMIT') is None and git_commit() is None:
-        print('no .git here and BENCHMARK_GIT_COMMIT unset: the rows name no commit', flush=True)
+    announce_call(machine, on_gpu, limit, expected)
     if (line := use_compile_cache(out)) is not None:
         print(line, flush=True)
     campaign = Campaign(args, on_gpu, work)
@@ -674,22 +510,8 @@ def main(argv=None) -> dict:
         else:
             measured = execute(row, seconds_left, work)
         compiled |= {row['graph']} if 'graph' in row and not measured.get('error') else set()
-        cuts = (kept or {}).get('cuts', 0) + bool(measured.get('cut'))
-        if measured.get('cut') and cuts < 2:
-            measured = {'pending': True, 'cuts': cuts}
-            left += 1
-        elif measured.get('cut'):
-            measured = {'error': 'cut by the deadline twice: passed over', 'cuts': cuts}
-        record = {'step': step, 'cost': row['cost'], **row.get('record', {}), **measured}
-        record |= {'graph': row['graph']} if 'graph' in row else {}
-        record |= {'loan': args.loan} if args.loan else {}
-        if row['kind'] != 'skipped' and not record.get('pending'):
-            record['provenance'] = provenance(row, measured, rows.get('environment'))
-        if 'results' in measured:  # the batches' seconds: what an eager row spends past its start
-            rate, config = measured['results'].get('img_per_sec') or 0, measured['results'].get('config', {})
-            if rate and config.get('num_batches'):
-                record['batch_seconds'] = config['num_batches'] * config['batch_size'] / rate
-        rows[row['key']] = record
+        rows[row['key']] = record = row_record(step, row, measured, kept, args.loan, rows.get('environment'))
+        left += bool(record.get('pending'))
         state['left'] = left
         if args.loan:
             state['loans'][args.loan] = spent + clock() - started
@@ -704,6 +526,43 @@ def main(argv=None) -> dict:
     if (line := keep_compile_cache(out)) is not None:
         print(line, flush=True)
     return state
+
+
+def announce_call(machine: str, on_gpu: bool, limit: float, expected: dict[str, float]) -> None:
+    """The call's machine, minutes and estimates; on a CPU, what its rows check; a commit no row would name."""
+    if not on_gpu:
+        print(
+            'no GPU here: the campaign runs its tiny CPU rows instead (the tiny model at 32 px, a few batches; the '
+            "GPU tests recorded as skipped), which check the campaign's steps and files, not the hardware",
+            flush=True,
+        )
+    print(
+        f'{machine}: a call of {limit / 60:.1f} minutes; estimates in seconds: '
+        + ', '.join(f'{cost} {seconds:.0f}' for cost, seconds in expected.items()),
+        flush=True,
+    )
+    if os.environ.get('BENCHMARK_GIT_COMMIT') is None and git_commit() is None:
+        print('no .git here and BENCHMARK_GIT_COMMIT unset: the rows name no commit', flush=True)
+
+
+def row_record(step: str, row: dict, measured: dict, kept: dict | None, loan: str | None, environment) -> dict:
+    """What campaign.json keeps of a row: its outcome (a row cut by the deadline is tried once more, then passed
+    over), its loan and compiled graph, its provenance, and the seconds its batches took."""
+    cuts = (kept or {}).get('cuts', 0) + bool(measured.get('cut'))
+    if measured.get('cut') and cuts < 2:
+        measured = {'pending': True, 'cuts': cuts}
+    elif measured.get('cut'):
+        measured = {'error': 'cut by the deadline twice: passed over', 'cuts': cuts}
+    record = {'step': step, 'cost': row['cost'], **row.get('record', {}), **measured}
+    record |= {'graph': row['graph']} if 'graph' in row else {}
+    record |= {'loan': loan} if loan else {}
+    if row['kind'] != 'skipped' and not record.get('pending'):
+        record['provenance'] = provenance(row, measured, environment)
+    if 'results' in measured:  # the batches' seconds: what an eager row spends past its start
+        rate, config = measured['results'].get('img_per_sec') or 0, measured['results'].get('config', {})
+        if rate and config.get('num_batches'):
+            record['batch_seconds'] = config['num_batches'] * config['batch_size'] / rate
+    return record
 
 
 def mark_planned(rows: dict, planned: int) -> None:
