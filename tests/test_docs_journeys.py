@@ -164,8 +164,9 @@ def test_the_scaling_out_and_speed_pages_commands_run_in_order(tmp_path):
     assert len(runs) == 2  # one node's launcher, the platform file checked offline
     assert 'throughput: ' in runs[0].stdout, runs[0].stdout[-2000:]
     runs = run_page('docs/speed.md', tree)
-    assert len(runs) == 1  # a profile of a few batches
+    assert len(runs) == 2  # a GPU loan's plan printed here, and a profile of a few batches
     assert any((tree / 'results' / 'profile').iterdir())
+    assert any('loan kernels on NVIDIA H200 torch 2.11.0: ' in run.stdout for run in runs)
 
 
 @pytest.mark.slow
