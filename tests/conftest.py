@@ -77,6 +77,16 @@ def skip_unless_ci(reason: str) -> None:
     pytest.skip(reason)
 
 
+def need_mount_namespaces() -> None:
+    """Skips a test that makes mount namespaces (unshare --mount) where this machine cannot; fails in CI."""
+    try:
+        allowed = subprocess.run(['unshare', '--mount', 'true'], capture_output=True, text=True)
+    except FileNotFoundError as missing:
+        skip_unless_ci(f'no unshare here: {missing}')
+    if allowed.returncode:
+        skip_unless_ci(f'cannot make a mount namespace here: {allowed.stderr.strip()}')
+
+
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(config, items):
     """The gpu tier is decided by the tests selected, by their marker (not a keyword, which a parametrize id `gpu`

@@ -20,7 +20,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import REPO, free_port, has_ended, s3_client, skip_unless_ci, wait_until
+from conftest import REPO, free_port, has_ended, need_mount_namespaces, s3_client, wait_until
 
 from settings.flags import parse_args
 
@@ -134,12 +134,7 @@ def mount_namespaces(request):
     """The two-node tests give each node its own disk in a mount namespace: root only, skipped elsewhere."""
     if 'slow' not in request.keywords:
         return
-    try:
-        allowed = subprocess.run(['unshare', '--mount', 'true'], capture_output=True, text=True)
-    except FileNotFoundError as missing:
-        skip_unless_ci(f'no unshare here: {missing}')
-    if allowed.returncode:
-        skip_unless_ci(f'cannot make a mount namespace here: {allowed.stderr.strip()}')
+    need_mount_namespaces()
 
 
 def finish(nodes: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:

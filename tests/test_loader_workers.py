@@ -5,7 +5,6 @@ queues is named with its fix."""
 import os
 import re
 import signal
-import subprocess
 import sys
 
 import pytest
@@ -16,9 +15,9 @@ from conftest import (
     good_samples,
     kill_if_unreaped,
     loader_workers,
+    need_mount_namespaces,
     run_process,
     settled,
-    skip_unless_ci,
     write_dataset,
 )
 
@@ -155,12 +154,7 @@ def test_a_worker_stopped_for_good_ends_the_run_within_the_loaders_timeout(monke
 def in_small_shared_memory(command: list[str], size: str = '64k') -> list[str]:
     """`command` in a mount namespace of its own whose /dev/shm is a tmpfs of `size` (root only; skipped elsewhere,
     failed in CI)."""
-    try:
-        allowed = subprocess.run(['unshare', '--mount', 'true'], capture_output=True, text=True)
-    except FileNotFoundError as missing:
-        skip_unless_ci(f'no unshare here: {missing}')
-    if allowed.returncode:
-        skip_unless_ci(f'cannot make a mount namespace here: {allowed.stderr.strip()}')
+    need_mount_namespaces()
     mount = f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"'
     return ['unshare', '--mount', '--propagation', 'private', 'sh', '-c', mount, 'sh', *command]
 
