@@ -40,6 +40,32 @@ def unit_range(images: torch.Tensor) -> torch.Tensor:
 def decode_image(data, size: int, max_pixels: int = MAX_IMAGE_PIXELS, draft: bool = True) -> torch.Tensor:
     """Image bytes -> uint8 tensor (3, size, size): EXIF orientation applied, any mode made RGB, shorter
     side resized to `size` and center-cropped (no aspect distortion). Raises BadSample otherwise."""
+    image = rgb_image(data, size, max_pixels, draft)
+    width, height = image.size
+    if (width, height) != (size, size):
+        # Resize the centered square straight to size x size: the same as resizing the shorter side,
+        # then center-cropping, in one pass over fewer pixels.
+        short = min(width, height)
+        left, top = (width - short) / 2, (height - short) / 2
+        image = image.resize((size, size), Image.BILINEAR, box=(left, top, left + short, top + short), reducing_gap=3.0)
+    with warnings.catch_warnings():
+        # A read-only view of Pillow's pixel bytes, no copy: batching copies it (a fresh copy of 0.8 MB
+        # costs about as much as the whole resize here, page faults included).
+        warnings.simplefilter('ignore', UserWarning)
+        import torch
+
+        return torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
+
+
+def check_image(data, max_pixels: int = MAX_IMAGE_PIXELS) -> None:
+    """Raises the BadSample decode_image would, at the least cost: a JPEG decoded at 1/8 scale (every byte of it is
+    still read), nothing resized. What conversion checks before writing a sample."""
+    rgb_image(data, 1, max_pixels, draft=True)
+
+
+def rgb_image(data, size: int, max_pixels: int = MAX_IMAGE_PIXELS, draft: bool = True) -> Image.Image:
+    """Image bytes -> the decoded RGB image with its EXIF orientation applied, a JPEG decoded at the smallest DCT
+    scale that keeps its shorter side >= size when `draft`. Raises BadSample otherwise."""
     if isinstance(data, Image.Image):  # a column Streaming decodes itself ('jpeg', 'png', 'pil')
         image = data
     elif not isinstance(data, bytes):
@@ -75,20 +101,7 @@ def decode_image(data, size: int, max_pixels: int = MAX_IMAGE_PIXELS, draft: boo
         raise
     except Exception as error:
         raise BadSample('corrupt image', f'{type(error).__name__}: {error}')
-    width, height = image.size
-    if (width, height) != (size, size):
-        # Resize the centered square straight to size x size: the same as resizing the shorter side,
-        # then center-cropping, in one pass over fewer pixels.
-        short = min(width, height)
-        left, top = (width - short) / 2, (height - short) / 2
-        image = image.resize((size, size), Image.BILINEAR, box=(left, top, left + short, top + short), reducing_gap=3.0)
-    with warnings.catch_warnings():
-        # A read-only view of Pillow's pixel bytes, no copy: batching copies it (a fresh copy of 0.8 MB
-        # costs about as much as the whole resize here, page faults included).
-        warnings.simplefilter('ignore', UserWarning)
-        import torch
-
-        return torch.from_numpy(np.asarray(image)).permute(2, 0, 1)
+    return image
 
 
 def size_conditions(data, size: int) -> torch.Tensor:

@@ -23,7 +23,7 @@ from PIL import Image
 from tokenizers import Tokenizer
 
 from data import StreamingLAIONDataset, collate
-from datapath.images import BadSample, decode_image, unit_range
+from datapath.images import BadSample, check_image, decode_image, unit_range
 from guards.arguments import ConfigError
 from runs.run import main
 from settings import datasets as run_data
@@ -315,6 +315,32 @@ BAD = {
     'missing caption': ({'caption': None}, 'missing or non-string caption'),
     'non-string caption': ({'caption': 12345}, 'missing or non-string caption'),
 }
+
+
+def test_conversions_cheap_check_rejects_what_the_loader_rejects_and_keeps_the_rest():
+    """convert.py checks each image with check_image (1/8 scale, nothing resized): it must skip exactly what
+    decode_image would refuse at training time, for the same reason."""
+    images = {f'bad: {kind}': change['jpg'] for kind, (change, _) in BAD.items() if 'jpg' in change}
+    images |= {
+        'bad: a PNG cut short': encoded(Image.new('RGB', (64, 48), (9, 9, 9)), 'PNG')[:80],
+        'good: JPEG 640x480': jpeg(3, size=(640, 480)),
+        'good: CMYK JPEG': encoded(Image.new('CMYK', (40, 30), (0, 255, 255, 0)), 'JPEG'),
+        'good: 16-bit PNG': encoded(Image.fromarray(np.full((30, 40), 32768, dtype=np.uint16)), 'PNG'),
+        'good: a 2x1 JPEG': encoded(Image.new('RGB', (2, 1)), 'JPEG'),
+    }
+
+    def refusal(check, data):
+        try:
+            check(data)
+        except BadSample as error:
+            return error.kind
+        return None
+
+    for name, data in images.items():
+        loader = refusal(lambda d: decode_image(d, 32), data)
+        assert refusal(check_image, data) == loader, name
+        assert (loader is None) == name.startswith('good'), (name, loader)
+
 
 
 @pytest.mark.parametrize('kind', BAD)
