@@ -342,7 +342,6 @@ def test_conversions_cheap_check_rejects_what_the_loader_rejects_and_keeps_the_r
         assert (loader is None) == name.startswith('good'), (name, loader)
 
 
-
 @pytest.mark.parametrize('kind', BAD)
 def test_bad_sample_is_replaced_counted_and_reported_once(kind, tmp_path, caplog):
     change, reason = BAD[kind]
