@@ -160,8 +160,8 @@ test-gpu-image: $(IMAGE_VENV)/.installed
 	$(IMAGE_VENV)/bin/python -m pytest -m 'stack and not slow and not gpu'
 	$(call RUN_BENCHMARK,$(IMAGE_VENV),--results_json results/gpu-image.json)
 
-# An offline install (docs/install.md): the wheels of requirements-current.txt for one Python version and Linux
-# x86_64, downloaded into one folder to copy to a machine without internet and install there with --no-index.
+# An offline install (docs/install.md): the wheels of requirements-current.txt and requirements-data.txt (Parquet
+# input) for one Python version and Linux x86_64, downloaded into one folder to copy to a machine without internet and install there with --no-index.
 WHEELHOUSE ?= wheelhouse
 WHEEL_PYTHON ?= 3.12
 WHEEL_PLATFORMS ?= manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64
@@ -171,7 +171,7 @@ WHEEL_SETUPTOOLS ?= setuptools==80.9.0
 wheelhouse:
 	$(PYTHON) -m pip download --disable-pip-version-check -q --no-deps --only-binary=:all: \
 		--python-version $(WHEEL_PYTHON) --implementation cp $(addprefix --platform ,$(WHEEL_PLATFORMS) any) \
-		-d $(WHEELHOUSE) -r requirements-current.txt $(WHEEL_SETUPTOOLS)
+		-d $(WHEELHOUSE) -r requirements-current.txt -r requirements-data.txt $(WHEEL_SETUPTOOLS)
 	@echo "$(WHEELHOUSE): $$(ls $(WHEELHOUSE) | wc -l) wheels, $$(du -sh $(WHEELHOUSE) | cut -f1), for Python $(WHEEL_PYTHON)"
 
 # The wheelhouse for this machine's Python, installed into a fresh venv with --no-index: every wheel installs from
@@ -183,9 +183,9 @@ test-wheelhouse:
 	$(PYTHON) -m venv results/wheelhouse-venv
 	results/wheelhouse-venv/bin/pip install --disable-pip-version-check -q --no-index --no-deps results/wheelhouse/*.whl
 	results/wheelhouse-venv/bin/pip install --disable-pip-version-check -q --no-index --no-deps --no-build-isolation -e .
-	results/wheelhouse-venv/bin/python -c "import boto3, ftfy, regex, tokenizers, yaml, PIL, zstd, brotli, snappy"
+	results/wheelhouse-venv/bin/python -c "import boto3, ftfy, regex, tokenizers, yaml, PIL, zstd, brotli, snappy, pyarrow"
 	cd results && wheelhouse-venv/bin/python -c "import guards.arguments"  # this repo, from any folder
-	test $$(ls results/wheelhouse | wc -l) -eq $$(($$(grep -c '^[a-z]' requirements-current.txt) + 1))
+	test $$(ls results/wheelhouse | wc -l) -eq $$(($$(cat requirements-current.txt requirements-data.txt | grep -c '^[a-z]') + 1))
 	@echo "test-wheelhouse: $$(ls results/wheelhouse | wc -l) wheels installed with --no-index"
 
 clean:

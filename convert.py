@@ -48,6 +48,7 @@ from datapath.mds_output import (  # noqa: F401
     NothingWritten,
     check_output,
     describe_skipped,
+    describe_written,
     print_skipped,
     write_mds,
 )
@@ -204,35 +205,6 @@ def stopped_line(signum: int, out: str) -> str:
             'uploaded: convert again with --overwrite'
         )
     return f'{SIGNALS[signum]}: conversion stopped; {out} is left as it was (nothing of this conversion kept)'
-
-
-def describe_written(stats: dict, validation_fraction: float) -> str:
-    """The summary's count of samples, and where the held-out split is when one was asked for or the input had
-    its own (a Hugging Face validation split)."""
-    out = stats['out']
-    if not validation_fraction and not stats['held_out']:
-        return f'wrote {stats["written"]} samples in {stats["shards"]} shard(s) to {out}'
-    split = f'{out.rstrip("/")}/{VALIDATION_SPLIT}'
-    why = share_held_out(stats, validation_fraction) if validation_fraction else ", the input's own split"
-    held_out = (
-        f'{stats["held_out"]} held out for validation in {split}{why}'
-        if stats['held_out']
-        else f'none held out for validation (too few images for --validation_fraction {validation_fraction})'
-    )
-    return f'wrote {stats["written"]} training samples in {stats["shards"]} shard(s) to {out}, {held_out},'
-
-
-def share_held_out(stats: dict, validation_fraction: float) -> str:
-    """The share held out, where it is far from the fraction asked for: each image is held out by a hash of its
-    name, so a few hundred images hold out about that fraction, a few dozen only roughly."""
-    held_out, total = stats['held_out'], stats['held_out'] + stats['written']
-    expected = validation_fraction * total
-    if abs(held_out - expected) <= max(1, 0.25 * expected):
-        return ''
-    return (
-        f' ({held_out / total:.0%} of {total}, where --validation_fraction {validation_fraction} asked for about '
-        f'{expected:.0f}: images are held out by a hash of their names, which only a large folder splits evenly)'
-    )
 
 
 def warn_if_mostly_skipped(stats: dict) -> None:

@@ -8,6 +8,7 @@ and named with the detail (the caption file looked for).
 """
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -69,8 +70,10 @@ def image_files(folder: Path) -> tuple[list[Path], list[Path]]:
     return sorted(images), repeats
 
 
-def tar_samples(path: Path):
-    """webdataset tars (img2dataset): members {key}.jpg, {key}.txt, {key}.json, one sample's members in a row."""
+def tar_samples(path, content: bytes | None = None):
+    """webdataset tars (img2dataset): members {key}.jpg, {key}.txt, {key}.json, one sample's members in a row; a
+    sample is named `{path}:{key}` ('00000.tar:000123'). Read from `path`, or from its `content` already read (the
+    Spark route's executors)."""
 
     def sample(key, members):
         image = next((members[ext] for ext in IMAGE_EXTENSIONS if ext in members), None)
@@ -85,16 +88,18 @@ def tar_samples(path: Path):
 
     key, members = None, {}
     try:
-        with tarfile.open(path, 'r|*') as tar:
+        opened = tarfile.open(path, 'r|*') if content is None else tarfile.open(fileobj=io.BytesIO(content), mode='r|*')
+        with opened as tar:
             for member in tar:
                 if not member.isfile():
                     continue
                 folder, _, base = member.name.rpartition('/')
                 stem, _, ext = base.partition('.')
-                if f'{folder}/{stem}' != key:
+                member_key = f'{folder}/{stem}' if folder else stem
+                if member_key != key:
                     if key is not None:
                         yield sample(key, members)
-                    key, members = f'{folder}/{stem}', {}
+                    key, members = member_key, {}
                 members[ext.lower()] = tar.extractfile(member).read()
     except (tarfile.TarError, OSError, EOFError) as error:  # the sample being read is lost with the rest
         yield str(path), None, None, f'unreadable tar ({type(error).__name__}), rest of the file skipped'

@@ -162,6 +162,11 @@ def test_img2dataset_tars_round_trip(tmp_path):
         'corrupt image': 1,
         'unreadable tar (ReadError), rest of the file skipped': 1,
     }
+    # a sample is named by its tar and its key, as webdataset names it (not `00000.tar:/000000002`)
+    assert stats['skipped_named'][:2] == [
+        (f'{shards}/00000.tar:000000002', 'no image member'),
+        (f'{shards}/00000.tar:000000003', 'corrupt image'),
+    ]
     assert read_mds(tmp_path / 'out') == [
         (jpeg(10), 'first caption'),
         (jpeg(11), 'caption from json only'),
