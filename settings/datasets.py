@@ -2,7 +2,8 @@
 dataset written on first use, or --remote/--local read through its index), the sample dataset's epoch, the image
 size precomputed latents were made at, the held-out split the validation loss runs on, and the split's first
 captions as the sample grids' prompts. config.py's `resolve_config` calls these in its order; nothing here reads a
-sample's bytes beyond an index and the first shard (dataset_checks.py)."""
+sample's bytes beyond an index and the first shard (dataset_checks.py), but the check that the held-out split's
+images are not trained on (split_overlap.py)."""
 
 import argparse
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from settings.presets import (
     SAMPLE_VALIDATION_DATASET,
     SAMPLE_VALIDATION_SIZE,
 )
+from settings.split_overlap import check_split_overlap
 
 # convert.py --validation_fraction writes its held-out split in this folder of the training data's
 # (convert.VALIDATION_SPLIT; named here rather than imported, which would load PIL and tqdm for every flag check).
@@ -209,6 +211,18 @@ def settle_validation_split(
         return ValidationSplit(str(SAMPLE_VALIDATION_DATASET), None, interval, True)
     split = ValidationSplit(local, remote, interval, False)
     check_validation_split(split, flags.precomputed_latents, image_size, found, notes)
+    if flags.use_synth_data or not (flags.remote or flags.local):  # no images, or the sample dataset's own
+        return split
+    training = flags.local if flags.remote is None else None if is_remote(flags.remote) else flags.remote
+    not_checked = None
+    if training is None or remote:
+        not_checked = 'a remote dataset'
+    elif flags.precomputed_latents:
+        not_checked = 'precomputed latents'
+    if not_checked:
+        notes.append(f'validation split {remote or local}: not checked for images the run trains on ({not_checked})')
+    else:
+        check_split_overlap(training, local, notes)
     return split
 
 
@@ -225,9 +239,9 @@ def check_validation_split(
         raise ConfigError(f'--eval_local/--eval_remote {read.location}: the split holds no samples')
     if found:
         notes.append(
-            f'validation loss on {read.location} ({read.num_samples} images), the held-out split convert.py '
-            f'--validation_fraction wrote beside the training data, every {split.eval_interval}, at the start and '
-            'at the end (--eval_local/--eval_remote: another split; --eval_interval 0: never)'
+            f'validation loss on {read.location} ({read.num_samples} images), the held-out split found beside the '
+            f'training data (where convert.py --validation_fraction writes one), every {split.eval_interval}, at the '
+            'start and at the end (--eval_local/--eval_remote: another split; --eval_interval 0: never)'
         )
     if read.latent_shape is not None and read.latent_shape[-1] * LATENT_DOWNSAMPLE != image_size:
         raise ConfigError(
