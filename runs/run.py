@@ -140,9 +140,10 @@ def start(config: RunConfig, announced: bool) -> None:
         torch.set_num_threads(config.data.cpu_threads)
     microbatch = config.batch.device_train_microbatch_size
     accumulation = '?' if microbatch == 'auto' else config.batch.device_batch_size // microbatch
+    devices, steps = config.batch.world_size, 'step' if accumulation == 1 else 'steps'
     announce(
-        f'batch: global {config.batch.batch_size} = {config.batch.world_size} device(s) x microbatch {microbatch} '
-        f'x {accumulation} accumulation step(s)'
+        f'batch: global {config.batch.batch_size} = {devices} device{"s" if devices > 1 else ""} x microbatch '
+        f'{microbatch} x {accumulation} accumulation {steps}'
     )
     # One process group for the whole run, made now through Composer (the Trainer then reuses it). Otherwise
     # Streaming makes and destroys one of its own (in StreamingDataset, and in its shared-memory cleaner where

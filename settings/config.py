@@ -427,10 +427,15 @@ def settled_microbatch(
         return 'auto'
     microbatch = parse_microbatch(microbatch)
     if device_batch % microbatch:
+        devices = f'{world_size} device{"s" if world_size > 1 else ""}'
+        share = f'--batch_size {batch_size} over {devices} gives {device_batch} samples per device'
+        what = (
+            f'fewer than --device_train_microbatch_size {microbatch}'
+            if microbatch > device_batch
+            else f'which is not divisible by --device_train_microbatch_size {microbatch}'
+        )
         raise ConfigError(
-            f'--batch_size {batch_size} over {world_size} device(s) gives {device_batch} samples '
-            f'per device, which is not divisible by --device_train_microbatch_size {microbatch}: choose a '
-            f'microbatch that divides {device_batch}, or a batch size divisible by '
+            f'{share}, {what}: choose a microbatch that divides {device_batch}, or a batch size divisible by '
             f'{world_size} x {microbatch} = {world_size * microbatch}'
         )
     return microbatch

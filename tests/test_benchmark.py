@@ -491,7 +491,12 @@ def write_model_folder(root, skip):
     [
         (
             ['--batch_size', '10', '--device_train_microbatch_size', '4'],
-            'not divisible by --device_train_microbatch_size 4',
+            '--batch_size 10 over 1 device gives 10 samples per device, which is not divisible by '
+            '--device_train_microbatch_size 4: choose a microbatch that divides 10, or a batch size divisible by 1 x 4',
+        ),
+        (
+            ['--batch_size', '10', '--device_train_microbatch_size', '20'],
+            '10 samples per device, fewer than --device_train_microbatch_size 20: choose a microbatch that divides 10',
         ),
         (['--device_train_microbatch_size', 'auto'], 'auto needs a GPU'),
         (['--device_train_microbatch_size', 'four'], "'four': pass a positive integer"),

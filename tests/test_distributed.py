@@ -71,7 +71,7 @@ def test_two_ranks_train_one_model_on_disjoint_halves_and_resume(tmp_path):
     for batch0, batch1 in zip(ranks[0]['batches'], ranks[1]['batches'], strict=True):
         assert len(batch0) == len(batch1) == 4
         assert not set(batch0) & set(batch1)
-    assert 'global 8 = 2 device(s) x microbatch 4 x 1 accumulation' in run.stdout
+    assert 'global 8 = 2 devices x microbatch 4 x 1 accumulation step' in run.stdout
     # Throughput counts the samples of both ranks: the samples SpeedMonitor divides by time are the global ones.
     summary = json.loads(results.read_text())
     assert summary['world_size'] == 2
