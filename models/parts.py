@@ -87,11 +87,13 @@ def build_part(
 def build_frozen_encoders(
     model_dir: Path, encoders_bf16: bool = False, init_device: torch.device | str | None = None
 ) -> tuple[AutoencoderKL, list[torch.nn.Module], list[str]]:
-    """The VAE and every text encoder of a model folder (in the order its pipeline names them), and the names of
-    the parts whose weights were loaded."""
+    """The VAE and every text encoder of a model folder (in the order its pipeline names them), frozen and in eval
+    mode, and the names of the parts whose weights were loaded. Eval mode: a module built from its config starts in
+    training mode, where T5's dropout (0.1 in Flux's, SD3's and PixArt's configs) would randomize every embedding."""
     modules, loaded = [], []
     for part in ('vae', *read_model_folder(model_dir).text_encoder_folders):
         module, weights = build_part(model_dir, part, init_device)
+        module = module.requires_grad_(False).eval()
         modules.append(module.to(torch.bfloat16) if encoders_bf16 else module)
         loaded += [part] * weights
     return modules[0], modules[1:], loaded
