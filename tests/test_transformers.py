@@ -11,7 +11,7 @@ import pytest
 import torch
 from composer.core import Callback
 from composer.utils import reproducibility
-from conftest import builtin_folder, fake_gpu, good_samples, settled, write_dataset, write_t5_tokenizer
+from conftest import builtin_folder, fake_gpu, good_samples, jpeg, settled, write_dataset, write_t5_tokenizer
 from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
 from torch.utils.data import default_collate
@@ -361,6 +361,12 @@ def weights(model) -> dict[str, torch.Tensor]:
     return named
 
 
+def moved_weights(trainer, start) -> set[str]:
+    """The weights (weights()'s names) that training changed since the run's start."""
+    trained = weights(trainer.state.model)
+    return {key for key, value in trained.items() if not torch.equal(value, start.weights[key])}
+
+
 class WeightsAtStart(Callback):
     """The weights before training, and the transformer's parameters that a gradient reached."""
 
@@ -427,12 +433,16 @@ def test_flux_trains_on_captions_and_validates(captions, t5_tokenizer, tmp_path)
     results = tmp_path / 'results.json'
     flags = ['--model_name', 'tiny-flux-schnell', '--local', captions, '--tokenizer', t5_tokenizer]
     flags += ['--image_size', '32', '--batch_size', '4', '--max_duration', '2ba']
+    split = write_dataset(tmp_path / 'split', [{'jpg': jpeg(100 + i), 'caption': f'held out {i}'} for i in range(4)])
+    start = WeightsAtStart()
     trainer = main(
-        settled([*flags, '--eval_local', captions, '--eval_interval', '2ba', '--results_json', str(results)])
+        settled([*flags, '--eval_local', split, '--eval_interval', '2ba', '--results_json', str(results)]), (start,)
     )
     assert trainer.state.timestamp.batch.value == 2 and math.isfinite(float(trainer.state.loss))
+    assert moved_weights(trainer, start) == {f'transformer.{key}' for key in start.reached}
     curve = json.loads(results.read_text())['val_loss_curve']
     assert [samples for samples, _ in curve] == [0, 8] and all(math.isfinite(loss) for _, loss in curve)
+    assert curve[0][1] != curve[1][1]  # the same split and draws at both ends: the trained weights told apart
 
 
 @pytest.mark.parametrize('name', ['tiny-flux-schnell', 'tiny-pixart-sigma'])
@@ -479,9 +489,8 @@ def test_precomputed_captions_give_the_online_loss_and_train(name, captions, t5_
     start = WeightsAtStart()
     trainer = main(settled([*flags, '--max_duration', '2ba']), (start,))
     assert trainer.state.timestamp.batch.value == 2 and math.isfinite(float(trainer.state.loss))
-    trained = weights(trainer.state.model)
-    moved = {key for key, value in trained.items() if not torch.equal(value, start.weights[key])}
-    assert moved == {f'transformer.{key}' for key in start.reached} and len(moved) > 0.9 * len(trained)
+    moved = moved_weights(trainer, start)
+    assert moved == {f'transformer.{key}' for key in start.reached} and len(moved) > 0.9 * len(start.weights)
 
 
 @pytest.mark.parametrize(
@@ -788,8 +797,6 @@ def test_the_smoke_t5_tokenizer_gives_t5s_ids_padding_and_end_of_text(tmp_path):
 
 def test_tiny_flux_trains_on_a_converted_folder_with_the_smoke_t5_tokenizer(tmp_path):
     """The smoke run of docs/models.md: captioned images through convert.py, then Flux's twin on them."""
-    from conftest import jpeg
-
     import convert
     from settings.tokenizer import t5_smoke_tokenizer_folder
 
@@ -801,8 +808,10 @@ def test_tiny_flux_trains_on_a_converted_folder_with_the_smoke_t5_tokenizer(tmp_
     assert convert.convert([str(photos)], str(tmp_path / 'mds'), progress=False)['written'] == 8
     tokenizer = str(t5_smoke_tokenizer_folder(tmp_path / 't5-smoke'))
     flags = ['--model_name', 'tiny-flux-schnell', '--local', str(tmp_path / 'mds'), '--tokenizer', tokenizer]
-    trainer = main(settled([*flags, '--image_size', '32', '--batch_size', '4', '--max_duration', '2ba']))
+    start = WeightsAtStart()
+    trainer = main(settled([*flags, '--image_size', '32', '--batch_size', '4', '--max_duration', '2ba']), (start,))
     assert trainer.state.timestamp.batch.value == 2 and math.isfinite(float(trainer.state.loss))
+    assert moved_weights(trainer, start) == {f'transformer.{key}' for key in start.reached}
 
 
 # ------------------------------------------------------------------------------------- a folder's own fields
