@@ -70,3 +70,29 @@ def test_a_cpu_test_with_a_parameter_named_gpu_runs_and_sees_no_cuda(device):
     import torch
 
     assert device == 'gpu' and os.environ['CUDA_VISIBLE_DEVICES'] == '' and not torch.cuda.is_available()
+
+
+@pytest.mark.slow
+def test_a_skip_where_skips_are_checked_fails_unless_its_lane_names_it(tmp_path):
+    """The image lane has no wandb: its wandb test skips there, as CI's lane names it; in CI any other lane, or a
+    lane naming other skips, fails the skipped test instead of passing it by."""
+    (tmp_path / 'wandb.py').write_text("raise ImportError('no wandb in this lane')\n")  # an install without wandb
+    test = [
+        'tests/test_benchmark.py::test_wandb_offline_run_holds_the_configuration_history_and_headline_without_a_network'
+    ]
+
+    def run(**env):
+        environ = {key: value for key, value in os.environ.items() if key != 'SD2_EXPECTED_SKIPS'}
+        environ.update(CUDA_VISIBLE_DEVICES='', PYTHONPATH=str(tmp_path), **env)
+        command = [sys.executable, '-m', 'pytest', '-p', 'no:cacheprovider', '-q', '-n', '0', *test]
+        return subprocess.run(command, cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
+
+    plain = run(CI='')
+    assert plain.returncode == 0 and '1 skipped' in plain.stdout, plain.stdout[-2000:]
+    in_ci = run(CI='true')
+    assert in_ci.returncode == 1 and '1 failed' in in_ci.stdout, in_ci.stdout[-2000:]
+    assert "not among this lane's SD2_EXPECTED_SKIPS: wandb is not installed" in in_ci.stdout
+    other = run(SD2_EXPECTED_SKIPS='xFormers is not installed')
+    assert other.returncode == 1 and '1 failed' in other.stdout
+    named = run(CI='true', SD2_EXPECTED_SKIPS='xFormers is not installed; wandb is not installed')
+    assert named.returncode == 0 and '1 skipped' in named.stdout, named.stdout[-2000:]
