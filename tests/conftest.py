@@ -250,10 +250,18 @@ def settled(argv: list[str]) -> RunConfig:
 FORK_SERVER = ForkServer()
 
 
+# CI's lane of the tests whose subject is a process (make test-processes) runs every command as a new interpreter:
+# a forked child skips the interpreter's start and its end (os._exit after the atexit callbacks), and shares the
+# fork server's hash seed.
+PLAIN_PROCESSES = os.environ.get('SD2_PLAIN_PROCESSES') == '1'
+
+
 def start_process(command: list, fork: bool = True, **popen) -> subprocess.Popen:
     """subprocess.Popen(command, **popen); forked from the fork server where it is one of its commands, unless the
-    test is about the interpreter's own start (fork=False)."""
-    return FORK_SERVER.popen(command, **popen) if fork else subprocess.Popen(command, **popen)
+    test is about the interpreter's own start (fork=False) or the session runs plain processes only."""
+    if fork and not PLAIN_PROCESSES:
+        return FORK_SERVER.popen(command, **popen)
+    return subprocess.Popen(command, **popen)
 
 
 def run_process(command: list, timeout: float, check: bool = False, **popen) -> subprocess.CompletedProcess:
@@ -282,6 +290,8 @@ def forked_rows(monkeypatch):
     """For a script under test that runs benchmark.py once per row (benchmarks/speed_sweep.py, gpu_campaign.py):
     `forked_rows(module)` has its subprocess.run fork the row from the fork server, each row still a process of its
     own. The tests are about the rows, not an interpreter's start."""
+    if PLAIN_PROCESSES:
+        return lambda module: None
     return lambda module: monkeypatch.setattr(module, 'subprocess', subprocess_with(run=run_forked))
 
 

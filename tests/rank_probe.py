@@ -129,6 +129,7 @@ def this_process() -> dict:
         'session': os.getsid(0),
         'group': os.getpgid(0),
         'started_as': Path(sys.orig_argv[1]).name if len(sys.orig_argv) > 1 else '',
+        'string_hash': hash('a string: its hash is salted by the interpreter that started the process'),
         'root_logger': [logging.getLevelName(logging.root.level), *(type(h).__name__ for h in logging.root.handlers)],
         'signal_handlers': [getattr(signal.getsignal(n), '__qualname__', str(signal.getsignal(n))) for n in (2, 15)],
         'exit_callbacks': atexit._ncallbacks(),

@@ -88,4 +88,8 @@ def test_a_forked_launchers_ranks_are_its_children_and_start_as_its_plain_ranks_
             assert (rank.pop('parent'), rank.pop('session'), rank.pop('group')) == (launcher.pid,) * 3
     assert [rank.pop('started_as') for rank in ranks[True]] == ['forkserver.py'] * 2
     assert [rank.pop('started_as') for rank in ranks[False]] == ['two_rank_probe.py'] * 2
+    # What a fork cannot give: a forked rank keeps the fork server's hash seed, a new interpreter draws its own
+    # (why the tests of processes also run as plain ones: make test-processes).
+    forked_hashes, plain_hashes = ([rank.pop('string_hash') for rank in ranks[fork]] for fork in (True, False))
+    assert forked_hashes[0] == forked_hashes[1] and plain_hashes[0] != plain_hashes[1]
     assert ranks[True] == ranks[False]
