@@ -70,7 +70,14 @@ def table(state: dict) -> str:
             if 'report' in row:
                 lines += ['', f'## {key} ({machine})', '', row['report']]
     left = state.get('left')
-    lines += ['', f'{left} row(s) left: run again with --resume.' if left else 'Every step measured.']
+    failed = sum('error' in row for held in state['machines'].values() for row in held['rows'].values())
+    if left:
+        ending = f'{left} row(s) left: run again with --resume.'
+    elif failed:
+        ending = f'Every step run; {failed} row(s) ended in an error (see their notes).'
+    else:
+        ending = 'Every step measured.'
+    lines += ['', ending]
     return '\n'.join(lines)
 
 
