@@ -431,9 +431,30 @@ def test_ema_offload_matches_the_average_on_the_gpu(tmp_path):
 
 @pytest.mark.parametrize('flags', OTHER_PATHS, ids=' '.join)
 def test_other_paths_train_on_the_gpu(tmp_path, flags):
+    """Each path trains, and took effect: the microbatch split the batch, FSDP sharded the UNet by block and the
+    average followed every step from its shards, the precomputed run built no VAE."""
     run = train(tmp_path, *RUN, *flags)
     assert len(run.losses) == 4 and all(math.isfinite(loss) for loss in run.losses)
     assert run.results['img_per_sec'] > 0
+    assert any(not torch.equal(run.final[name], run.initial[name]) for name in run.initial), 'no weight moved'
+    config, model = run.results['config'], run.trainer.state.model
+    if '--device_train_microbatch_size' in flags:
+        assert config['device_train_microbatch_size'] == run.results['device_train_microbatch_size'] == 2
+        assert config['device_batch_size'] > 2  # so more than one microbatch a step
+    if '--fsdp' in flags:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        units = {
+            name.replace('_fsdp_wrapped_module.', '')
+            for name, module in model.named_modules()
+            if isinstance(module, FullyShardedDataParallel)
+        }
+        blocks = {f'unet.{part}_blocks.{i}' for part in ('down', 'up') for i in range(4)}
+        assert units == {'unet', 'unet.mid_block', *blocks} and config['fsdp'] == 'full_shard'
+        (ema,) = [algorithm for algorithm in run.trainer.state.algorithms if isinstance(algorithm, EMA)]
+        assert ema.num_updates == 4 and ema.weights.sharded
+    if '--precomputed_latents' in flags:
+        assert config['precomputed_latents'] and model.vae is None
 
 
 # ------------------------------------------------------------------------------------------ real data
