@@ -120,9 +120,13 @@ gpu-wheels:
 # (requirements-spark.txt) added to $(VENV), then its tests in Spark's local mode, which need a Java runtime on the
 # machine (.ci/run installs Debian's default-jre-headless). Their file is not one `make test` collects.
 .PHONY: test-spark
-test-spark: install
-	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements-spark.txt
+test-spark: $(VENV)/.spark-installed
 	$(VENV)/bin/python -m pytest -n 0 tests/spark_lane.py
+
+# Installed before the lanes start in CI (.ci/run): test-processes runs tests from $(VENV) beside this lane.
+$(VENV)/.spark-installed: $(VENV)/.installed requirements-spark.txt
+	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements-spark.txt
+	touch $@
 
 # CI's lane of the tests whose subject is a process (signals, ranks, two writers, loader workers): in `make test`
 # most of their commands are forked from tests/forkserver.py, which skips an interpreter's start and end; here each
