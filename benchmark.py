@@ -14,6 +14,7 @@ the benchmark (models/ builds the model, runs/training.py the Trainer) and repor
 import os
 
 from guards.arguments import ConfigError, stop
+from guards.library_patches import LibraryChanged
 from guards.stopping import leave_signals_to_parent
 from runs.start_lines import start_lines
 from settings.config import resolve_config
@@ -30,8 +31,10 @@ def cli(argv: list[str] | None = None, callbacks: tuple = ()):
         print('\n'.join(start_lines(config)), flush=True)
     # Imported once the flags are settled, not at the top: torch, Composer and Diffusers take seconds to load, and
     # --help or a bad flag answers without them.
-    from runs import run
-
+    try:
+        from runs import run
+    except LibraryChanged as error:  # an installed library whose patched names changed (guards/library_patches.py)
+        stop(1, str(error))
     trainer = run.main_reporting_errors(config, callbacks, announced=True)
     run.close_process_group()
     return trainer

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from guards import arguments
 from guards.arguments import ConfigError
+from guards.library_patches import LibraryChanged
 from guards.outputs import one_line
 from guards.stopping import SIGNALS, Stopped, stop_on_signals
 from settings.families import FAMILIES
@@ -295,6 +296,9 @@ def cli(argv=None) -> None:
     except ConfigError as error:
         print(f'error: {error}', file=sys.stderr)
         sys.exit(2)
+    except LibraryChanged as error:  # an installed library whose patched names changed (guards/library_patches.py)
+        print(f'error: {error}', file=sys.stderr)
+        sys.exit(1)
     except Stopped as stopped:
         print(f'error: {stopped}', file=sys.stderr)
         sys.exit(stopped.exit_status)

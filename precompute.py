@@ -19,6 +19,7 @@ from pathlib import Path
 
 from guards import arguments
 from guards.arguments import ConfigError
+from guards.library_patches import LibraryChanged
 from guards.outputs import one_line
 from guards.stopping import SIGNALS, Stopped, stop_on_signals
 from settings import hardware
@@ -183,6 +184,8 @@ def cli(argv=None) -> None:
         main(argv)
     except ConfigError as error:
         arguments.stop(2, str(error))
+    except LibraryChanged as error:  # an installed library whose patched names changed (guards/library_patches.py)
+        arguments.stop(1, str(error))
     except Stopped as stopped:
         arguments.stop(stopped.exit_status, str(stopped))
     except OSError as error:  # a write that failed while encoding (a full disk): the parts finished are kept

@@ -16,7 +16,8 @@
   (`close_descriptor_once_mapped`).
 - A dataset's index names the files Streaming writes into its cache, as they are: `check_index_before_use`.
 
-The five patches are installed when this module is imported (data.py imports it), where Streaming looks them up.
+The patches are installed when this module is imported (data.py imports it), where Streaming looks them up, each
+through guards/library_patches.py's `replaced`: a Streaming whose names changed stops the program in one line.
 Private names of Streaming used here (`_ShardState`, `_get_path`, `_check_and_find`, the thread methods) are
 those of the pinned 0.13.0; `Stream.get_shards` is public.
 """
@@ -50,6 +51,7 @@ from streaming.base.storage import download as streaming_download
 from streaming.base.storage.download import S3Downloader
 from streaming.base.stream import Stream
 
+from guards.library_patches import replaced
 from guards.outputs import DISK_FULL
 from settings.dataset_checks import (
     RETRIES,
@@ -138,6 +140,7 @@ class S3DownloaderOneTransferAttempt(S3Downloader):
         self._s3_client.download_file = download_file_once
 
 
+replaced(streaming_download, 'DOWNLOADER_MAPPINGS', (), 'S3 downloads retried once per attempt, a client per process')
 streaming_download.DOWNLOADER_MAPPINGS[S3Downloader._client_identifier()] = S3DownloaderOneTransferAttempt
 
 
@@ -157,7 +160,9 @@ def check_index_before_use(get_shards):
     return get_checked_shards
 
 
-Stream.get_shards = check_index_before_use(Stream.get_shards)
+Stream.get_shards = check_index_before_use(
+    replaced(Stream, 'get_shards', ('world', 'allow_unsafe_types'), 'its index checked as untrusted input')
+)
 
 
 class NodeStopEvent(threading.Event):
@@ -224,6 +229,12 @@ def wait_for_lock(lock: int, path: Path, seconds: float = PREFIX_LOCK_WAIT_SECON
             time.sleep(0.05)
 
 
+replaced(
+    streaming_dataset,
+    'get_shm_prefix',
+    ('streams_local', 'streams_remote', 'world'),
+    'one job at a time picks a prefix',
+)
 streaming_dataset.get_shm_prefix = get_shm_prefix_one_job_at_a_time  # where StreamingDataset looks it up
 
 
@@ -242,7 +253,11 @@ def close_descriptor_once_mapped(init):
     return init_and_close
 
 
-StreamingSharedMemory.__init__ = close_descriptor_once_mapped(StreamingSharedMemory.__init__)
+StreamingSharedMemory.__init__ = close_descriptor_once_mapped(
+    replaced(
+        StreamingSharedMemory, '__init__', ('name', 'create', 'size'), "each block's descriptor closed once mapped"
+    )
+)
 
 
 def close_prefix_check_attachments(check):
@@ -269,7 +284,18 @@ def close_prefix_check_attachments(check):
     return check_and_close
 
 
-streaming_prefix._check_and_find = close_prefix_check_attachments(streaming_prefix._check_and_find)
+streaming_prefix._check_and_find = close_prefix_check_attachments(
+    replaced(
+        streaming_prefix,
+        '_check_and_find',
+        ('streams_local', 'streams_remote', 'shm_name'),
+        "the prefix check's attachments closed",
+    )
+)
+
+
+for thread_method in ('_prepare_thread', '_ready_thread'):  # overridden below, to keep a download's failure
+    replaced(StreamingDataset, thread_method, ('it',), 'a failed download ends the epoch with an error')
 
 
 class CheckedStreamingDataset(StreamingDataset):

@@ -15,6 +15,8 @@ from pathlib import Path
 from composer.utils import remote_uploader
 from composer.utils.remote_uploader import _upload_file_to_object_store as upload_to_object_store
 
+from guards.library_patches import replaced
+
 
 class UploadFailed(Exception):
     """A file of the run that was not uploaded after its retries; the message names it, why, and where it is kept."""
@@ -22,6 +24,12 @@ class UploadFailed(Exception):
 
 def keep_failed_uploads(folder: Path) -> None:
     """Every later checkpoint upload of this process keeps a file it fails to upload in `folder`."""
+    replaced(
+        remote_uploader,
+        '_upload_file_to_object_store',
+        ('remote_backend_name', 'backend_kwargs', 'remote_file_name', 'local_file_path'),
+        'a checkpoint whose upload fails for good is kept on disk',
+    )
     remote_uploader._upload_file_to_object_store = functools.partial(upload_or_keep, keep_in=str(folder))
 
 

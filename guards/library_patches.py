@@ -1,0 +1,55 @@
+"""The libraries' names this repo replaces, checked as each patch is installed.
+
+Some faults are fixed by replacing a library's function (often a private one): Composer's checkpoint loading (read
+weights-only), its upload of a checkpoint (kept on disk when the upload fails for good), Streaming's choice of a
+shared-memory prefix and its shared-memory blocks (one job at a time, descriptors closed), its index reading (checked
+as untrusted input). A release that renames or reshapes such a name would silently undo the fix: the patch would
+set a name nothing reads, or call the old one with the wrong arguments. So each patch takes what it replaces through
+`replaced`, which checks that it is there and takes the arguments the patch passes, and otherwise stops the program
+in one line naming the package, its version and the name. docs/architecture.md lists them, with why each exists.
+"""
+
+import importlib.metadata
+import inspect
+
+# The distribution each top-level package comes from, for the version a refusal names.
+DISTRIBUTIONS = {'composer': 'mosaicml', 'streaming': 'mosaicml-streaming', 'torch': 'torch', 'wandb': 'wandb'}
+# Every name replaced so far in this process: (package, owner, name), in the order installed.
+GUARDED: list[tuple[str, str, str]] = []
+
+
+class LibraryChanged(RuntimeError):
+    """A name a patch replaces is gone or takes other arguments: one line, and the program does not start."""
+
+
+def replaced(owner, name: str, parameters: tuple[str, ...], why: str):
+    """`owner.name` (owner: a module or a class), checked to exist and to take `parameters` as its leading
+    parameters (`self` left out for a method); LibraryChanged otherwise. Returns it, for the patch to wrap."""
+    where = owner.__name__ if inspect.ismodule(owner) else f'{owner.__module__}.{owner.__qualname__}'
+    package = where.split('.')[0]
+    original = getattr(owner, name, None)
+    problem = None
+    if original is None:
+        problem = 'is not there'
+    elif parameters:
+        try:
+            found = [p for p in inspect.signature(original).parameters if p != 'self'][: len(parameters)]
+        except (TypeError, ValueError):  # no signature to read (a builtin)
+            found = None
+        if found is not None and tuple(found) != parameters:
+            problem = f'takes ({", ".join(found)}), where this repo passes ({", ".join(parameters)})'
+    if problem:
+        version = installed_version(package)
+        raise LibraryChanged(
+            f'{DISTRIBUTIONS.get(package, package)} {version}: {where}.{name} {problem}; this repo replaces it '
+            f'({why}): install the version requirements.txt pins'
+        )
+    GUARDED.append((package, where, name))
+    return original
+
+
+def installed_version(package: str) -> str:
+    try:
+        return importlib.metadata.version(DISTRIBUTIONS.get(package, package))
+    except importlib.metadata.PackageNotFoundError:
+        return '(version unknown)'
