@@ -17,7 +17,8 @@
 - A dataset's index names the files Streaming writes into its cache, as they are: `check_index_before_use`.
 
 The patches are installed when this module is imported (data.py imports it), where Streaming looks them up, each
-through guards/library_patches.py's `replaced`: a Streaming whose names changed stops the program in one line.
+through guards/library_patches.py (`install`, `replaced`): a Streaming whose names changed stops the program in one
+line.
 Private names of Streaming used here (`_ShardState`, `_get_path`, `_check_and_find`, the thread methods) are
 those of the pinned 0.13.0; `Stream.get_shards` is public.
 """
@@ -51,7 +52,7 @@ from streaming.base.storage import download as streaming_download
 from streaming.base.storage.download import S3Downloader
 from streaming.base.stream import Stream
 
-from guards.library_patches import replaced
+from guards.library_patches import install, replaced
 from guards.outputs import DISK_FULL
 from settings.dataset_checks import (
     RETRIES,
@@ -160,8 +161,12 @@ def check_index_before_use(get_shards):
     return get_checked_shards
 
 
-Stream.get_shards = check_index_before_use(
-    replaced(Stream, 'get_shards', ('world', 'allow_unsafe_types'), 'its index checked as untrusted input')
+install(
+    Stream,
+    'get_shards',
+    ('world', 'allow_unsafe_types'),
+    'its index checked as untrusted input',
+    check_index_before_use,
 )
 
 
@@ -229,13 +234,13 @@ def wait_for_lock(lock: int, path: Path, seconds: float = PREFIX_LOCK_WAIT_SECON
             time.sleep(0.05)
 
 
-replaced(
+install(  # in streaming.base.dataset, where StreamingDataset looks it up
     streaming_dataset,
     'get_shm_prefix',
     ('streams_local', 'streams_remote', 'world'),
     'one job at a time picks a prefix',
+    lambda original: get_shm_prefix_one_job_at_a_time,
 )
-streaming_dataset.get_shm_prefix = get_shm_prefix_one_job_at_a_time  # where StreamingDataset looks it up
 
 
 def close_descriptor_once_mapped(init):
@@ -253,10 +258,12 @@ def close_descriptor_once_mapped(init):
     return init_and_close
 
 
-StreamingSharedMemory.__init__ = close_descriptor_once_mapped(
-    replaced(
-        StreamingSharedMemory, '__init__', ('name', 'create', 'size'), "each block's descriptor closed once mapped"
-    )
+install(
+    StreamingSharedMemory,
+    '__init__',
+    ('name', 'create', 'size'),
+    "each block's descriptor closed once mapped",
+    close_descriptor_once_mapped,
 )
 
 
@@ -284,13 +291,12 @@ def close_prefix_check_attachments(check):
     return check_and_close
 
 
-streaming_prefix._check_and_find = close_prefix_check_attachments(
-    replaced(
-        streaming_prefix,
-        '_check_and_find',
-        ('streams_local', 'streams_remote', 'shm_name'),
-        "the prefix check's attachments closed",
-    )
+install(
+    streaming_prefix,
+    '_check_and_find',
+    ('streams_local', 'streams_remote', 'shm_name'),
+    "the prefix check's attachments closed",
+    close_prefix_check_attachments,
 )
 
 

@@ -4,9 +4,10 @@ Some faults are fixed by replacing a library's function (often a private one): C
 weights-only), its upload of a checkpoint (kept on disk when the upload fails for good), Streaming's choice of a
 shared-memory prefix and its shared-memory blocks (one job at a time, descriptors closed), its index reading (checked
 as untrusted input). A release that renames or reshapes such a name would silently undo the fix: the patch would
-set a name nothing reads, or call the old one with the wrong arguments. So each patch takes what it replaces through
-`replaced`, which checks that it is there and takes the arguments the patch passes, and otherwise stops the program
-in one line naming the package, its version and the name. docs/architecture.md lists them, with why each exists.
+set a name nothing reads, or call the old one with the wrong arguments. So each patch is installed by `install` (or,
+where it overrides or extends, checks what it relies on with `replaced`), which checks that the name is there and
+takes the arguments the patch passes, and otherwise stops the program in one line naming the package, its version
+and the name. docs/architecture.md lists them, with why each exists.
 """
 
 import importlib.metadata
@@ -16,6 +17,9 @@ import inspect
 DISTRIBUTIONS = {'composer': 'mosaicml', 'streaming': 'mosaicml-streaming', 'torch': 'torch', 'wandb': 'wandb'}
 # Every name replaced so far in this process: (package, owner, name), in the order installed.
 GUARDED: list[tuple[str, str, str]] = []
+# The replacements installed in this process, by id, each with the library's own name it replaced: a patch installed
+# again (a second run in one process) is checked against the library's original, not against this repo's own.
+INSTALLED: dict[int, tuple[object, object]] = {}
 
 
 class LibraryChanged(RuntimeError):
@@ -28,6 +32,7 @@ def replaced(owner, name: str, parameters: tuple[str, ...], why: str):
     where = owner.__name__ if inspect.ismodule(owner) else f'{owner.__module__}.{owner.__qualname__}'
     package = where.split('.')[0]
     original = getattr(owner, name, None)
+    original = INSTALLED.get(id(original), (None, original))[1]
     problem = None
     if original is None:
         problem = 'is not there'
@@ -46,6 +51,15 @@ def replaced(owner, name: str, parameters: tuple[str, ...], why: str):
         )
     GUARDED.append((package, where, name))
     return original
+
+
+def install(owner, name: str, parameters: tuple[str, ...], why: str, replacement_of):
+    """owner.name = replacement_of(original), the original checked by `replaced` first. Returns the replacement."""
+    original = replaced(owner, name, parameters, why)
+    replacement = replacement_of(original)
+    INSTALLED[id(replacement)] = (replacement, original)  # the replacement held: its id names no other object
+    setattr(owner, name, replacement)
+    return replacement
 
 
 def installed_version(package: str) -> str:

@@ -43,7 +43,7 @@ from composer.core import Callback
 from composer.utils import dist
 
 from guards.arguments import ConfigError
-from guards.library_patches import replaced
+from guards.library_patches import install, replaced
 from guards.outputs import DISK_FULL
 from settings.config import RunConfig
 from settings.dataset_checks import s3_client, s3_folder, s3_folder_names
@@ -109,9 +109,9 @@ def load_composer_checkpoints_weights_only(trust: bool) -> None:
         return load_checkpoint_file(checked, trust=trust, map_location=map_location, what=RESUMED)
 
     why = 'a checkpoint resumed from is read weights-only'
-    replaced(composer_checkpoint, '_ensure_valid_checkpoint', ('checkpoint_filepath',), why)
-    replaced(composer_checkpoint, '_torch_load_with_validation', ('checkpoint_filepath', 'map_location'), why)
-    composer_checkpoint._torch_load_with_validation = load
+    replaced(composer_checkpoint, '_ensure_valid_checkpoint', ('checkpoint_filepath',), why)  # called by `load`
+    parameters = ('checkpoint_filepath', 'map_location')
+    install(composer_checkpoint, '_torch_load_with_validation', parameters, why, lambda original: load)
 
 
 def remote_checkpoint_savers(trainer) -> list[CheckpointSaver]:

@@ -32,7 +32,7 @@ from data import (
 from datapath.loaders import StoppableDataLoader
 from ema import EMA
 from guards.arguments import ConfigError
-from guards.library_patches import replaced
+from guards.library_patches import install
 from models.stable_diffusion import DiffusionModel
 from runs.checkpoints import (
     RunDescription,
@@ -54,8 +54,9 @@ from settings.tokenizer import TokenizerError
 # The Trainer records the machine it runs on (collect_env.get_composer_env_dict), the CPU's name from py-cpuinfo, which
 # starts a Python interpreter to ask the CPU: a second of every rank's start. The name is read from /proc/cpuinfo
 # instead, as the results file reads it.
-replaced(collect_env, 'get_cpu_model', (), "the CPU's name read without starting an interpreter")
-collect_env.get_cpu_model = cpu_name
+install(
+    collect_env, 'get_cpu_model', (), "the CPU's name read without starting an interpreter", lambda original: cpu_name
+)
 
 # torch.compile options that --compile adds to its own (Inductor, in the mode it names, at static shapes): none for a
 # run; tests set a backend here (aot_eager, one that fails) to trace on a CPU without Inductor.

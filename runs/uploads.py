@@ -15,7 +15,7 @@ from pathlib import Path
 from composer.utils import remote_uploader
 from composer.utils.remote_uploader import _upload_file_to_object_store as upload_to_object_store
 
-from guards.library_patches import replaced
+from guards.library_patches import install
 
 
 class UploadFailed(Exception):
@@ -24,13 +24,13 @@ class UploadFailed(Exception):
 
 def keep_failed_uploads(folder: Path) -> None:
     """Every later checkpoint upload of this process keeps a file it fails to upload in `folder`."""
-    replaced(
+    install(
         remote_uploader,
         '_upload_file_to_object_store',
         ('remote_backend_name', 'backend_kwargs', 'remote_file_name', 'local_file_path'),
         'a checkpoint whose upload fails for good is kept on disk',
+        lambda original: functools.partial(upload_or_keep, keep_in=str(folder)),
     )
-    remote_uploader._upload_file_to_object_store = functools.partial(upload_or_keep, keep_in=str(folder))
 
 
 def settle_failed_uploads(uploader: remote_uploader.RemoteUploader) -> None:
