@@ -112,7 +112,6 @@ def comparable(path: str) -> str:
 def samples_frame(session, files: list[InputFile], caption_column: str | None):
     """The samples of the inputs as one DataFrame: each row's file (`file`), its row or its tar key (`key`), the
     image bytes (`jpg`), the caption (`caption`), and the reason a tar gives to skip it (`reason`, else null)."""
-    from pyspark.sql import functions
     from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
     frames = []
@@ -139,7 +138,7 @@ def samples_frame(session, files: list[InputFile], caption_column: str | None):
     frame = frames[0]
     for other in frames[1:]:
         frame = frame.unionByName(other)
-    return frame.withColumn('reason', functions.col('reason').cast('string'))
+    return frame
 
 
 def parquet_frame(dataframe, caption_column: str | None):

@@ -15,8 +15,8 @@ import inspect
 
 # The distribution each top-level package comes from, for the version a refusal names.
 DISTRIBUTIONS = {'composer': 'mosaicml', 'streaming': 'mosaicml-streaming', 'torch': 'torch', 'wandb': 'wandb'}
-# Every name replaced so far in this process: (package, owner, name), in the order installed.
-GUARDED: list[tuple[str, str, str]] = []
+# Every name replaced so far in this process: (package, owner, name), once each, in the order first installed.
+GUARDED: dict[tuple[str, str, str], None] = {}
 # The replacements installed in this process, by id, each with the library's own name it replaced: a patch installed
 # again (a second run in one process) is checked against the library's original, not against this repo's own.
 INSTALLED: dict[int, tuple[object, object]] = {}
@@ -49,7 +49,7 @@ def replaced(owner, name: str, parameters: tuple[str, ...], why: str):
             f'{DISTRIBUTIONS.get(package, package)} {version}: {where}.{name} {problem}; this repo replaces it '
             f'({why}): install the version requirements.txt pins'
         )
-    GUARDED.append((package, where, name))
+    GUARDED[package, where, name] = None  # a patch installed again (a second run) is listed once
     return original
 
 

@@ -15,13 +15,12 @@ MAX_TRAINING_BYTES = 2 << 30  # read whole at start: seconds from a local disk
 REFUSED_SHARE = 0.05  # of the split's images also trained on: more is no held-out split (LAION repeats a few images)
 
 
-def image_digests(folder: str) -> list[int] | str:
-    """The xxh3 digest of each image of a local MDS dataset of convert.py's columns, or why they cannot be read
-    cheaply."""
+def image_digests(folder: str, shards: list[dict]) -> list[int] | str:
+    """The xxh3 digest of each image of a local MDS dataset of convert.py's columns (its index's `shards`), or why
+    they cannot be read cheaply."""
     import xxhash
     from streaming.base.format import reader_from_json
 
-    shards = read_index(folder, folder, (folder,))
     if any(
         dict(zip(s.get('column_names') or [], s.get('column_encodings') or [])).get('jpg') != 'bytes' for s in shards
     ):
@@ -35,19 +34,16 @@ def image_digests(folder: str) -> list[int] | str:
     return digests
 
 
-def training_bytes(folder: str) -> int:
-    return sum(shard['raw_data'].get('bytes') or 0 for shard in read_index(folder, folder, (folder,)))
-
-
 def shared_images(training: str, split: str) -> tuple[int, int] | str:
     """(images of the split also in the training set, images of the split), or why it was not checked."""
-    size = training_bytes(training)
+    training_shards = read_index(training, training, (training,))
+    size = sum(shard['raw_data'].get('bytes') or 0 for shard in training_shards)
     if size > MAX_TRAINING_BYTES:
         return f'the training set is {size / 2**30:.1f} GiB, more than the {MAX_TRAINING_BYTES >> 30} GiB read at start'
-    held_out = image_digests(split)
+    held_out = image_digests(split, read_index(split, split, (split,)))
     if isinstance(held_out, str):
         return f'the split: {held_out}'
-    trained = image_digests(training)
+    trained = image_digests(training, training_shards)
     if isinstance(trained, str):
         return f'the training set: {trained}'
     trained = set(trained)
