@@ -25,6 +25,7 @@ from guards.stopping import leave_signals_to_parent
 from settings.dataset_checks import is_remote
 
 PROGRESS_EVERY_S = 0.2  # how often the main process adds up the workers' counts for its progress bar
+TERMINATE_WAIT_S = 10  # how long a worker terminated (stopping) has to end before it is killed
 
 
 class WorkerDied(RuntimeError):
@@ -70,7 +71,10 @@ def run_workers(work: Callable, shares: list, on_progress: Callable[[int], None]
             if process.is_alive():
                 process.terminate()
         for process in processes:
-            process.join()
+            process.join(TERMINATE_WAIT_S)
+            if process.exitcode is None:  # SIGTERM blocked, and its thread that ends on it not yet started
+                process.kill()
+                process.join()
 
 
 def worker(work: Callable, index: int, share, counts, send) -> None:

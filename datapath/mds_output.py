@@ -169,9 +169,11 @@ def abandon(writer) -> None:
 
 def write_samples(writer, validation_writer, samples, total: int | None, progress: bool, before_first_sample) -> dict:
     written, held_out, skipped, skipped_named = 0, 0, Counter(), []
-    for name, image, caption, reason, in_validation in tqdm(
-        samples, total=total, unit='img', disable=not progress, desc='converting'
-    ):
+    # No bar at all without progress: even a disabled tqdm takes tqdm's lock, which a conversion worker (forked from
+    # a process with a bar and its monitor thread) shares with that process, half of it a semaphore across processes.
+    if progress:
+        samples = tqdm(samples, total=total, unit='img', desc='converting')
+    for name, image, caption, reason, in_validation in samples:
         if reason is None:
             sample = usable_sample(image, caption)
             reason = sample if isinstance(sample, str) else None

@@ -4,20 +4,24 @@ samples named and the same held-out split; a killed worker or a signal stops the
 the output as it was; training and precompute.py read what the workers wrote."""
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from conftest import REPO, jpeg, settled
 from test_convert import read_mds, write_tar
 from test_data import RecordSamples
+from tqdm import tqdm
 
 import convert
 import precompute
 from datapath import convert_inputs, convert_workers
+from datapath.mds_output import write_samples
 from runs.run import main
 
 
@@ -108,6 +112,74 @@ def test_a_killed_worker_stops_the_conversion_and_leaves_the_output_as_it_was(tm
     with pytest.raises(convert.ConversionStopped):
         convert.convert([str(photos)], str(tmp_path / 'new'), progress=False, workers=2)
     assert not (tmp_path / 'new').exists()
+
+
+def test_workers_convert_while_another_thread_holds_the_progress_bars_lock():
+    """The main process's progress bar and its monitor thread take tqdm's lock, a thread lock and a semaphore across
+    processes. A worker forked while another thread held it, taking it, would wait for that semaphore and then for
+    ever on its copy of the thread lock, holding the semaphore the main process's bar then waits on: workers take
+    no lock of tqdm's."""
+    taken, release = threading.Event(), threading.Event()
+
+    def hold_the_bars_lock():
+        with tqdm.get_lock():
+            taken.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold_the_bars_lock)
+    holder.start()
+    taken.wait()
+    skipped = ('a.jpg', None, None, 'no caption file', False)
+    results = []
+
+    def convert_shares():
+        def convert_share(index, share, counts):
+            return write_samples(None, None, share, None, False, None)
+
+        results.extend(convert_workers.run_workers(convert_share, [[skipped], [skipped]], lambda done: None))
+
+    runner = threading.Thread(target=convert_shares)
+    try:
+        runner.start()
+        runner.join(120)  # a hang guard: the two workers convert one sample each
+        hung = runner.is_alive()
+    finally:
+        release.set()
+        holder.join()
+    if hung:
+        for child in multiprocessing.active_children():
+            child.kill()
+        runner.join()
+    assert not hung, "the workers waited on the progress bar's lock"
+    share = {
+        'written': 0,
+        'held_out': 0,
+        'skipped': {'no caption file': 1},
+        'skipped_named': [skipped[:1] + skipped[3:4]],
+    }
+    assert results == [share, share]
+
+
+def test_a_worker_that_does_not_end_on_sigterm_is_killed_as_the_conversion_stops(monkeypatch):
+    """A worker blocks SIGTERM, and ends on its parent's from a thread of its own: one stuck before that thread
+    runs is killed, and the main process's stop is not held up by it."""
+    monkeypatch.setattr(
+        convert_workers, 'leave_signals_to_parent', lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    )
+    monkeypatch.setattr(convert_workers, 'TERMINATE_WAIT_S', 0.5)
+    started = multiprocessing.get_context('fork').Event()
+
+    def stuck(index, share, counts):
+        started.set()
+        threading.Event().wait()
+
+    def stopped_once_started(done):
+        if started.is_set():
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        convert_workers.run_workers(stuck, [['a'], ['b']], stopped_once_started)
+    assert multiprocessing.active_children() == []
 
 
 @pytest.mark.slow
