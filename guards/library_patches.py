@@ -20,6 +20,7 @@ GUARDED: dict[tuple[str, str, str], None] = {}
 # The replacements installed in this process, by id, each with the library's own name it replaced: a patch installed
 # again (a second run in one process) is checked against the library's original, not against this repo's own.
 INSTALLED: dict[int, tuple[object, object]] = {}
+MISSING = object()  # a name that is not there (an attribute a patch reads may be None)
 
 
 class LibraryChanged(RuntimeError):
@@ -27,16 +28,21 @@ class LibraryChanged(RuntimeError):
 
 
 def replaced(owner, name: str, parameters: tuple[str, ...], why: str):
-    """`owner.name` (owner: a module or a class), checked to exist and to take `parameters` as its leading
-    parameters (`self` left out for a method); LibraryChanged otherwise. Returns it, for the patch to wrap."""
-    where = owner.__name__ if inspect.ismodule(owner) else f'{owner.__module__}.{owner.__qualname__}'
+    """`owner.name` (owner: a module, a class, or an object whose attribute a patch sets or reads), checked to exist
+    and to take `parameters` as its leading parameters (`self` left out for a method); LibraryChanged otherwise.
+    Returns it, for the patch to wrap."""
+    if inspect.ismodule(owner):
+        where = owner.__name__
+    else:
+        kind = owner if inspect.isclass(owner) else type(owner)
+        where = f'{kind.__module__}.{kind.__qualname__}'
     package = where.split('.')[0]
-    original = getattr(owner, name, None)
+    original = getattr(owner, name, MISSING)
     original = INSTALLED.get(id(original), (None, original))[1]
     problem = None
-    if original is None:
+    if original is MISSING:
         problem = 'is not there'
-    elif parameters:
+    elif parameters and callable(original):
         try:
             found = [p for p in inspect.signature(original).parameters if p != 'self'][: len(parameters)]
         except (TypeError, ValueError):  # no signature to read (a builtin)

@@ -12,11 +12,12 @@ checkpoint carries the settings of its run (`RunDescription`), and `check_resuma
 shapes, first.
 
 A checkpoint that does not fit on its disk fails deep in torch.save's zip writer, with a traceback that names
-neither the folder nor the cause; `report_failed_writes` makes it a CheckpointWriteError that names both.
+neither the folder nor the cause; composer_fixes.report_failed_writes makes it a CheckpointWriteError that names both
+(`CheckpointWriteError.of`).
 
 A checkpoint is a pickle, and unpickling can run any code the file names: one planted in a save folder, or given to
 generate.py, would run with the user's rights. Every checkpoint is read weights-only (`load_checkpoint_file`, and
-Composer's own load through `load_composer_checkpoints_weights_only`): tensors, plain values and the few types a
+Composer's own load through `composer_load`): tensors, plain values and the few types a
 checkpoint of this repo holds; a file that needs more is refused unless the user trusts it (--trust_checkpoint).
 
 With --save_num_checkpoints_to_keep N, Composer deletes the oldest checkpoint files past N as it writes each new
@@ -28,6 +29,7 @@ the folder holds N across resumptions too. Files set aside as incomplete are not
 import contextlib
 import dataclasses
 import datetime
+import functools
 import os
 import pickle
 import re
@@ -43,7 +45,6 @@ from composer.core import Callback
 from composer.utils import dist
 
 from guards.arguments import ConfigError
-from guards.library_patches import install, replaced
 from guards.outputs import DISK_FULL
 from settings.config import RunConfig
 from settings.dataset_checks import s3_client, s3_folder, s3_folder_names
@@ -71,14 +72,6 @@ CHECKPOINT_FILE = re.compile(r'^ep(\d+)-ba(\d+)-rank0\.pt$')
 LATEST_LINK = 'latest-rank0.pt'
 
 
-# Composer points a remote save folder's latest link at a checkpoint only once a process of its own has seen the
-# checkpoint there, looking every 30 s (CheckpointSaver's _symlink_upload_wait_before_next_try_in_seconds, which its
-# tests set). A run stopped in that window resumed one checkpoint back and then stopped on "object already exists",
-# and a stopped run waited up to 30 s to point the link, the whole of Slurm's and Kubernetes' default grace period.
-# Every 2 s instead: a listing of the folder every 2 s while a checkpoint uploads.
-REMOTE_CHECKPOINT_CHECK_SECONDS = 2
-
-
 def load_checkpoint_file(path, *, trust=False, mmap=False, map_location='cpu', what='--checkpoint'):
     """torch.load of a checkpoint, weights-only unless trusted: ConfigError naming the type a file would need
     beyond CHECKPOINT_TYPES, code that loading it would run, instead of running it."""
@@ -98,32 +91,15 @@ def load_checkpoint_file(path, *, trust=False, mmap=False, map_location='cpu', w
         ) from None
 
 
-def load_composer_checkpoints_weights_only(trust: bool) -> None:
-    """Composer loads a checkpoint to resume from with torch.load(weights_only=False) (composer 0.32's
-    checkpoint._torch_load_with_validation): here it loads weights-only as load_checkpoint_file does, the same
-    refusal for a file that would run code. Covers an s3:// save folder, whose checkpoint only Composer reads."""
-    from composer.utils import checkpoint as composer_checkpoint
-
-    def load(path, map_location: str):
-        checked = composer_checkpoint._ensure_valid_checkpoint(path)
-        return load_checkpoint_file(checked, trust=trust, map_location=map_location, what=RESUMED)
-
-    why = 'a checkpoint resumed from is read weights-only'
-    replaced(composer_checkpoint, '_ensure_valid_checkpoint', ('checkpoint_filepath',), why)  # called by `load`
-    parameters = ('checkpoint_filepath', 'map_location')
-    install(composer_checkpoint, '_torch_load_with_validation', parameters, why, lambda original: load)
+def composer_load(trust: bool):
+    """load_checkpoint_file for a checkpoint Composer resumes from (composer_fixes.load_checkpoints_weights_only)."""
+    return functools.partial(load_checkpoint_file, trust=trust, what=RESUMED)
 
 
 def remote_checkpoint_savers(trainer) -> list[CheckpointSaver]:
     """The Trainer's checkpoint savers that upload to a remote save folder (s3:// and the like)."""
     savers = [callback for callback in trainer.state.callbacks if isinstance(callback, CheckpointSaver)]
     return [saver for saver in savers if saver.remote_uploader is not None]
-
-
-def check_remote_checkpoints_often(trainer) -> None:
-    for saver in remote_checkpoint_savers(trainer):
-        if hasattr(saver, '_symlink_upload_wait_before_next_try_in_seconds'):  # composer 0.32's name for it
-            saver._symlink_upload_wait_before_next_try_in_seconds = REMOTE_CHECKPOINT_CHECK_SECONDS
 
 
 def finish_uploads(trainer) -> None:
@@ -226,29 +202,13 @@ class CheckpointWriteError(Exception):
         else:
             super().__init__(f'checkpoint {file.name} could not be written ({reason})')
 
-
-def report_failed_writes() -> None:
-    """Wraps Composer's checkpoint writer so that a failed write raises CheckpointWriteError, and a written one has
-    its run's record beside it (record_beside). Composer has no hook for either: torch.save raises a RuntimeError
-    ('PytorchStreamWriter failed writing file ...') or an OSError."""
-    from composer.utils import checkpoint
-
-    write = checkpoint._write_checkpoint_file
-    if getattr(write, 'reports_failures', False):
-        return
-
-    def write_or_report(state_dict, filename):
-        try:
-            write(state_dict, filename)
-        except (OSError, RuntimeError) as error:
-            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[-1]
-            # torch's zip writer says only 'file write failed', the usual cause a full disk; an OSError says which.
-            full = not isinstance(error, OSError) or error.errno in DISK_FULL
-            raise CheckpointWriteError(Path(filename), reason.strip(), full) from error
-        record_beside(state_dict, Path(filename))
-
-    write_or_report.reports_failures = True
-    checkpoint._write_checkpoint_file = write_or_report
+    @classmethod
+    def of(cls, file: Path, error: Exception) -> 'CheckpointWriteError':
+        """The error torch.save raised, read: torch's zip writer says only 'file write failed', the usual cause a
+        full disk; an OSError says which."""
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[-1]
+        full = not isinstance(error, OSError) or error.errno in DISK_FULL
+        return cls(file, reason.strip(), full)
 
 
 def record_beside(state_dict: dict, checkpoint: Path) -> None:

@@ -45,6 +45,7 @@ from runs.checkpoints import (
     resumed_cpu_threads,
     set_aside_incomplete,
 )
+from runs.composer_fixes import keep_failed_uploads
 from runs.evaluation import ValidationReport
 from runs.export import SampleGrid, export_pipeline
 from runs.interrupts import StopOnSignal, Stopped
@@ -52,7 +53,7 @@ from runs.progress import ProgressLines
 from runs.provenance import provenance
 from runs.start_lines import start_lines
 from runs.training import build_dataloader, build_trainer, log_summary_to_wandb
-from runs.uploads import UploadFailed, keep_failed_uploads, settle_failed_uploads
+from runs.uploads import UploadFailed, settle_failed_uploads
 from runs.versions import check_stack
 from settings.config import RunConfig
 from settings.dataset_checks import DataError

@@ -13,14 +13,13 @@ import torch
 from composer import Trainer
 from composer.algorithms import ChannelsLast, LowPrecisionGroupNorm, LowPrecisionLayerNorm
 from composer.callbacks import SpeedMonitor
-from composer.core import Callback, Time
+from composer.core import Time
 from composer.loggers import InMemoryLogger, WandBLogger
 from composer.optim import ComposerScheduler, ConstantScheduler, ConstantWithWarmupScheduler
 from composer.profiler import Profiler, cyclic_schedule
-from composer.utils import collect_env, dist, reproducibility
+from composer.utils import dist
 from torch.utils.data import DataLoader
 
-from costs.results import cpu_name
 from data import (
     BadSampleCounter,
     PrecomputedLatentsDataset,
@@ -32,14 +31,20 @@ from data import (
 from datapath.loaders import StoppableDataLoader
 from ema import EMA
 from guards.arguments import ConfigError
-from guards.library_patches import install
 from models.stable_diffusion import DiffusionModel
 from runs.checkpoints import (
+    CheckpointWriteError,
     RunDescription,
-    check_remote_checkpoints_often,
+    composer_load,
     keep_newest_checkpoints,
-    load_composer_checkpoints_weights_only,
+    record_beside,
+    remote_checkpoint_savers,
+)
+from runs.composer_fixes import (
+    check_remote_checkpoints_often,
+    load_checkpoints_weights_only,
     report_failed_writes,
+    restore_random_state_mid_epoch,
 )
 from runs.evaluation import build_evaluators, evaluation_callbacks
 from runs.progress import ProgressLines, draws_a_bar
@@ -50,13 +55,6 @@ from settings.model_folder import LATENT_DOWNSAMPLE
 from settings.presets import SYNTHETIC_SAMPLES
 from settings.run_sections import BatchSection, DataSection, ObjectiveSection, OutputSection, SpeedSection
 from settings.tokenizer import TokenizerError
-
-# The Trainer records the machine it runs on (collect_env.get_composer_env_dict), the CPU's name from py-cpuinfo, which
-# starts a Python interpreter to ask the CPU: a second of every rank's start. The name is read from /proc/cpuinfo
-# instead, as the results file reads it.
-install(
-    collect_env, 'get_cpu_model', (), "the CPU's name read without starting an interpreter", lambda original: cpu_name
-)
 
 # torch.compile options that --compile adds to its own (Inductor, in the mode it names, at static shapes): none for a
 # run; tests set a backend here (aot_eager, one that fails) to trace on a CPU without Inductor.
@@ -186,8 +184,8 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
         algorithms += [LowPrecisionGroupNorm(), LowPrecisionLayerNorm()]
     algorithms += stability_algorithms(config.objective, dataloader.dataset)
     if config.outputs.save_folder:
-        report_failed_writes()
-        load_composer_checkpoints_weights_only(config.outputs.trust_checkpoint)
+        report_failed_writes(CheckpointWriteError.of, record_beside)
+        load_checkpoints_weights_only(composer_load(config.outputs.trust_checkpoint))
     bar = draws_a_bar()
     loggers = [InMemoryLogger()]
     if config.outputs.wandb_project:
@@ -237,7 +235,7 @@ def build_trainer(config: RunConfig, model: DiffusionModel, dataloader: DataLoad
         # Resumed at the end of an epoch, Composer first finishes that epoch, which has no batch left, and warns
         # that no batches were trained; a run that trains none at all ends in run.check_finished instead.
         warnings.filterwarnings('ignore', message='No batches were trained for global rank')
-    check_remote_checkpoints_often(trainer)
+    check_remote_checkpoints_often(remote_checkpoint_savers(trainer))
     return trainer
 
 
@@ -259,30 +257,6 @@ def fit_speed_window(trainer: Trainer, batches: int) -> None:
 def latent_shape(data: DataSection, model: DiffusionModel) -> tuple[int, int, int]:
     side = data.image_size // LATENT_DOWNSAMPLE
     return (model.latent_channels, side, side)
-
-
-class RestoreRandomState(Callback):
-    """Loads a checkpoint's random state (every generator, this rank's) before the first batch after it."""
-
-    def __init__(self, rng_state: list[dict]):
-        self.rng_state = rng_state
-
-    def after_dataloader(self, state, logger) -> None:
-        if self.rng_state is not None:
-            reproducibility.load_rng_state(self.rng_state)
-            self.rng_state = None
-
-
-def restore_random_state_mid_epoch(trainer: Trainer) -> None:
-    """Composer restores a checkpoint's random state at an epoch boundary, or while it fast-forwards a dataloader
-    to the checkpoint's batch; a Streaming dataset resumes mid-epoch by itself, so there Composer never restores
-    it, and the noise and timesteps of a resumed run restarted from the seed. Here the state Composer read
-    (a private attribute of its Trainer) is restored at the point of the first batch the checkpoint did not
-    train, where the uninterrupted run had it."""
-    resumes_itself = 'train' in trainer.state.dataset_resumption
-    if trainer._rng_state is not None and resumes_itself and int(trainer.state.timestamp.batch_in_epoch) > 0:
-        trainer.state.callbacks.append(RestoreRandomState(trainer._rng_state))
-        trainer._rng_state = None
 
 
 # Per-token throughput: Composer counts the caption's token ids, which says nothing of an image model's speed.

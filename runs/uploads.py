@@ -3,34 +3,23 @@ ended in one line that says where it is.
 
 Composer uploads each checkpoint from a staging copy in a process pool (composer.utils.remote_uploader), retrying
 transient errors; when the retries are spent the worker raises, the copy is deleted with the staging folder at exit,
-and the run ends in the worker's traceback. Here the pool runs `upload_or_keep` instead, which moves the copy of a
-file that could not be uploaded to a local folder under its remote name, and raises UploadFailed, one line that
-crosses the process boundary (a plain string)."""
+and the run ends in the worker's traceback. Here the pool runs `upload_or_keep` instead (installed by
+composer_fixes.keep_failed_uploads), which moves the copy of a file that could not be uploaded to a local folder under
+its remote name, and raises UploadFailed, one line that crosses the process boundary (a plain string)."""
 
 import concurrent.futures
-import functools
 import shutil
 from pathlib import Path
 
 from composer.utils import remote_uploader
-from composer.utils.remote_uploader import _upload_file_to_object_store as upload_to_object_store
 
-from guards.library_patches import install
+# Composer's own upload, by the name it has in a pool process: the pool spawns its processes, which import this
+# module afresh and never install the patch; the replacement reaches them pickled by reference to upload_or_keep.
+from composer.utils.remote_uploader import _upload_file_to_object_store as upload_to_object_store
 
 
 class UploadFailed(Exception):
     """A file of the run that was not uploaded after its retries; the message names it, why, and where it is kept."""
-
-
-def keep_failed_uploads(folder: Path) -> None:
-    """Every later checkpoint upload of this process keeps a file it fails to upload in `folder`."""
-    install(
-        remote_uploader,
-        '_upload_file_to_object_store',
-        ('remote_backend_name', 'backend_kwargs', 'remote_file_name', 'local_file_path'),
-        'a checkpoint whose upload fails for good is kept on disk',
-        lambda original: functools.partial(upload_or_keep, keep_in=str(folder)),
-    )
 
 
 def settle_failed_uploads(uploader: remote_uploader.RemoteUploader) -> None:

@@ -7,6 +7,10 @@ import sys
 import types
 
 import pytest
+import torch
+from composer import Trainer
+from composer.callbacks import CheckpointSaver
+from composer.models import ComposerClassifier
 from composer.utils import checkpoint as composer_checkpoint
 from composer.utils import remote_uploader
 from conftest import REPO, TINY
@@ -27,23 +31,43 @@ PATCHED = {
     ('composer', 'composer.utils.remote_uploader', '_upload_file_to_object_store'),
     ('composer', 'composer.utils.checkpoint', '_ensure_valid_checkpoint'),
     ('composer', 'composer.utils.checkpoint', '_torch_load_with_validation'),
+    ('composer', 'composer.utils.checkpoint', '_write_checkpoint_file'),
+    (
+        'composer',
+        'composer.callbacks.checkpoint_saver.CheckpointSaver',
+        '_symlink_upload_wait_before_next_try_in_seconds',
+    ),
+    ('composer', 'composer.trainer.trainer.Trainer', '_rng_state'),
 }
 
 
 @pytest.mark.stack
 def test_every_patch_checks_what_it_replaces_and_each_holds_on_this_stack(tmp_path, monkeypatch):
     import data  # noqa: F401  installs Streaming's patches
-    from runs import checkpoints, training, uploads  # noqa: F401  training: Composer's CPU name
+    from runs import checkpoints, composer_fixes  # composer_fixes installs Composer's CPU name
 
-    # The two installed when a run asks for them, undone after the test.
+    # The three installed when a run asks for them, undone after the test.
     for owner, name in (
         (remote_uploader, '_upload_file_to_object_store'),
         (composer_checkpoint, '_torch_load_with_validation'),
+        (composer_checkpoint, '_write_checkpoint_file'),
     ):
         monkeypatch.setattr(owner, name, getattr(owner, name))
     for _ in range(2):  # a second run in one process installs them again: checked against the library's own
-        uploads.keep_failed_uploads(tmp_path)
-        checkpoints.load_composer_checkpoints_weights_only(trust=False)
+        composer_fixes.keep_failed_uploads(tmp_path)
+        composer_fixes.load_checkpoints_weights_only(checkpoints.composer_load(trust=False))
+        composer_fixes.report_failed_writes(checkpoints.CheckpointWriteError.of, checkpoints.record_beside)
+    # The two attributes of Composer's objects a run sets or reads, on objects of this Composer.
+    saver = CheckpointSaver(folder=str(tmp_path))
+    saver.remote_uploader = remote_uploader  # stands in for a remote save folder's uploader
+    model = ComposerClassifier(torch.nn.Linear(2, 2), num_classes=2)
+    trainer = Trainer(model=model, optimizers=torch.optim.SGD(model.parameters(), lr=0.1))
+    trainer.state.callbacks.append(saver)
+    composer_fixes.check_remote_checkpoints_often(checkpoints.remote_checkpoint_savers(trainer))
+    composer_fixes.restore_random_state_mid_epoch(trainer)
+    assert saver._symlink_upload_wait_before_next_try_in_seconds == composer_fixes.REMOTE_CHECKPOINT_CHECK_SECONDS
+    saver.remote_uploader = None  # nothing to wait for as the Trainer closes
+    trainer.close()
     assert set(library_patches.GUARDED) == PATCHED
 
 

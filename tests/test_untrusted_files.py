@@ -10,7 +10,8 @@ from conftest import TINY, good_samples, settled, write_dataset
 
 import generate
 from guards.arguments import ConfigError
-from runs.checkpoints import load_checkpoint_file, load_composer_checkpoints_weights_only
+from runs.checkpoints import composer_load, load_checkpoint_file
+from runs.composer_fixes import load_checkpoints_weights_only
 from runs.run import main
 from settings.dataset_checks import DataError, describe_dataset
 
@@ -93,13 +94,13 @@ def test_composers_own_load_is_weights_only_too(save_folder, tmp_path):
     evil = planted(save_folder / 'latest-rank0.pt', tmp_path / 'evil.pt', marker)
     original = composer_checkpoint._torch_load_with_validation
     try:
-        load_composer_checkpoints_weights_only(trust=False)
+        load_checkpoints_weights_only(composer_load(trust=False))
         resumed = composer_checkpoint.safe_torch_load(str(save_folder / 'latest-rank0.pt'))
         assert resumed['state']['timestamp']['Timestamp']['batch'] == 2
         with pytest.raises(ConfigError, match='refused, it names code that loading would run'):
             composer_checkpoint.safe_torch_load(str(evil))
         assert not marker.exists()
-        load_composer_checkpoints_weights_only(trust=True)
+        load_checkpoints_weights_only(composer_load(trust=True))
         composer_checkpoint.safe_torch_load(str(evil))
         assert marker.exists()
     finally:
