@@ -25,7 +25,7 @@ from guards.stopping import SIGNALS, Stopped, stop_on_signals
 from settings import hardware
 from settings.dataset_checks import DataError, is_remote
 from settings.model_folder import caption_inputs, read_model_folder, resolve_model_dir, t5_tokenizer_needed
-from settings.presets import PRESETS, SAMPLE_DATASET, SD2_BASE
+from settings.presets import PRESETS, SAMPLE_DATASET, SD2_BASE, default_model
 from settings.tokenizer import check_tokenizer
 
 
@@ -109,7 +109,7 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
             )
     has_gpu = hardware.gpu() is not None
     if args.model_name is None:
-        args.model_name = 'sd2-base' if has_gpu else 'tiny'
+        args.model_name = default_model(has_gpu)
         args.model_dir = resolve_model_dir(args.model_name)
     if args.image_size is None:
         args.image_size = PRESETS.get(args.model_name, SD2_BASE).image_size

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from settings.presets import PRESETS, default_model
+
 REPO = Path(__file__).resolve().parent.parent
 # Each row's process runs this interpreter with the same site setting (a rehearsal runs `python -S`).
 PYTHON = [sys.executable, *(['-S'] if sys.flags.no_site else [])]
@@ -122,7 +124,8 @@ class Campaign:
 
     def __init__(self, args: argparse.Namespace, on_gpu: bool, work: Path, planned: int | None = None):
         self.args, self.on_gpu, self.work = args, on_gpu, work
-        self.model, self.size = ('sd2-base', 512) if on_gpu else ('tiny', 64)
+        self.model = default_model(on_gpu)
+        self.size = PRESETS[self.model].image_size
         self.batch = 256 if on_gpu else 16  # the headline's: 8 microbatches of an H100's planned 32
         self.compiled = ('--compile',) if on_gpu else ()
         self.batches = args.batches or (10 if on_gpu else 3)

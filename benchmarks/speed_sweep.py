@@ -39,7 +39,7 @@ from costs.results import load_results
 from costs.results import mfu as results_mfu
 from guards.arguments import ConfigError
 from settings.model_folder import read_model_folder, resolve_model_dir
-from settings.presets import PRESETS, SD2_BASE
+from settings.presets import PRESETS, PUBLISHED_MODEL, SD2_BASE, default_model
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 REPO = Path(__file__).resolve().parent.parent
@@ -172,12 +172,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.batches is not None and args.batches < 4:
         parser.error(f'--batches {args.batches}: at least 4 (throughput is measured on the steady half)')
     if args.model_name is None:  # the machine's defaults, looked up once the flags are checked
-        args.model_name = 'sd2-base' if gpu_available() else 'tiny'
+        args.model_name = default_model(gpu_available())
     if args.batches is None:
         args.batches = 30 if gpu_available() else 12
     if args.sizes is None:
         preset = PRESETS.get(args.model_name, SD2_BASE)
-        args.sizes = [512, 256] if args.model_name == 'sd2-base' else [preset.image_size]
+        args.sizes = [512, 256] if args.model_name == PUBLISHED_MODEL else [preset.image_size]
     if 'baseline' not in args.paths:
         args.paths.insert(0, 'baseline')  # every speedup is relative to it
     return args
@@ -464,7 +464,9 @@ def against_goal(rows: list[dict], peak_tflops: float | None) -> list[str]:
         measured = [
             row
             for row in rows
-            if (row['size'], row['mode']) == (512, mode) and per_gpu(row) and row['results']['model_name'] == 'sd2-base'
+            if (row['size'], row['mode']) == (512, mode)
+            and per_gpu(row)
+            and row['results']['model_name'] == PUBLISHED_MODEL
         ]
         if not measured:
             continue

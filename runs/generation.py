@@ -104,7 +104,7 @@ def load_pipeline(args: argparse.Namespace) -> tuple[DiffusionPipeline, dict]:
             pipeline.scheduler = SCHEDULERS[args.scheduler].from_config(pipeline.scheduler.config)
         return pipeline, recorded_description(Path(args.pipeline) / RUN_DESCRIPTION_FILE)
     folder = args.model_folder
-    if 'text_encoder_2' in folder.text_encoder_folders and not folder.is_transformer:
+    if folder.is_sdxl:
         raise ConfigError(
             f"--model_name {args.model_name}: SDXL's two text encoders need Diffusers' StableDiffusionXLPipeline, "
             'which generate.py does not build'

@@ -179,8 +179,7 @@ def output_columns(folder: ModelFolder) -> dict[str, str]:
     if folder.is_transformer:
         extra = FAMILIES[folder.family].caption_extra
         return PRECOMPUTED_COLUMNS | {extra: TRANSFORMER_PRECOMPUTED_COLUMNS[extra]}
-    sdxl = 'text_encoder_2' in folder.text_encoder_folders
-    return PRECOMPUTED_COLUMNS | (SDXL_PRECOMPUTED_COLUMNS if sdxl else {})
+    return PRECOMPUTED_COLUMNS | (SDXL_PRECOMPUTED_COLUMNS if folder.is_sdxl else {})
 
 
 def precompute_part(dataset, indices: range, out: str, vae, text_encoders, device, args, progress) -> tuple[int, int]:

@@ -524,8 +524,7 @@ def settle_evaluation(
     sample_interval = parse_interval('--sample_interval', flags.sample_interval)
     needs_encoders = drawing_flags(flags)
     folder = model.model_folder
-    sdxl = 'text_encoder_2' in folder.text_encoder_folders and not folder.is_transformer
-    if needs_encoders and sdxl:
+    if needs_encoders and folder.is_sdxl:
         raise ConfigError(
             f"--{needs_encoders[0]}: sample images and pipeline exports use Diffusers' StableDiffusionPipeline, "
             f'which takes one text encoder; {model.model_name} (SDXL) has two. The validation loss '

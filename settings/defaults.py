@@ -12,7 +12,7 @@ from guards.arguments import ConfigError
 from settings import hardware
 from settings.memory_plan import plans_for
 from settings.model_folder import ModelFolder, read_model_folder, resolve_model_dir
-from settings.presets import PRESETS, SD2_BASE, Preset
+from settings.presets import PRESETS, PUBLISHED_MODEL, SD2_BASE, Preset, default_model
 from settings.run_record import RUN_DESCRIPTION_FILE, exported_run
 
 
@@ -42,8 +42,8 @@ def with_defaults(args: argparse.Namespace, gpu: hardware.Gpu | None, notes: lis
     values = dict(vars(args))
     has_gpu = gpu is not None
     if values['model_name'] is None:
-        values['model_name'] = 'sd2-base' if has_gpu else 'tiny'
-        why = 'a GPU is present' if has_gpu else 'no GPU found; pass --model_name sd2-base for the real model'
+        values['model_name'] = default_model(has_gpu)
+        why = 'a GPU is present' if has_gpu else f'no GPU found; pass --model_name {PUBLISHED_MODEL} for the real model'
         notes.append(f'--model_name not given: using {values["model_name"]!r} ({why})')
     model_name = values['model_name']
     model_dir = resolve_model_dir(model_name)

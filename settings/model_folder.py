@@ -236,6 +236,12 @@ class ModelFolder:
     def is_transformer(self) -> bool:
         return self.family is not None
 
+    @property
+    def is_sdxl(self) -> bool:
+        """A UNet of SDXL's family: a second text encoder, whose pooled output the UNet's micro-conditioning takes
+        (resolve_model_dir refuses one without the other)."""
+        return not self.is_transformer and SECOND_ENCODER_CONFIG.split('/')[0] in self.text_encoder_folders
+
     def __reduce__(self):
         # Pickled and copied as its path: the read-only views do not pickle, and the folder is read once anyway.
         return read_model_folder, (self.path,)

@@ -47,6 +47,14 @@ PRESETS = {
     'tiny-pixart-sigma': TINY,
 }
 
+# The model a run trains where --model_name is not given: the published one on a GPU, a CPU's smoke run elsewhere.
+PUBLISHED_MODEL, CPU_MODEL = 'sd2-base', 'tiny'
+
+
+def default_model(has_gpu: bool) -> str:
+    return PUBLISHED_MODEL if has_gpu else CPU_MODEL
+
+
 SYNTHETIC_SAMPLES = 100_000  # one synthetic "epoch"; runs are normally bounded in batches instead
 
 # The sample dataset a run trains on when given no data: generated JPEGs of shapes with captions (convert.py writes

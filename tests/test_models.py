@@ -186,6 +186,13 @@ def test_a_model_folder_needs_both_halves_of_sdxl(tmp_path):
         resolve_model_dir(str(half))
 
 
+def test_sdxl_is_a_unet_with_a_second_text_encoder_and_sd3_is_not():
+    # SD3.5 has a text_encoder_2 too: a transformer is never of the UNets' SDXL family.
+    sdxl = {name for name in model_folder.BUILTIN_MODELS if builtin_folder(name).is_sdxl}
+    assert sdxl == {'sdxl-base', 'tiny-sdxl-base'}
+    assert 'text_encoder_2' in builtin_folder('tiny-sd3.5-medium').text_encoder_folders
+
+
 def test_presets_and_model_names():
     for name in ('sd1.5', 'sd2-768-v', 'sdxl-base'):
         assert name in model_folder.BUILTIN_MODELS and f'tiny-{name}' in model_folder.BUILTIN_MODELS
