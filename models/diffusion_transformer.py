@@ -41,6 +41,7 @@ from settings.model_folder import (
     CAPTION_LENGTH,
     DDPM_TARGETS,
     LATENT_DOWNSAMPLE,
+    ModelFolder,
     text_shapes,
 )
 from settings.presets import VALIDATION_TIMESTEPS
@@ -88,7 +89,9 @@ class DiffusionTransformer(FrozenEncodersModel):
         self.latent_shift = vae_config.get('shift_factor') or 0.0
         self.latent_scale = vae_config['scaling_factor']
         self._forward_flops: dict[tuple, dict[str, int]] = {}
-        self.model_dir: Path | None = None  # set by build_transformer_model, with the parts whose weights it loaded
+        # Set by build_transformer_model, with its path and the parts whose weights it loaded.
+        self.model_folder: ModelFolder | None = None
+        self.model_dir: Path | None = None
         self.weights_loaded: list[str] = []
 
     @property
@@ -329,7 +332,7 @@ def convert_to_float8(transformer: torch.nn.Module, emulate: bool = False) -> in
 
 
 def build_transformer_model(
-    model_dir: Path,
+    folder: ModelFolder,
     precomputed: bool = False,
     encoders_bf16: bool = False,
     init_device: torch.device | str | None = None,
@@ -337,16 +340,15 @@ def build_transformer_model(
 ) -> DiffusionTransformer:
     """The model of a diffusion transformer's folder (see model.build_model, which calls this for one), trained by
     `recipe` (default: its family's, families.FAMILIES)."""
-    model_dir = Path(model_dir)
-    transformer, transformer_loaded = build_part(model_dir, 'transformer', init_device)  # first: the same init
+    transformer, transformer_loaded = build_part(folder, 'transformer', init_device)  # first: the same init
     family = type(transformer).__name__
     scheduler_class = FlowMatchEulerDiscreteScheduler if is_flow_matching(family) else DDPMScheduler
-    noise_scheduler = scheduler_class.from_config(scheduler_class.load_config(model_dir, subfolder='scheduler'))
-    vae_config = AutoencoderKL.load_config(model_dir, subfolder='vae')
+    noise_scheduler = scheduler_class.from_config(dict(folder.scheduler_config))
+    vae_config = dict(folder.vae_config)
     vae, text_encoders, loaded = None, [], []
     if not precomputed:
-        vae, text_encoders, loaded = build_frozen_encoders(model_dir, encoders_bf16, init_device)
+        vae, text_encoders, loaded = build_frozen_encoders(folder, encoders_bf16, init_device)
     model = DiffusionTransformer(transformer, vae, text_encoders, noise_scheduler, vae_config, recipe)
-    model.model_dir = model_dir
+    model.model_folder, model.model_dir = folder, folder.path
     model.weights_loaded = ['transformer'] * transformer_loaded + loaded
     return model

@@ -23,7 +23,7 @@ from torchmetrics import Metric
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
 from datapath.images import unit_range
-from settings.model_folder import has_weights, read_model_folder
+from settings.model_folder import ModelFolder, as_model_folder, has_weights
 from settings.presets import VALIDATION_TIMESTEPS
 
 # The class of each part folder of SD's layout, where its config names none.
@@ -48,9 +48,9 @@ TEXT_ENCODERS = {
 }
 
 
-def part_class(model_dir: Path, part: str) -> type:
+def part_class(folder: ModelFolder, part: str) -> type:
     """The module class of a part folder, from its config (see the module docstring)."""
-    config = json.loads((Path(model_dir) / part / 'config.json').read_text())
+    config = folder.part_config(part)
     name = config.get('_class_name') or (config.get('architectures') or [None])[0]
     if name in DIFFUSERS_PARTS:
         return getattr(diffusers, name)
@@ -62,12 +62,13 @@ def part_class(model_dir: Path, part: str) -> type:
 
 
 def build_part(
-    model_dir: Path, part: str, init_device: torch.device | str | None = None
+    folder: ModelFolder | Path, part: str, init_device: torch.device | str | None = None
 ) -> tuple[torch.nn.Module, bool]:
     """One part of a model folder ('unet', 'transformer', 'vae', 'text_encoder', ...) and whether its weights were
     loaded: they load (on the CPU) where the folder has them, otherwise the part is randomly initialized from its
     config on init_device (default: torch's default device, the CPU unless a caller set another)."""
-    model_class = part_class(model_dir, part)
+    folder = as_model_folder(folder)
+    model_class, model_dir = part_class(folder, part), folder.path
     if has_weights(model_dir, part):
         # Diffusers' default low_cpu_mem_usage needs the accelerate package, which this stack does not install, and
         # warns once per part that it falls back to False.
@@ -85,14 +86,15 @@ def build_part(
 
 
 def build_frozen_encoders(
-    model_dir: Path, encoders_bf16: bool = False, init_device: torch.device | str | None = None
+    folder: ModelFolder | Path, encoders_bf16: bool = False, init_device: torch.device | str | None = None
 ) -> tuple[AutoencoderKL, list[torch.nn.Module], list[str]]:
     """The VAE and every text encoder of a model folder (in the order its pipeline names them), frozen and in eval
     mode, and the names of the parts whose weights were loaded. Eval mode: a module built from its config starts in
     training mode, where T5's dropout (0.1 in Flux's, SD3's and PixArt's configs) would randomize every embedding."""
     modules, loaded = [], []
-    for part in ('vae', *read_model_folder(model_dir).text_encoder_folders):
-        module, weights = build_part(model_dir, part, init_device)
+    folder = as_model_folder(folder)
+    for part in ('vae', *folder.text_encoder_folders):
+        module, weights = build_part(folder, part, init_device)
         module = module.requires_grad_(False).eval()
         modules.append(module.to(torch.bfloat16) if encoders_bf16 else module)
         loaded += [part] * weights

@@ -38,9 +38,9 @@ from settings.model_folder import (
     LATENT_DOWNSAMPLE,
     MICRO_CONDITIONS,
     ModelFolder,
+    as_model_folder,
     has_micro_conditioning,
     pooled_text_width,
-    read_model_folder,
 )
 
 __all__ = [
@@ -85,7 +85,9 @@ class StableDiffusion(FrozenEncodersModel):
         if self.latent_scale is None:
             raise ValueError("without a VAE, pass latent_scale (the VAE config's scaling_factor)")
         self._forward_flops: dict[tuple, dict[str, int]] = {}
-        self.model_dir: Path | None = None  # set by build_model, with the parts whose weights it loaded
+        # Set by build_model, with its path and the parts whose weights it loaded.
+        self.model_folder: ModelFolder | None = None
+        self.model_dir: Path | None = None
         self.weights_loaded: list[str] = []
 
     denoiser_name = 'unet'
@@ -277,11 +279,11 @@ def encode_text(text_encoder, text_encoder_2, batch: dict) -> dict[str, torch.Te
 
 
 def build_encoders(
-    model_dir: Path, encoders_bf16: bool = False, init_device: torch.device | str | None = None
+    folder: ModelFolder | Path, encoders_bf16: bool = False, init_device: torch.device | str | None = None
 ) -> tuple[AutoencoderKL, CLIPTextModel, CLIPTextModelWithProjection | None, list[str]]:
     """The VAE and text encoder(s) of a UNet's model folder (the second None but for SDXL), and the names of those
     whose weights were loaded."""
-    vae, text_encoders, loaded = build_frozen_encoders(model_dir, encoders_bf16, init_device)
+    vae, text_encoders, loaded = build_frozen_encoders(folder, encoders_bf16, init_device)
     return vae, text_encoders[0], text_encoders[1] if len(text_encoders) > 1 else None, loaded
 
 
@@ -297,7 +299,7 @@ DiffusionModel = StableDiffusion | DiffusionTransformer
 
 
 def build_model(
-    model_dir: Path,
+    folder: ModelFolder | Path,
     prediction_type: str | None = None,
     attention: str = 'sdpa',
     precomputed: bool = False,
@@ -305,29 +307,30 @@ def build_model(
     init_device: torch.device | str | None = None,
     recipe: Recipe | None = None,
 ) -> DiffusionModel:
-    """The model of a model folder (model_folder.resolve_model_dir finds it from a name), with `model_dir` and
-    `weights_loaded` (the parts whose weights the folder held) set. precomputed: the UNet alone (the batches
+    """The model of a model folder (the ModelFolder a run's settling read, or the path model_folder.resolve_model_dir
+    finds from a name), with `model_folder`, `model_dir` and `weights_loaded` (the parts whose weights the folder
+    held) set; its configs are the ModelFolder's, read once. precomputed: the UNet alone (the batches
     carry the encoders' outputs); encoders_bf16: the frozen VAE and text encoder weights in bf16; init_device:
     where the parts without weights are randomly initialized (see build_part). A folder with a transformer/
     instead of a unet/ gets diffusion_transformer.py's model, trained by `recipe` (default: its family's);
     prediction_type and attention are UNet options."""
-    model_dir = Path(model_dir)
-    if read_model_folder(model_dir).is_transformer:
-        return build_transformer_model(model_dir, precomputed, encoders_bf16, init_device, recipe)
-    unet, unet_loaded = build_part(model_dir, 'unet', init_device)  # first: the same init with or without encoders
-    scheduler_config = DDPMScheduler.load_config(model_dir, subfolder='scheduler')
+    folder = as_model_folder(folder)
+    if folder.is_transformer:
+        return build_transformer_model(folder, precomputed, encoders_bf16, init_device, recipe)
+    unet, unet_loaded = build_part(folder, 'unet', init_device)  # first: the same init with or without encoders
+    scheduler_config = dict(folder.scheduler_config)
     if prediction_type is not None:
         scheduler_config['prediction_type'] = prediction_type
     noise_scheduler = DDPMScheduler.from_config(scheduler_config)
     if attention == 'xformers':
         unet.enable_xformers_memory_efficient_attention()
     if precomputed:  # the UNet alone: the batches carry the encoders' outputs
-        latent_scale = AutoencoderKL.load_config(model_dir, subfolder='vae')['scaling_factor']
+        latent_scale = folder.vae_config['scaling_factor']
         model = StableDiffusion(unet, None, None, noise_scheduler, latent_scale)
         encoders_loaded = []
     else:
-        vae, text_encoder, text_encoder_2, encoders_loaded = build_encoders(model_dir, encoders_bf16, init_device)
+        vae, text_encoder, text_encoder_2, encoders_loaded = build_encoders(folder, encoders_bf16, init_device)
         model = StableDiffusion(unet, vae, text_encoder, noise_scheduler, text_encoder_2=text_encoder_2)
-    model.model_dir = model_dir
+    model.model_folder, model.model_dir = folder, folder.path
     model.weights_loaded = ['unet'] * unet_loaded + encoders_loaded
     return model

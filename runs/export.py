@@ -35,7 +35,7 @@ from models.diffusion_transformer import DiffusionTransformer
 from models.stable_diffusion import DiffusionModel, StableDiffusion
 from runs.checkpoints import RunDescription
 from settings.families import EMBEDDED_GUIDANCE, FAMILIES, is_flow_matching
-from settings.model_folder import CAPTION_LENGTH, CLIP_PAD_ID, LATENT_DOWNSAMPLE, caption_pad_ids, read_model_folder
+from settings.model_folder import CAPTION_LENGTH, CLIP_PAD_ID, LATENT_DOWNSAMPLE, caption_pad_ids
 from settings.presets import SAMPLE_SEEDS, SAMPLERS
 from settings.run_record import write_run_description
 from settings.tokenizer import CLIP_END, CLIP_START, CaptionTokenizer, build_clip_tokenizer, clean_caption
@@ -117,7 +117,7 @@ def transformer_pipeline(
     else:
         sampler = SCHEDULERS[scheduler].from_config(model.noise_scheduler.config)
     encoders = dict(zip(family.text_encoders, model.text_encoders))
-    clip_pads = caption_pad_ids(read_model_folder(model.model_dir))
+    clip_pads = caption_pad_ids(model.model_folder)
     tokenizers = {name: pipeline_tokenizer(None, pad) for name, pad in zip(family.tokenizers[:-1], clip_pads)}
     tokenizers[family.tokenizers[-1]] = t5  # T5 last
     pipeline_class = getattr(diffusers, family.pipeline)
@@ -126,7 +126,7 @@ def transformer_pipeline(
 
 def model_pad_id(model: StableDiffusion) -> int:
     """The pad id the model's text encoder was trained with (OpenCLIP's 0 unless its folder says otherwise)."""
-    return caption_pad_ids(read_model_folder(model.model_dir))[0] if model.model_dir is not None else CLIP_PAD_ID
+    return caption_pad_ids(model.model_folder)[0] if model.model_folder is not None else CLIP_PAD_ID
 
 
 @torch.no_grad()

@@ -109,7 +109,7 @@ def load_pipeline(args: argparse.Namespace) -> tuple[DiffusionPipeline, dict]:
             f"--model_name {args.model_name}: SDXL's two text encoders need Diffusers' StableDiffusionXLPipeline, "
             'which generate.py does not build'
         )
-    model = build_model(args.model_dir, args.prediction_type)
+    model = build_model(folder, args.prediction_type)
     if args.scheduler and isinstance(model, DiffusionTransformer) and is_flow_matching(model.family):
         raise ConfigError(
             f'--scheduler {args.scheduler}: {args.model_name} is a flow-matching model, which samples with its own '

@@ -316,7 +316,7 @@ def precompute_into_locked_output(args: argparse.Namespace, device) -> dict:
         """Built once, when the first split's dataset and output check out (a refusal comes before seconds of it)."""
         reproducibility.seed_all(args.seed)  # every rank, and every rerun, gets the same encoders
         # The encoders alone: the denoiser's weights (3.5 GB for SD2 base, 48 GB for Flux) are never read.
-        vae, text_encoders, loaded = build_frozen_encoders(args.model_dir, init_device=device._device)
+        vae, text_encoders, loaded = build_frozen_encoders(args.model_folder, init_device=device._device)
         dtype = torch.bfloat16 if args.precision == 'bf16' else torch.float32
         return vae.to(device._device, dtype), [encoder.to(device._device, dtype) for encoder in text_encoders], loaded
 

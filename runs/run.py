@@ -159,7 +159,7 @@ def build_run_model(config: RunConfig) -> DiffusionModel:
     # On a GPU the random init runs there: Composer set this rank's device in initialize_dist.
     init_device = torch.device('cuda', torch.cuda.current_device()) if torch.cuda.is_available() else None
     model = build_model(
-        config.model.model_dir,
+        config.model.model_folder,
         config.model.prediction_type,
         config.model.attention,
         config.data.precomputed_latents,

@@ -242,9 +242,22 @@ class ModelFolder:
         (resolve_model_dir refuses one without the other)."""
         return not self.is_transformer and SECOND_ENCODER_CONFIG.split('/')[0] in self.text_encoder_folders
 
+    def part_config(self, part: str) -> Mapping:
+        """The config of one part's folder: 'unet' or 'transformer' (the denoiser), 'vae', or a text encoder's."""
+        if part in ('unet', 'transformer'):
+            return self.denoiser_config
+        if part == 'vae':
+            return self.vae_config
+        return self.text_encoder_configs[self.text_encoder_folders.index(part)]
+
     def __reduce__(self):
         # Pickled and copied as its path: the read-only views do not pickle, and the folder is read once anyway.
         return read_model_folder, (self.path,)
+
+
+def as_model_folder(folder: 'ModelFolder | Path | str') -> ModelFolder:
+    """A ModelFolder as given (the one a run's settling read), or the description of a checked folder's path."""
+    return folder if isinstance(folder, ModelFolder) else read_model_folder(folder)
 
 
 def read_model_folder(model_dir: Path) -> ModelFolder:
