@@ -117,18 +117,19 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     data before the batch, so that the batch is planned for the size the data holds."""
     check_placed(args)
     check_values(args)
-    gpu, notes = hardware.gpu(), []
-    flags, model_dir, model_folder = with_defaults(args, gpu, notes)
+    gpu = hardware.gpu()
+    flags, model_dir, model_folder, default_notes = with_defaults(args, gpu)
     model = settle_model(flags, model_dir, model_folder)
-    objective = settle_objective(flags, model, notes)
+    objective, objective_notes = settle_objective(flags, model)
     outputs = settle_outputs(flags)
-    data, dataset = settle_data(flags, model, gpu, notes)
+    data, dataset, data_notes = settle_data(flags, model, gpu)
     ema = settle_ema(flags)
     speed = settle_speed(flags, model, gpu)
-    batch = settle_batch(flags, model, data, dataset, ema, speed, gpu, notes)
-    evaluation = settle_evaluation(flags, model, data, batch, objective, outputs, notes)
+    batch, batch_notes = settle_batch(flags, model, data, dataset, ema, speed, gpu)
+    evaluation, evaluation_notes = settle_evaluation(flags, model, data, batch, objective, outputs)
     sections = dict(model=model, data=data, batch=batch, ema=ema, speed=speed, outputs=outputs, evaluation=evaluation)
-    return RunConfig(**sections, objective=objective, notes=tuple(notes))
+    notes = (*default_notes, *objective_notes, *data_notes, *batch_notes, *evaluation_notes)
+    return RunConfig(**sections, objective=objective, notes=notes)
 
 
 SECTIONS = (
@@ -217,13 +218,13 @@ def settle_model(flags: Flags, model_dir: Path, model_folder: ModelFolder) -> Mo
 FLOW_FLAGS = ('timestep_density', 'logit_mean', 'logit_std', 'mode_scale', 'loss_weighting', 'precondition_outputs')
 
 
-def settle_objective(flags: Flags, model: ModelSection, notes: list) -> ObjectiveSection:
+def settle_objective(flags: Flags, model: ModelSection) -> tuple[ObjectiveSection, tuple[str, ...]]:
     """A diffusion transformer's training recipe (its family's, families.py) with the flags given applied, and the
     defaults it gives --grad_clip_norm and --caption_dropout; the UNet-only flags refused for it, the flow matching
     flags for the models that do not learn a flow, and a folder whose configs ask for what the step would not do
     (model_folder.check_training_fields)."""
     given_flow = {flag: getattr(flags, flag) for flag in FLOW_FLAGS if getattr(flags, flag) is not None}
-    name, folder = model.model_name, model.model_folder
+    name, folder, notes = model.model_name, model.model_folder, []
     guidance = embeds_guidance(folder)
     if flags.flux_guidance is not None and not guidance:
         raise ConfigError(
@@ -242,7 +243,7 @@ def settle_objective(flags: Flags, model: ModelSection, notes: list) -> Objectiv
         if given_flow:
             raise ConfigError(f'--{next(iter(given_flow))}: a flow matching option; {name} is a UNet (DDPM)')
         check_training_fields(name, folder, flags.prediction_type)
-        return ObjectiveSection(**objective)
+        return ObjectiveSection(**objective), ()
     check_transformer_flags(flags, model)
     if given_flow and not is_flow_matching(folder.family):
         raise ConfigError(f'--{next(iter(given_flow))}: a flow matching option; {name} predicts DDPM noise')
@@ -263,7 +264,7 @@ def settle_objective(flags: Flags, model: ModelSection, notes: list) -> Objectiv
                 f"{name}'s recipe drops captions with probability {recipe.caption_dropout}, which precomputed text "
                 'embeddings cannot: this run drops none'
             )
-    return ObjectiveSection(**objective)
+    return ObjectiveSection(**objective), tuple(notes)
 
 
 def check_transformer_flags(flags: Flags, model: ModelSection) -> None:
@@ -304,10 +305,11 @@ def settle_outputs(flags: Flags) -> OutputSection:
 
 
 def settle_data(
-    flags: Flags, model: ModelSection, gpu: hardware.Gpu | None, notes: list
-) -> tuple[DataSection, DatasetDescription | None]:
-    """The data section, and the dataset's description (datasets.py; None for random tensors and the sample
-    dataset), read before the batch is planned."""
+    flags: Flags, model: ModelSection, gpu: hardware.Gpu | None
+) -> tuple[DataSection, DatasetDescription | None, tuple[str, ...]]:
+    """The data section, the dataset's description (datasets.py; None for random tensors and the sample dataset),
+    read before the batch is planned, and the notes of what was chosen."""
+    notes = []
     check_data_flags(flags)
     if flags.tokenizer is not None:  # it loads, and gives the ids of the model's text encoders
         check_tokenizer(flags.tokenizer, model.caption_inputs)
@@ -334,7 +336,7 @@ def settle_data(
         epoch_size=training.epoch_size,
         dataset_identity=training.dataset.identity if training.dataset else None,
     )
-    return data, training.dataset
+    return data, training.dataset, tuple(notes)
 
 
 def settle_ema(flags: Flags) -> EMASection:
@@ -363,13 +365,12 @@ def settle_batch(
     ema: EMASection,
     speed: SpeedSection,
     gpu: hardware.Gpu | None,
-    notes: list,
-) -> BatchSection:
+) -> tuple[BatchSection, tuple[str, ...]]:
     """Global batch = world size x device batch; device batch = microbatch x accumulation steps; on a GPU under the
     fast recipe, a microbatch not given is the largest its memory holds (memory_plan.py), at the size the data
     holds. Then the run's length in batches (an epoch's from the data), and what the loader workers' batches need of
     shared memory."""
-    world_size = hardware.world_size()
+    world_size, notes = hardware.world_size(), []
     if flags.batch_size % world_size:
         raise ConfigError(
             f'--batch_size {flags.batch_size} is not divisible by the world size {world_size}: '
@@ -409,7 +410,7 @@ def settle_batch(
     check_shared_memory(
         data.remote or data.local, data.num_workers, device_batch, data.image_size, sample, epoch_samples
     )
-    return batch
+    return batch, tuple(notes)
 
 
 def settled_microbatch(
@@ -515,11 +516,11 @@ def settle_evaluation(
     batch: BatchSection,
     objective: ObjectiveSection,
     outputs: OutputSection,
-    notes: list,
-) -> EvaluationSection:
+) -> tuple[EvaluationSection, tuple[str, ...]]:
     """Whether the run learns: the held-out split and when the validation loss runs (datasets.py), the sample
     grids (when they are drawn, what they need of the model and the data, their prompts and folder) and the
     pipeline export (docs/quality.md)."""
+    notes = []
     split = settle_validation_split(flags, data.sample_data, data.image_size, batch.num_batches, notes)
     sample_interval = parse_interval('--sample_interval', flags.sample_interval)
     needs_encoders = drawing_flags(flags)
@@ -539,7 +540,7 @@ def settle_evaluation(
     prompts = sample_prompts(flags.sample_prompts, sample_interval, split, data, notes)
     sample_dir = settle_sample_folder(flags.sample_dir, sample_interval, outputs.run_name)
     check_export_folder(flags.export_pipeline)
-    return section(
+    evaluation = section(
         EvaluationSection,
         flags,
         **dataclasses.asdict(split),
@@ -547,6 +548,7 @@ def settle_evaluation(
         sample_dir=sample_dir,
         sample_prompts=prompts,
     )
+    return evaluation, tuple(notes)
 
 
 def sample_prompts(

@@ -36,10 +36,12 @@ FAST_PATHS = ('fused_adamw', 'low_precision_norm', 'encoders_bf16', 'pin_memory'
 EXPORTED_RUN_FIX = 'export the folder again, or remove that file to train with the published preset'
 
 
-def with_defaults(args: argparse.Namespace, gpu: hardware.Gpu | None, notes: list) -> tuple[Flags, Path, ModelFolder]:
+def with_defaults(
+    args: argparse.Namespace, gpu: hardware.Gpu | None
+) -> tuple[Flags, Path, ModelFolder, tuple[str, ...]]:
     """The flags with the unset ones filled in, the model's folder and its configs (read once for every step that
-    asks); each value filled in is named in a note with where it comes from."""
-    values = dict(vars(args))
+    asks), and the notes naming each value filled in with where it comes from."""
+    values, notes = dict(vars(args)), []
     has_gpu = gpu is not None
     if values['model_name'] is None:
         values['model_name'] = default_model(has_gpu)
@@ -71,7 +73,7 @@ def with_defaults(args: argparse.Namespace, gpu: hardware.Gpu | None, notes: lis
     notes.append(describe_defaults(model_name, model_dir, values['run_recipe'], from_preset, from_recipe, has_gpu))
     if published and not has_gpu:
         notes.append(published_on_a_cpu(model_name, values['use_ema'], from_preset, from_recipe))
-    return Flags(**values), model_dir, folder
+    return Flags(**values), model_dir, folder, tuple(notes)
 
 
 def exported_values(values: dict, exported: dict) -> dict:
