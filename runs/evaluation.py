@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader, Dataset
 from data import ImageCaptionSample, PrecomputedLatentsDataset
 from datapath.images import BadSample
 from datapath.loaders import StoppableDataLoader
+from settings.config import RunConfig
 from settings.dataset_checks import read_index
 from settings.model_folder import CaptionInputs
 from settings.presets import VALIDATION_TIMESTEPS
@@ -154,7 +155,7 @@ def whole_microbatches(loader: DataLoader) -> DataSpec:
     return spec
 
 
-def build_evaluators(config, latent_shape: tuple[int, int, int]) -> list[Evaluator]:
+def build_evaluators(config: RunConfig, latent_shape: tuple[int, int, int]) -> list[Evaluator]:
     """The evaluators a RunConfig asks for, with their averaged-weights twins under --use_ema. The sample dataset's
     held-out split, where the run validates on it, is there already: the run writes it first
     (run.write_sample_datasets)."""

@@ -34,6 +34,7 @@ from guards.outputs import staged_file, staged_folder
 from models.diffusion_transformer import DiffusionTransformer
 from models.stable_diffusion import DiffusionModel, StableDiffusion
 from runs.checkpoints import RunDescription
+from settings.config import RunConfig
 from settings.families import EMBEDDED_GUIDANCE, FAMILIES, is_flow_matching
 from settings.model_folder import CAPTION_LENGTH, CLIP_PAD_ID, LATENT_DOWNSAMPLE, caption_pad_ids
 from settings.presets import SAMPLE_SEEDS, SAMPLERS
@@ -299,7 +300,7 @@ class SampleGrid(Callback):
     evaluator, with the model's current weights (the averaged ones under 'samples_ema'); rank 0 saves it as PNG and
     logs it to W&B. Every rank generates, so that FSDP's collectives match; the grid is a few images."""
 
-    def __init__(self, config):
+    def __init__(self, config: RunConfig):
         self.config = config
         # The UNets' prompts are tokenized here, as training does; a diffusion transformer's pipeline tokenizes its own.
         pad_id = config.model.caption_inputs.pad_ids[0]

@@ -21,13 +21,13 @@ from composer.core import Callback, State
 
 from guards.stopping import SIGNALS, STOPS, Stopped
 from runs.checkpoints import CHECKPOINT_FILE, checkpoint_files, set_aside_incomplete
-from settings.config import RunConfig
+from settings.run_sections import BatchSection, OutputSection
 
 
 class StopOnSignal(Callback):
-    def __init__(self, config: RunConfig):
-        self.config = config
-        self.writes_checkpoint = bool(config.outputs.save_folder) and config.batch.world_size == 1
+    def __init__(self, outputs: OutputSection, batch: BatchSection):
+        self.outputs, self.batch = outputs, batch
+        self.writes_checkpoint = bool(outputs.save_folder) and batch.world_size == 1
         self.state: State | None = None  # set when training starts
         self.save_checkpoint = None  # the Trainer's save_checkpoint_to_save_folder, given once the Trainer exists
         self.finish_uploads = None  # for a remote save folder: waits for the uploads, then points the latest link
@@ -48,8 +48,8 @@ class StopOnSignal(Callback):
         STOPS.check()  # one that came while a loader started its workers
         if self.requested is None:
             return
-        folder = Path(self.config.outputs.save_folder)
-        local = '://' not in self.config.outputs.save_folder
+        folder = Path(self.outputs.save_folder)
+        local = '://' not in self.outputs.save_folder
         before = set(checkpoint_files(folder)) if local and folder.is_dir() else set()
         try:
             self.save_checkpoint()
@@ -65,7 +65,7 @@ class StopOnSignal(Callback):
         """Renames the checkpoint file a second signal stopped NAME.incomplete, and links the latest to the newest
         whole one; returns the stop's line. torch.save, interrupted, still ends its zip archive: the file would pass
         for a whole checkpoint. One the write had finished is set aside too: the signal cannot say which it was."""
-        folder = Path(self.config.outputs.save_folder)
+        folder = Path(self.outputs.save_folder)
         cut = [path for path in checkpoint_files(folder) if path not in before] if folder.is_dir() else []
         for path in cut:
             path.rename(path.with_name(f'{path.name}.incomplete'))
@@ -76,10 +76,10 @@ class StopOnSignal(Callback):
     def describe(self, signum: int, checkpoint_written: bool, cut_short: str | None = None) -> str:
         """e.g. 'Ctrl-C (SIGINT): stopped at batch 3 of 12; checkpoint ep0-ba3-rank0.pt written in ckpt; rerun with
         --autoresume to continue'."""
-        outputs = self.config.outputs
+        outputs = self.outputs
         if self.state is None:
             return f'{SIGNALS[signum]}: stopped before training started; nothing trained, no results written'
-        reached = f'stopped at batch {int(self.state.timestamp.batch)} of {self.config.batch.num_batches}'
+        reached = f'stopped at batch {int(self.state.timestamp.batch)} of {self.batch.num_batches}'
         if cut_short:
             reached += f', while writing its checkpoint: {cut_short} set aside as {cut_short}.incomplete'
         # --autoresume needs a --run_name; a run given none may resume under any name (checkpoints.check_resumable).

@@ -58,7 +58,14 @@ from runs.versions import check_stack
 from settings.config import RunConfig
 from settings.dataset_checks import DataError
 from settings.presets import SAMPLE_VALIDATION_SEED, SAMPLE_VALIDATION_SIZE
-from settings.run_sections import BatchSection, OutputSection, SpeedSection
+from settings.run_sections import (
+    BatchSection,
+    DataSection,
+    EvaluationSection,
+    ModelSection,
+    OutputSection,
+    SpeedSection,
+)
 from settings.tokenizer import TokenizerError
 
 
@@ -67,7 +74,7 @@ def main(config: RunConfig, callbacks: tuple = (), announced: bool = False) -> T
     scripts watch the run. Ctrl-C and SIGTERM end it with one line (interrupts.py), and the signal handlers there
     were before are back when it returns. A local --save_folder is this run's alone while it runs (writer_lock.py)."""
     check_stack()  # torch, numpy and transformers: silent on the pins, one line on others, an error on broken ones
-    stop_on_signal = StopOnSignal(config)
+    stop_on_signal = StopOnSignal(config.outputs, config.batch)
     with STOPS.handling(stop_on_signal.handle), save_folder_lock(config.outputs):
         return train(config, (stop_on_signal, *callbacks), stop_on_signal, announced)
 
@@ -88,7 +95,7 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
     start(config, announced)
     model = build_run_model(config)
     config = prepare_resumption(config, model)
-    write_sample_datasets(config)
+    write_sample_datasets(config.data, config.evaluation)
     sample_grids = (SampleGrid(config),) if config.evaluation.sample_interval else ()
     if config.outputs.save_folder and '://' in config.outputs.save_folder:
         keep_failed_uploads(not_uploaded_folder(config.outputs))
@@ -209,12 +216,11 @@ def prepare_resumption(config: RunConfig, model: DiffusionModel) -> RunConfig:
     return config
 
 
-def write_sample_datasets(config: RunConfig) -> None:
+def write_sample_datasets(data: DataSection, split: EvaluationSection) -> None:
     """The generated sample dataset and its held-out split, where the run reads them (no dataset given), written
     once, on first use (sample_dataset.py), before the loaders and evaluators that read them are built."""
-    if config.data.sample_data:
-        ensure_sample_dataset(Path(config.data.local))
-    split = config.evaluation
+    if data.sample_data:
+        ensure_sample_dataset(Path(data.local))
     if split.sample_validation:
         ensure_sample_dataset(Path(split.eval_local), SAMPLE_VALIDATION_SIZE, SAMPLE_VALIDATION_SEED, broken=False)
 
@@ -515,7 +521,7 @@ def main_reporting_errors(config: RunConfig, callbacks: tuple = (), announced: b
     except torch.OutOfMemoryError as error:
         if config.batch.device_train_microbatch_size == 'auto':
             raise  # Composer's search catches an OOM in a step itself: one that escapes it is left as it is
-        stop(1, out_of_memory(config, error))
+        stop(1, out_of_memory(config.model, config.data, config.batch, error))
     except Stopped as stopped:
         stop(stopped.exit_status, str(stopped))
     except ConfigError as error:
@@ -560,15 +566,15 @@ def after_failed_checkpoint(file: Path) -> str:
     return f'{left}, and --autoresume continues from the newest complete checkpoint, {whole[-1].name}'
 
 
-def out_of_memory(config: RunConfig, error: torch.OutOfMemoryError) -> str:
+def out_of_memory(model: ModelSection, data: DataSection, batch: BatchSection, error: torch.OutOfMemoryError) -> str:
     """What ran out of memory (the microbatch, with its plan's figures where memory_plan.py planned it), the peaks
     this process reached, and a smaller microbatch to try."""
-    microbatch, device_batch = config.batch.device_train_microbatch_size, config.batch.device_batch_size
+    microbatch, device_batch = batch.device_train_microbatch_size, batch.device_batch_size
     on_gpu = torch.cuda.is_available()
-    line = f'out of {"GPU " if on_gpu else ""}memory with microbatch {microbatch} of {config.model.model_name} at '
-    line += f'{config.data.image_size}px'
-    if config.batch.memory_plan is not None and config.batch.memory_plan.microbatch == microbatch:
-        line += f' (planned: {config.batch.memory_plan.sum()})'
+    line = f'out of {"GPU " if on_gpu else ""}memory with microbatch {microbatch} of {model.model_name} at '
+    line += f'{data.image_size}px'
+    if batch.memory_plan is not None and batch.memory_plan.microbatch == microbatch:
+        line += f' (planned: {batch.memory_plan.sum()})'
     tried = re.search(r'Tried to allocate ([\d.]+ \w+)', str(error))
     if tried:
         line += f', allocating {tried[1]}'

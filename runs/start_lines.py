@@ -2,6 +2,8 @@
 each field as `name value`. Fields left at nothing (None, off, empty) are not printed; the results file
 (--results_json) keeps every field as JSON."""
 
+from settings.config import RunConfig
+
 WIDTH = 120
 INDENT = '    '
 
@@ -93,7 +95,7 @@ QUALIFYING = {
 }
 
 
-def start_lines(config) -> list[str]:
+def start_lines(config: RunConfig) -> list[str]:
     """What a run prints first: the notes of its flags' settling (defaults, threads, data), then its configuration."""
     return [*config.notes, *config_lines(config.as_dict())]
 

@@ -663,7 +663,12 @@ def test_out_of_memory_names_the_plan_and_the_peaks_on_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'max_memory_allocated', lambda: 139.04e9)
     monkeypatch.setattr(torch.cuda, 'max_memory_reserved', lambda: 148.21e9)
-    line = out_of_memory(config, torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0'))
+    line = out_of_memory(
+        config.model,
+        config.data,
+        config.batch,
+        torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0'),
+    )
     assert line == (
         'out of GPU memory with microbatch 64 of sd2-base at 512px (planned: 13.9 GB state + 64 x 1.03 GB '
         'activations + 2.9 GB margin = 82.8 GB of 150.1 GB (90% usable)), allocating 1.50 GiB; peak 139.0 GB '
@@ -671,12 +676,12 @@ def test_out_of_memory_names_the_plan_and_the_peaks_on_a_gpu(monkeypatch):
         'fits) or --device_train_microbatch_size 32'
     )
     # Half of an odd microbatch: the largest below it that divides the device batch (9 of 27: 3, not 4).
-    odd = dataclasses.replace(
-        config, batch=dataclasses.replace(config.batch, device_train_microbatch_size=9, device_batch_size=27)
+    odd = dataclasses.replace(config.batch, device_train_microbatch_size=9, device_batch_size=27)
+    assert out_of_memory(config.model, config.data, odd, torch.OutOfMemoryError('CUDA out of memory.')).endswith(
+        'microbatch_size 3'
     )
-    assert out_of_memory(odd, torch.OutOfMemoryError('CUDA out of memory.')).endswith('microbatch_size 3')
-    one = dataclasses.replace(config, batch=dataclasses.replace(config.batch, device_train_microbatch_size=1))
-    assert out_of_memory(one, torch.OutOfMemoryError('CUDA out of memory.')).endswith(
+    one = dataclasses.replace(config.batch, device_train_microbatch_size=1)
+    assert out_of_memory(config.model, config.data, one, torch.OutOfMemoryError('CUDA out of memory.')).endswith(
         ': microbatch 1 is the smallest: pass --activation_checkpointing, or shard with --fsdp full_shard'
     )
 
@@ -775,7 +780,7 @@ def test_a_second_signal_or_one_before_training_stops_at_once_naming_the_newest_
     folder.mkdir()
     (folder / 'ep0-ba5-rank0.pt').write_bytes(b'cut short')  # not a whole checkpoint: never named
     torch.save({'state': {}}, folder / 'ep0-ba4-rank0.pt')
-    stopper = StopOnSignal(config)
+    stopper = StopOnSignal(config.outputs, config.batch)
     with pytest.raises(Stopped, match=r'^SIGTERM: stopped before training started; nothing trained') as stopped:
         stopper.handle(signal.SIGTERM)
     assert stopped.value.exit_status == 143
@@ -794,7 +799,8 @@ def test_a_second_signal_or_one_before_training_stops_at_once_naming_the_newest_
 def test_a_run_given_no_name_is_told_to_name_itself_and_resumes_under_the_name(tmp_path, capfd):
     folder = tmp_path / 'ckpt'
     flags = [*TINY, '--image_size', '32', '--batch_size', '4', '--save_folder', str(folder)]
-    stopper = StopOnSignal(resolve_config(parse_args([*flags, '--max_duration', '2ba'])))
+    settled_run = resolve_config(parse_args([*flags, '--max_duration', '2ba']))
+    stopper = StopOnSignal(settled_run.outputs, settled_run.batch)
     main(settled([*flags, '--max_duration', '2ba']))
     stopper.fit_start(types.SimpleNamespace(timestamp=types.SimpleNamespace(batch=2)), None)
     with pytest.raises(Stopped, match='rerun the same command with --run_name NAME --autoresume to continue$'):

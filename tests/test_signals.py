@@ -279,7 +279,7 @@ def test_a_second_signal_while_the_checkpoint_is_written_sets_the_file_aside(tmp
     folder.mkdir()
     torch.save({'state': {}}, folder / 'ep0-ba4-rank0.pt')
     (folder / 'latest-rank0.pt').symlink_to('ep0-ba4-rank0.pt')
-    stopper = StopOnSignal(config)
+    stopper = StopOnSignal(config.outputs, config.batch)
     stopper.fit_start(types.SimpleNamespace(timestamp=types.SimpleNamespace(batch=6)), None)
 
     class SecondCtrlC:
