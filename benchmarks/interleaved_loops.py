@@ -100,7 +100,7 @@ class InterleavedBareLoop(Callback):
             apply_channels_last(self.model)
         self.optimizer = build_optimizer(args.objective, args.speed, self.model)
         self.model.train()
-        self.batches = iter(build_dataloader(args, self.model))
+        self.batches = iter(build_dataloader(args.data, args.batch, args.speed, args.model.caption_inputs, self.model))
         self.bare_steps = []
         self.composer_steps = []  # the i-th ran between bare steps i and i + 1
         self.composer_parts = []  # the host work of composer_steps[i]
@@ -165,7 +165,8 @@ def interleaved_round(args, warmup: int) -> tuple[list[dict], list[dict], list[d
         bare_loop = InterleavedBareLoop(args, timer)
         reproducibility.seed_all(args.batch.seed)
         model = model_of(args)
-        trainer = build_trainer(args, model, build_dataloader(args, model), callbacks=(bare_loop,))
+        loader = build_dataloader(args.data, args.batch, args.speed, args.model.caption_inputs, model)
+        trainer = build_trainer(args, model, loader, callbacks=(bare_loop,))
         trainer.fit()
         trainer.close()
     return bare_loop.steady_steps(warmup)

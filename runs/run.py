@@ -63,6 +63,7 @@ from settings.run_sections import (
     DataSection,
     EvaluationSection,
     ModelSection,
+    ObjectiveSection,
     OutputSection,
     SpeedSection,
 )
@@ -93,13 +94,14 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
     before torch loads), the model, resumption, the sample datasets, the Trainer, training, the results, the
     exports."""
     start(config, announced)
-    model = build_run_model(config)
+    model = build_run_model(config.model, config.data, config.speed, config.objective)
     config = prepare_resumption(config, model)
     write_sample_datasets(config.data, config.evaluation)
     sample_grids = (SampleGrid(config),) if config.evaluation.sample_interval else ()
     if config.outputs.save_folder and '://' in config.outputs.save_folder:
         keep_failed_uploads(not_uploaded_folder(config.outputs))
-    trainer = build_trainer(config, model, build_dataloader(config, model), (*sample_grids, *callbacks))
+    loader = build_dataloader(config.data, config.batch, config.speed, config.model.caption_inputs, model)
+    trainer = build_trainer(config, model, loader, (*sample_grids, *callbacks))
     if config.outputs.autoresume and config.outputs.save_folder.startswith('s3://'):
         dist.barrier()  # every rank of the node has loaded the copy Composer downloaded
         if dist.get_local_rank() == 0:
@@ -117,7 +119,7 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
         export(trainer, config)
         return trainer
     if resumed_at:
-        announce_resumed(config, resumed_at)
+        announce_resumed(config.outputs, config.batch, resumed_at)
     with attention_backends(config.model.attention):
         if trainer.state.evaluators:
             trainer.eval()  # the start of the learning curve, and the untrained model's samples
@@ -161,30 +163,32 @@ def start(config: RunConfig, announced: bool) -> None:
     reproducibility.seed_all(config.batch.seed)  # same random init on every run and rank
 
 
-def build_run_model(config: RunConfig) -> DiffusionModel:
+def build_run_model(
+    model_section: ModelSection, data: DataSection, speed: SpeedSection, objective: ObjectiveSection
+) -> DiffusionModel:
     """The model with the speed paths the config asks for (activation checkpointing, fp8, kernels), announced."""
     # On a GPU the random init runs there: Composer set this rank's device in initialize_dist.
     init_device = torch.device('cuda', torch.cuda.current_device()) if torch.cuda.is_available() else None
     model = build_model(
-        config.model.model_folder,
-        config.model.prediction_type,
-        config.model.attention,
-        config.data.precomputed_latents,
-        config.speed.encoders_bf16,
+        model_section.model_folder,
+        model_section.prediction_type,
+        model_section.attention,
+        data.precomputed_latents,
+        speed.encoders_bf16,
         init_device,
-        config.objective.recipe,
+        objective.recipe,
     )
-    if config.speed.activation_checkpointing:
+    if speed.activation_checkpointing:
         model.denoiser.enable_gradient_checkpointing()  # Diffusers' own: each block recomputed in the backward
-    if config.speed.fp8:
+    if speed.fp8:
         converted = convert_to_float8(model.denoiser)
         announce(f"fp8: {converted} of the transformer's linear layers train in float8 (torchao)")
-    for line in use_kernels(config.speed, model):
+    for line in use_kernels(speed, model):
         announce(line)
-    announce(describe_model(config, model))
+    announce(describe_model(model_section, data, model))
     # Counted now, and kept (models.parts.counted_once): SpeedMonitor asks for a batch's FLOPs at each batch end,
     # after the batch's time is taken, and the first ask, which counts them, landed in its first window.
-    model.flops_per_image(config.data.image_size, config.data.image_size)
+    model.flops_per_image(data.image_size, data.image_size)
     return model
 
 
@@ -225,12 +229,11 @@ def write_sample_datasets(data: DataSection, split: EvaluationSection) -> None:
         ensure_sample_dataset(Path(split.eval_local), SAMPLE_VALIDATION_SIZE, SAMPLE_VALIDATION_SEED, broken=False)
 
 
-def announce_resumed(config: RunConfig, resumed_at: int) -> None:
-    folder = config.outputs.save_folder
+def announce_resumed(outputs: OutputSection, batch: BatchSection, resumed_at: int) -> None:
+    folder = outputs.save_folder
     remote = '://' in folder  # Composer fetched the checkpoint its latest link names
     source = f'the latest in {folder}' if remote else Path(folder, LATEST_LINK).resolve().name
-    run = config.outputs.run_name
-    announce(f'resumed run {run!r} from {source} (batch {resumed_at} of {config.batch.num_batches})')
+    announce(f'resumed run {outputs.run_name!r} from {source} (batch {resumed_at} of {batch.num_batches})')
 
 
 def report(trainer: Trainer, config: RunConfig, resumed_at: int) -> None:
@@ -351,9 +354,9 @@ def write_whole(path: Path, text: str) -> None:
         partial.unlink(missing_ok=True)
 
 
-def describe_model(config: RunConfig, model: DiffusionModel) -> str:
-    where = f'model {config.model.model_name!r} from {config.model.model_dir}'
-    if config.data.precomputed_latents:
+def describe_model(model_section: ModelSection, data: DataSection, model: DiffusionModel) -> str:
+    where = f'model {model_section.model_name!r} from {model_section.model_dir}'
+    if data.precomputed_latents:
         return (
             f'{where}: {model.denoiser_name} only ({"weights loaded" if model.weights_loaded else "random init"}); '
             'no VAE or text encoder: the data holds their outputs'

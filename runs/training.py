@@ -51,7 +51,7 @@ from runs.progress import ProgressLines, draws_a_bar
 from runs.stability import stability_algorithms
 from settings.config import RunConfig
 from settings.dataset_checks import DataError
-from settings.model_folder import LATENT_DOWNSAMPLE
+from settings.model_folder import LATENT_DOWNSAMPLE, CaptionInputs
 from settings.presets import SYNTHETIC_SAMPLES
 from settings.run_sections import BatchSection, DataSection, ObjectiveSection, OutputSection, SpeedSection
 from settings.tokenizer import TokenizerError
@@ -70,72 +70,77 @@ def compile_config(mode: str | None) -> dict | None:
     return {**EXTRA_COMPILE_OPTIONS, 'dynamic': False, **({} if mode == 'default' else {'mode': mode})}
 
 
-def build_dataloader(config: RunConfig, model: DiffusionModel) -> DataLoader:
-    if not config.data.use_synth_data:
-        return build_streaming_dataloader(config)
-    if config.data.precomputed_latents:
+def build_dataloader(
+    data: DataSection, batch: BatchSection, speed: SpeedSection, inputs: CaptionInputs, model: DiffusionModel
+) -> DataLoader:
+    """The training loader: random tensors shaped as the model takes them (--use_synth_data), else MDS shards."""
+    if not data.use_synth_data:
+        return build_streaming_dataloader(data, batch, speed, inputs)
+    if data.precomputed_latents:
         dataset = SyntheticLatentsDataset(
-            **model.precomputed_shapes(config.data.image_size // LATENT_DOWNSAMPLE),
+            **model.precomputed_shapes(data.image_size // LATENT_DOWNSAMPLE),
             num_samples=SYNTHETIC_SAMPLES,
-            seed=config.batch.seed,
+            seed=batch.seed,
         )
     else:
         dataset = SyntheticImageCaptionDataset(
-            config.data.image_size,
+            data.image_size,
             num_samples=SYNTHETIC_SAMPLES,
-            seed=config.batch.seed,
-            inputs=config.model.caption_inputs,
-            tokenizer=config.data.tokenizer,
+            seed=batch.seed,
+            inputs=inputs,
+            tokenizer=data.tokenizer,
         )
     # Composer's sampler gives each rank its own slice of every global batch.
     sampler = dist.get_sampler(dataset, shuffle=False, drop_last=True)
     return StoppableDataLoader(  # a job-wide Ctrl-C or SIGTERM is the main process's to handle
         dataset,
-        batch_size=config.batch.device_batch_size,
+        batch_size=batch.device_batch_size,
         sampler=sampler,
         drop_last=True,
-        num_workers=config.data.num_workers,
-        pin_memory=config.speed.pin_memory,
-        persistent_workers=config.data.num_workers > 0,
+        num_workers=data.num_workers,
+        pin_memory=speed.pin_memory,
+        persistent_workers=data.num_workers > 0,
     )
 
 
-def build_streaming_dataloader(config: RunConfig) -> DataLoader:
+def build_streaming_dataloader(
+    data: DataSection, batch: BatchSection, speed: SpeedSection, inputs: CaptionInputs
+) -> DataLoader:
     """MDS shards through Streaming, which splits samples over ranks and workers itself (no sampler here) and,
     given the device batch size, lets Composer's checkpoints resume mid-epoch on exactly the remaining samples. The
     sample dataset, where the run trains on it, is there already: the run writes it first
     (run.write_sample_datasets)."""
     try:
-        if config.data.precomputed_latents:
+        if data.precomputed_latents:
             dataset = PrecomputedLatentsDataset(
-                remote=config.data.remote,
-                local=config.data.local,
-                batch_size=config.batch.device_batch_size,
+                remote=data.remote,
+                local=data.local,
+                batch_size=batch.device_batch_size,
                 shuffle=True,
-                seed=config.batch.seed,
+                seed=batch.seed,
             )
         else:
             dataset = StreamingLAIONDataset(
-                remote=config.data.remote,
-                local=config.data.local,
-                image_size=config.data.image_size,
-                tokenizer=config.data.tokenizer,
-                inputs=config.model.caption_inputs,
-                batch_size=config.batch.device_batch_size,
+                remote=data.remote,
+                local=data.local,
+                image_size=data.image_size,
+                tokenizer=data.tokenizer,
+                inputs=inputs,
+                batch_size=batch.device_batch_size,
                 shuffle=True,
-                seed=config.batch.seed,
-                epoch_size=config.data.epoch_size,
+                seed=batch.seed,
+                epoch_size=data.epoch_size,
             )
     except (DataError, TokenizerError) as error:
         raise ConfigError(str(error))
     return StoppableDataLoader(  # a job-wide Ctrl-C or SIGTERM is the main process's to handle
         dataset,
-        batch_size=config.batch.device_batch_size,
+        batch_size=batch.device_batch_size,
         drop_last=True,
-        num_workers=config.data.num_workers,
-        collate_fn=None if config.data.precomputed_latents else collate,
-        pin_memory=config.speed.pin_memory,
-        persistent_workers=config.data.num_workers > 0,
+        num_workers=data.num_workers,
+        collate_fn=None if data.precomputed_latents else collate,
+        pin_memory=speed.pin_memory,
+        persistent_workers=data.num_workers > 0,
     )
 
 

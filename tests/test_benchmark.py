@@ -233,7 +233,8 @@ def test_compile_traces_the_whole_step_in_one_graph_and_trains_as_eager(monkeypa
         keep = KeepLosses()
         reproducibility.seed_all(0)
         model = build_model(CONFIGS_DIR / 'tiny', precomputed=args.data.precomputed_latents)
-        trainer = build_trainer(args, model, build_dataloader(args, model), callbacks=(keep,))
+        loader = build_dataloader(args.data, args.batch, args.speed, args.model.caption_inputs, model)
+        trainer = build_trainer(args, model, loader, callbacks=(keep,))
         forwards[compiled] = trainer.state.model.forward
         trainer.fit()
         losses[compiled] = keep.losses
