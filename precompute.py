@@ -15,18 +15,14 @@ one dataset with Streaming's merge_index. Bad samples (see data.py) are left out
 """
 
 import argparse
-from pathlib import Path
 
 from guards import arguments
 from guards.arguments import ConfigError
 from guards.library_patches import LibraryChanged
 from guards.outputs import one_line
 from guards.stopping import SIGNALS, Stopped, stop_on_signals
-from settings import hardware
-from settings.dataset_checks import DataError, is_remote
-from settings.model_folder import caption_inputs, read_model_folder, resolve_model_dir, t5_tokenizer_needed
-from settings.presets import PRESETS, SAMPLE_DATASET, SD2_BASE, default_model
-from settings.tokenizer import check_tokenizer
+from settings.dataset_checks import DataError
+from settings.precompute_settings import settle_precompute
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -88,80 +84,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
-    """The flags checked, each on its own first, then with the defaults of this machine (hardware.py, which loads
-    torch) and the model's."""
-    for flag in ('image_size', 'batch_size', 'part_size'):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
-            raise ConfigError(f'--{flag} {getattr(args, flag)}: must be positive')
-    if args.num_workers is not None and args.num_workers < 0:
-        raise ConfigError(f'--num_workers {args.num_workers}: must be 0 or more')
-    if args.image_size is not None and args.image_size % 8:
-        raise ConfigError(f'--image_size {args.image_size}: must be a multiple of 8 (the VAE downsamples 8x)')
-    if args.model_name is not None:
-        args.model_dir = resolve_model_dir(args.model_name)
-    for source in (args.remote, args.local):
-        if source is not None and overlaps(args.out, source):
-            # --overwrite empties the output, and the merged index.json replaces the one at its root.
-            raise ConfigError(
-                f'--out {args.out}: overlaps the input {source}; write the precomputed dataset to '
-                'a folder or prefix of its own'
-            )
-    has_gpu = hardware.gpu() is not None
-    if args.model_name is None:
-        args.model_name = default_model(has_gpu)
-        args.model_dir = resolve_model_dir(args.model_name)
-    if args.image_size is None:
-        args.image_size = PRESETS.get(args.model_name, SD2_BASE).image_size
-    if args.batch_size is None:
-        args.batch_size = 32 if has_gpu else 16
-    if args.num_workers is None:
-        args.num_workers = 8 if has_gpu else 0
-    if args.precision is None:
-        args.precision = 'bf16' if has_gpu else 'fp32'
-    args.model_folder = read_model_folder(args.model_dir)  # its configs, read once for the checks and every batch
-    if args.model_folder.is_transformer and args.image_size % 16:
-        raise ConfigError(
-            f'--image_size {args.image_size}: {args.model_name} takes multiples of 16 (2x2 patches of latents)'
-        )
-    inputs = caption_inputs(args.model_folder)
-    if args.tokenizer is not None:
-        check_tokenizer(args.tokenizer, inputs)  # here, once, rather than in every loader worker
-    elif inputs.uses_t5:
-        raise ConfigError(t5_tokenizer_needed(args.model_name))
-    args.sample_data = not (args.remote or args.local)
-    if args.sample_data:
-        args.local = str(SAMPLE_DATASET)
-        if overlaps(args.out, args.local):
-            raise ConfigError(
-                f'--out {args.out}: overlaps the input {args.local}; write the precomputed dataset to '
-                'a folder or prefix of its own'
-            )
-    return args
-
-
-def overlaps(out: str, source: str) -> bool:
-    """Whether one location holds the other (or is it): local folders, or remotes by their URL prefix."""
-    if is_remote(out) != is_remote(source):
-        return False
-    if not is_remote(out):
-        out_path, source_path = Path(out).resolve(), Path(source).resolve()
-        return out_path.is_relative_to(source_path) or source_path.is_relative_to(out_path)
-    out_prefix, source_prefix = out.rstrip('/') + '/', source.rstrip('/') + '/'
-    return out_prefix.startswith(source_prefix) or source_prefix.startswith(out_prefix)
-
-
 def main(argv=None) -> dict:
     args = parse_args(argv)
     with stop_on_signals(lambda signum: stopped_line(signum, args)):
-        args = resolve_args(args)
+        settings = settle_precompute(args)
         # Imported once the flags check out, not at the top: torch, Streaming and the encoders take seconds to load,
         # and --help or a bad flag answers without them.
         from runs import precomputing
     # Importing Composer installed its own handlers (composer.core.engine: sys.exit(128 + signum), no line): ours
     # again, for the encoding.
     with stop_on_signals(lambda signum: stopped_line(signum, args)):
-        return precomputing.precompute(args)
+        return precomputing.precompute(settings)
 
 
 def stopped_line(signum: int, args: argparse.Namespace) -> str:

@@ -3,8 +3,8 @@ part by part over the ranks, each part written as its own MDS folder (resumable:
 done), then the parts' indexes merged into one dataset (see precompute.py's docstring).
 """
 
-import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -49,6 +49,7 @@ from settings.dataset_checks import (
 from settings.datasets import CONVERTED_VALIDATION_SPLIT
 from settings.families import FAMILIES
 from settings.model_folder import ModelFolder, caption_inputs
+from settings.precompute_settings import PrecomputeSettings
 from settings.tokenizer import TokenizerError
 
 SETTINGS_FILE = 'precompute.json'  # what the output was made with, so a rerun never mixes two settings
@@ -84,7 +85,7 @@ def write_text(out: str, name: str, text: str) -> None:
     s3_client().put_object(Bucket=url.netloc, Key=f'{url.path.strip("/")}/{name}', Body=text.encode())
 
 
-def check_settings(args: argparse.Namespace, num_samples: int) -> None:
+def check_settings(args: PrecomputeSettings, num_samples: int) -> None:
     """Rank 0: the output is new, or was started by the same command (then finished parts are kept)."""
     settings = {
         'input': args.remote or args.local,
@@ -286,7 +287,7 @@ def merge_write_failures(out: str):
         raise WriteFailed(f'--out {out}', system_reason(error), left, fix) from error
 
 
-def precompute(args: argparse.Namespace) -> dict:
+def precompute(args: PrecomputeSettings) -> dict:
     """precompute.py's work, from its resolved flags (see its docstring); returns what it encoded and skipped."""
     check_stack()
     device = get_device(None)
@@ -303,7 +304,7 @@ def output_lock(out: str):
     return one_writer_on_rank_zero(out, f'--out {out}', 'wait for it to end or stop it, or choose another --out')
 
 
-def precompute_into_locked_output(args: argparse.Namespace, device) -> dict:
+def precompute_into_locked_output(args: PrecomputeSettings, device) -> dict:
     """precompute(), with the output this job's alone: the dataset, then the held-out split convert.py
     --validation_fraction wrote beside it (a local input's validation/), into the output's own validation/, where a
     run with --precomputed_latents --local OUT finds it."""
@@ -324,12 +325,12 @@ def precompute_into_locked_output(args: argparse.Namespace, device) -> dict:
     split = None if is_remote(args.local or '') or args.remote else Path(args.local) / VALIDATION_SPLIT
     if split is not None and (split / 'index.json').is_file():
         out = f'{args.out.rstrip("/")}/{VALIDATION_SPLIT}'  # emptied with the output where --overwrite is given
-        held_out = argparse.Namespace(**{**vars(args), 'local': str(split), 'out': out, 'overwrite': False})
+        held_out = dataclasses.replace(args, local=str(split), out=out, overwrite=False)
         done['validation'] = precompute_split(held_out, device, encoders)
     return done
 
 
-def precompute_split(args: argparse.Namespace, device, encoders) -> dict:
+def precompute_split(args: PrecomputeSettings, device, encoders) -> dict:
     """One MDS dataset (args.remote or args.local) encoded into args.out, part by part over the ranks, then merged;
     `encoders()` gives the frozen encoders."""
     rank, world_size = dist.get_global_rank(), dist.get_world_size()

@@ -30,6 +30,7 @@ from guards.arguments import ConfigError
 from models.stable_diffusion import StableDiffusion, build_encoders, build_model, count_forward_flops, encode_text
 from runs import precomputing
 from runs.run import main
+from settings import precompute_settings
 from settings.config import resolve_config
 from settings.dataset_checks import SHARD_HASH
 from settings.flags import parse_args
@@ -327,7 +328,7 @@ def test_precompute_never_writes_over_its_input(source, tmp_path, where):
     ],
 )
 def test_remote_overlap_is_by_whole_path_components(out, source, expected):
-    assert precompute.overlaps(out, source) == expected
+    assert precompute_settings.overlaps(out, source) == expected
 
 
 # ------------------------------------------------------------------------------------- speed paths

@@ -42,6 +42,7 @@ from settings.model_folder import (
     caption_inputs,
     read_model_folder,
 )
+from settings.precompute_settings import settle_precompute
 from settings.tokenizer import clip_tokenizer_folder, column_tokenizers
 
 T5_XXL_ENCODER = 4_762_310_656
@@ -507,7 +508,7 @@ def test_precompute_refuses_what_a_transformer_cannot_train_on(
     folders = {None: [], 'clip': ['--tokenizer', str(clip_tokenizer_folder())], 't5': ['--tokenizer', t5_tokenizer]}
     flags = ['--local', captions, '--out', str(tmp_path / 'out'), '--model_name', 'tiny-flux-schnell']
     with pytest.raises(ConfigError, match=message) as error:
-        precompute.resolve_args(precompute.parse_args([*flags, '--image_size', str(size), *folders[tokenizer]]))
+        settle_precompute(precompute.parse_args([*flags, '--image_size', str(size), *folders[tokenizer]]))
     assert '\n' not in str(error.value)
 
 
