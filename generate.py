@@ -16,6 +16,7 @@ against reference images (docs/quality.md); no weights are downloaded.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -27,6 +28,7 @@ from guards.library_patches import LibraryChanged
 from guards.outputs import one_line
 from guards.stopping import SIGNALS, Stopped, stop_on_signals
 from settings.families import FAMILIES
+from settings.generate_settings import GenerateSettings
 from settings.model_folder import (
     LATENT_DOWNSAMPLE,
     UNET_PIPELINE_NAME,
@@ -108,8 +110,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def check_args(args: argparse.Namespace) -> list[str]:
-    """The prompts, once every flag is checked; GenerateError names the first bad one."""
+def check_args(args: argparse.Namespace) -> tuple[GenerateSettings, list[str]]:
+    """The settled flags and the prompts, once every flag is checked; GenerateError names the first bad one."""
     prompts = list(args.prompt)
     if args.prompts:
         if not Path(args.prompts).is_file():
@@ -118,8 +120,7 @@ def check_args(args: argparse.Namespace) -> list[str]:
     if not prompts:
         raise GenerateError('no prompt: pass --prompt TEXT (repeatable) or --prompts FILE')
     transformer = False  # a diffusion transformer's: images in multiples of 16 pixels (2x2 latent patches)
-    args.model_dir = None  # with --checkpoint, once the run's record settles --model_name (settle_checkpoint_flags)
-    args.model_folder = None  # its configs, read with it
+    settings = GenerateSettings(**{**vars(args), 'prompt': tuple(args.prompt)})
     if args.checkpoint:
         if not Path(args.checkpoint).is_file():
             raise GenerateError(
@@ -133,7 +134,7 @@ def check_args(args: argparse.Namespace) -> list[str]:
             )
         recorded = recorded_beside(args.checkpoint, 'remove it (the checkpoint holds the record too)')
         if recorded is not None:  # else the record inside the checkpoint, once torch loads it (main)
-            settle_checkpoint_flags(args, recorded)
+            settings = settle_checkpoint_flags(settings, recorded)
     else:
         index = Path(args.pipeline) / 'model_index.json'
         if not index.is_file():
@@ -163,7 +164,7 @@ def check_args(args: argparse.Namespace) -> list[str]:
         value = getattr(args, flag)
         if value is not None and value <= 0:
             raise GenerateError(f'--{flag} {value}: must be positive')
-    check_image_size(args, transformer)
+    check_image_size(settings, transformer)
     if args.clip_model and not (Path(args.clip_model) / 'config.json').is_file():
         raise GenerateError(f'--clip_model {args.clip_model}: no CLIP model folder (config.json) there')
     if bool(args.fid_reference) != bool(args.fid_weights):
@@ -172,19 +173,21 @@ def check_args(args: argparse.Namespace) -> list[str]:
         raise GenerateError(f'--fid_weights {args.fid_weights}: no such file')
     if args.fid_reference and not (Path(args.fid_reference) / 'index.json').is_file():
         raise GenerateError(f'--fid_reference {args.fid_reference}: no MDS split (index.json) there')
-    return prompts
+    return settings, prompts
 
 
-def settle_checkpoint_flags(args: argparse.Namespace, recorded: dict) -> None:
-    """The flags a checkpoint's run record settles (RECORDED_FLAGS), then those that depend on its model, checked;
-    prints the lines take_recorded_flags says."""
-    for line in take_recorded_flags(args, recorded):
+def settle_checkpoint_flags(settings: GenerateSettings, recorded: dict) -> GenerateSettings:
+    """The flags a checkpoint's run record settles (RECORDED_FLAGS), and the model folder they name, read once;
+    then those that depend on its model, checked. Prints the lines recorded_flags says."""
+    taken, lines = recorded_flags(settings, recorded)
+    for line in lines:
         print(line)
+    args = dataclasses.replace(settings, **taken)
     try:
-        args.model_dir = resolve_model_dir(args.model_name)  # once, for the model and its tokenizer's padding
+        model_dir = resolve_model_dir(args.model_name)  # once, for the model and its tokenizer's padding
     except ConfigError as error:
         raise GenerateError(str(error))
-    args.model_folder = read_model_folder(args.model_dir)
+    args = dataclasses.replace(args, model_dir=model_dir, model_folder=read_model_folder(model_dir))
     transformer = args.model_folder.is_transformer
     if transformer:
         if args.tokenizer is None:
@@ -196,9 +199,10 @@ def settle_checkpoint_flags(args: argparse.Namespace, recorded: dict) -> None:
     if args.tokenizer is not None:
         check_tokenizer_file(args.tokenizer, caption_inputs(args.model_folder))  # another family's is named now
     check_image_size(args, transformer)
+    return args
 
 
-def check_image_size(args: argparse.Namespace, transformer: bool) -> None:
+def check_image_size(args: GenerateSettings, transformer: bool) -> None:
     multiple = LATENT_DOWNSAMPLE * (2 if transformer else 1)
     if args.image_size is not None and args.image_size % multiple:
         raise GenerateError(f'--image_size {args.image_size}: must be a multiple of {multiple}')
@@ -225,13 +229,13 @@ def missing_part(folder: Path, components: dict) -> str | None:
     return None
 
 
-def take_recorded_flags(args: argparse.Namespace, recorded: dict) -> list[str]:
-    """Sets each of RECORDED_FLAGS not given to what the checkpoint's run recorded; returns the lines to print: the
-    values taken, each flag given that differs from the record, and what an older checkpoint does not record.
+def recorded_flags(args: GenerateSettings, recorded: dict) -> tuple[dict, list[str]]:
+    """Each of RECORDED_FLAGS not given, as the checkpoint's run recorded it, and the lines to print: the values
+    taken, each flag given that differs from the record, and what an older checkpoint does not record.
     GenerateError where the checkpoint records no model and --model_name is not given."""
     if 'model_name' not in recorded:
         if args.model_name:
-            return []
+            return {}, []
         raise GenerateError(
             f'--checkpoint {args.checkpoint}: records no model (a checkpoint of an older version); pass the '
             "run's --model_name (e.g. tiny, sd2-base)"
@@ -247,8 +251,6 @@ def take_recorded_flags(args: argparse.Namespace, recorded: dict) -> list[str]:
         for flag in RECORDED_FLAGS
         if getattr(args, flag) is None and recorded.get(flag) is not None
     }
-    for flag, value in taken.items():
-        setattr(args, flag, value)
     if taken:
         values = ' '.join(f'--{flag} {value}' for flag, value in taken.items())
         lines.insert(0, f"from the checkpoint's run: {values} (a flag given overrides)")
@@ -264,7 +266,7 @@ def take_recorded_flags(args: argparse.Namespace, recorded: dict) -> list[str]:
             f"--tokenizer: the checkpoint's run read captions with {taken['tokenizer']}, which is no folder here; "
             'pass the tokenizer folder'
         )
-    return lines
+    return taken, lines
 
 
 def names_the_same(given: str, recorded: str | None) -> bool:
@@ -278,16 +280,17 @@ def names_the_same(given: str, recorded: str | None) -> bool:
 def main(args: argparse.Namespace):
     """Checks the flags, then writes the images and prints the scores asked for; returns the images (N, 3, H, W)
     in [0, 1]."""
-    prompts = check_args(args)
+    settings, prompts = check_args(args)
     # Imported once the flags check out, not at the top: torch and Diffusers take seconds to load, and --help or a
     # bad flag answers without them.
     from runs import generation
 
     # After that import: importing Composer installs its own signal handlers, which exit without a line.
     with stop_on_signals(lambda signum: f'{SIGNALS[signum]}: generate stopped; nothing was written to {args.out}'):
-        if args.checkpoint and args.model_dir is None:  # no record beside the checkpoint: the one inside it
-            settle_checkpoint_flags(args, generation.recorded_in(args.checkpoint, args.trust_checkpoint))
-        return generation.draw(args, prompts)
+        if settings.checkpoint and settings.model_dir is None:  # no record beside the checkpoint: the one inside
+            recorded = generation.recorded_in(settings.checkpoint, settings.trust_checkpoint)
+            settings = settle_checkpoint_flags(settings, recorded)
+        return generation.draw(settings, prompts)
 
 
 def cli(argv=None) -> None:

@@ -4,7 +4,6 @@ from one seed per image at the size the run trained at, written as PNGs and as a
 and their CLIP score and FID where the local weights are given.
 """
 
-import argparse
 import pickle
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from runs.checkpoints import RunDescription, load_checkpoint_file
 from runs.evaluation import ValidationSplit
 from runs.export import SCHEDULERS, build_pipeline, generate, labeled_grid
 from settings.families import is_flow_matching
+from settings.generate_settings import GenerateSettings
 from settings.model_folder import caption_pad_ids
 from settings.run_record import RUN_DESCRIPTION_FILE, exported_run
 from settings.tokenizer import CaptionTokenizer
@@ -31,7 +31,7 @@ from settings.tokenizer import CaptionTokenizer
 GRID_IMAGES, GRID_COLUMNS = 64, 8
 
 
-def draw(args: argparse.Namespace, prompts: list[str]) -> torch.Tensor:
+def draw(args: GenerateSettings, prompts: list[str]) -> torch.Tensor:
     """Writes the images of generate.py's checked flags, prints the scores asked for; returns the images
     (N, 3, H, W) in [0, 1]."""
     reproducibility.seed_all(args.seed)
@@ -80,7 +80,7 @@ def draw(args: argparse.Namespace, prompts: list[str]) -> torch.Tensor:
     return images
 
 
-def load_pipeline(args: argparse.Namespace) -> tuple[DiffusionPipeline, dict]:
+def load_pipeline(args: GenerateSettings) -> tuple[DiffusionPipeline, dict]:
     """The pipeline of --pipeline or --checkpoint, and its run's description (checkpoints.run_description: the
     image size it trained at, a guidance-distilled Flux's guidance), empty where neither records it: a pipeline
     folder that Diffusers saved, a checkpoint of an older version."""

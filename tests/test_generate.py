@@ -127,8 +127,8 @@ def test_a_recorded_tokenizer_folder_that_is_gone_is_one_line(checkpoint, tmp_pa
         'tokenizer folder\n'
     )
     given = generate.parse_args(['--checkpoint', str(moved), '--tokenizer', str(tmp_path), *PROMPTS, '--out', 'o'])
-    generate.check_args(given)  # given: the record's folder is not needed
-    assert given.model_name == 'tiny' and given.tokenizer == str(tmp_path)
+    settings, _ = generate.check_args(given)  # given: the record's folder is not needed
+    assert settings.model_name == 'tiny' and settings.tokenizer == str(tmp_path)
 
 
 @pytest.mark.stack
@@ -159,8 +159,8 @@ def test_the_flags_are_settled_from_the_record_before_torch_loads(checkpoint, tm
     code = (
         'import sys, generate\n'
         f'args = generate.parse_args({argv!r})\n'
-        'generate.check_args(args)\n'
-        "print(args.model_name, args.prediction_type, 'torch' in sys.modules)\n"
+        'settings, _ = generate.check_args(args)\n'
+        "print(settings.model_name, settings.prediction_type, 'torch' in sys.modules)\n"
     )
     run = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.stdout.splitlines()[-1] == 'tiny v_prediction False', run.stderr
