@@ -16,7 +16,6 @@ from tqdm import tqdm
 
 from guards.arguments import ConfigError
 from guards.outputs import staged_folder
-from models.diffusion_transformer import DiffusionTransformer
 from models.stable_diffusion import build_model
 from runs.checkpoints import RunDescription, load_checkpoint_file
 from runs.evaluation import ValidationSplit
@@ -110,7 +109,7 @@ def load_pipeline(args: GenerateSettings) -> tuple[DiffusionPipeline, dict]:
             'which generate.py does not build'
         )
     model = build_model(folder, args.prediction_type)
-    if args.scheduler and isinstance(model, DiffusionTransformer) and is_flow_matching(model.family):
+    if args.scheduler and folder.is_transformer and is_flow_matching(folder.family):
         raise ConfigError(
             f'--scheduler {args.scheduler}: {args.model_name} is a flow-matching model, which samples with its own '
             'Euler sampler'
