@@ -182,30 +182,30 @@ def settle_checkpoint_flags(settings: GenerateSettings, recorded: dict) -> Gener
     taken, lines = recorded_flags(settings, recorded)
     for line in lines:
         print(line)
-    args = dataclasses.replace(settings, **taken)
+    settled = dataclasses.replace(settings, **taken)
     try:
-        model_dir = resolve_model_dir(args.model_name)  # once, for the model and its tokenizer's padding
+        model_dir = resolve_model_dir(settled.model_name)  # once, for the model and its tokenizer's padding
     except ConfigError as error:
         raise GenerateError(str(error))
-    args = dataclasses.replace(args, model_dir=model_dir, model_folder=read_model_folder(model_dir))
-    transformer = args.model_folder.is_transformer
+    settled = dataclasses.replace(settled, model_dir=model_dir, model_folder=read_model_folder(model_dir))
+    transformer = settled.model_folder.is_transformer
     if transformer:
-        if args.tokenizer is None:
+        if settled.tokenizer is None:
             raise GenerateError(
-                f"--tokenizer: {args.model_name} reads prompts with T5: pass the run's --tokenizer folder (T5's)"
+                f"--tokenizer: {settled.model_name} reads prompts with T5: pass the run's --tokenizer folder (T5's)"
             )
-        if args.prediction_type:
-            raise GenerateError(f'--prediction_type: a UNet option; {args.model_name} is a diffusion transformer')
-    if args.tokenizer is not None:
-        check_tokenizer_file(args.tokenizer, caption_inputs(args.model_folder))  # another family's is named now
-    check_image_size(args, transformer)
-    return args
+        if settled.prediction_type:
+            raise GenerateError(f'--prediction_type: a UNet option; {settled.model_name} is a diffusion transformer')
+    if settled.tokenizer is not None:
+        check_tokenizer_file(settled.tokenizer, caption_inputs(settled.model_folder))  # another family's is named now
+    check_image_size(settled, transformer)
+    return settled
 
 
-def check_image_size(args: GenerateSettings, transformer: bool) -> None:
+def check_image_size(settings: GenerateSettings, transformer: bool) -> None:
     multiple = LATENT_DOWNSAMPLE * (2 if transformer else 1)
-    if args.image_size is not None and args.image_size % multiple:
-        raise GenerateError(f'--image_size {args.image_size}: must be a multiple of {multiple}')
+    if settings.image_size is not None and settings.image_size % multiple:
+        raise GenerateError(f'--image_size {settings.image_size}: must be a multiple of {multiple}')
 
 
 def missing_part(folder: Path, components: dict) -> str | None:
@@ -229,37 +229,37 @@ def missing_part(folder: Path, components: dict) -> str | None:
     return None
 
 
-def recorded_flags(args: GenerateSettings, recorded: dict) -> tuple[dict, list[str]]:
+def recorded_flags(settings: GenerateSettings, recorded: dict) -> tuple[dict, list[str]]:
     """Each of RECORDED_FLAGS not given, as the checkpoint's run recorded it, and the lines to print: the values
     taken, each flag given that differs from the record, and what an older checkpoint does not record.
     GenerateError where the checkpoint records no model and --model_name is not given."""
     if 'model_name' not in recorded:
-        if args.model_name:
+        if settings.model_name:
             return {}, []
         raise GenerateError(
-            f'--checkpoint {args.checkpoint}: records no model (a checkpoint of an older version); pass the '
+            f'--checkpoint {settings.checkpoint}: records no model (a checkpoint of an older version); pass the '
             "run's --model_name (e.g. tiny, sd2-base)"
         )
     lines = []
     for flag, default in RECORDED_FLAGS.items():
-        given = getattr(args, flag)
+        given = getattr(settings, flag)
         if flag in recorded and given is not None and not names_the_same(given, recorded[flag]):
             trained = recorded[flag] or default
             lines.append(f"--{flag} {given}: given, where the checkpoint's run trained with {trained}; {given} is used")
     taken = {
         flag: recorded[flag]
         for flag in RECORDED_FLAGS
-        if getattr(args, flag) is None and recorded.get(flag) is not None
+        if getattr(settings, flag) is None and recorded.get(flag) is not None
     }
     if taken:
         values = ' '.join(f'--{flag} {value}' for flag, value in taken.items())
         lines.insert(0, f"from the checkpoint's run: {values} (a flag given overrides)")
-    unknown = [flag for flag in RECORDED_FLAGS if flag not in recorded and getattr(args, flag) is None]
+    unknown = [flag for flag in RECORDED_FLAGS if flag not in recorded and getattr(settings, flag) is None]
     if unknown:
         lines.append(
-            f'{args.checkpoint} records no {" or ".join(f"--{flag}" for flag in unknown)} (a checkpoint of an older '
-            f"version): drawn with {' and '.join(RECORDED_FLAGS[flag] for flag in unknown)}; pass the run's if it "
-            'gave others'
+            f'{settings.checkpoint} records no {" or ".join(f"--{flag}" for flag in unknown)} (a checkpoint of an '
+            f"older version): drawn with {' and '.join(RECORDED_FLAGS[flag] for flag in unknown)}; pass the run's "
+            'if it gave others'
         )
     if 'tokenizer' in taken and not Path(taken['tokenizer']).is_dir():
         raise GenerateError(

@@ -50,14 +50,14 @@ def settle_precompute(args: argparse.Namespace) -> PrecomputeSettings:
         raise ConfigError(f'--num_workers {args.num_workers}: must be 0 or more')
     if args.image_size is not None and args.image_size % 8:
         raise ConfigError(f'--image_size {args.image_size}: must be a multiple of 8 (the VAE downsamples 8x)')
-    if args.model_name is not None:
-        resolve_model_dir(args.model_name)  # a bad --model_name named before the inputs are looked at
+    # A bad --model_name is named before the inputs are looked at.
+    model_dir = None if args.model_name is None else resolve_model_dir(args.model_name)
     for source in (args.remote, args.local):
         if source is not None:
             check_apart(args.out, source)
     has_gpu = hardware.gpu() is not None
     model_name = args.model_name or default_model(has_gpu)
-    model_dir = resolve_model_dir(model_name)
+    model_dir = model_dir or resolve_model_dir(model_name)
     folder = read_model_folder(model_dir)
     image_size = args.image_size or PRESETS.get(model_name, SD2_BASE).image_size
     if folder.is_transformer and image_size % 16:
