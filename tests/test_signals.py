@@ -564,9 +564,9 @@ def test_convert_stopped_by_a_signal_leaves_the_output_as_it_was(tmp_path, monke
 # A convert.py that takes 50 ms a sample, so that a signal finds it part way.
 SLOW_CONVERT = """
 import runpy, sys, time
-from datapath import images
-decode_image = images.decode_image
-images.decode_image = lambda *args, **kwargs: (time.sleep(0.05), decode_image(*args, **kwargs))[1]
+from datapath import sample_checks
+check_image = sample_checks.check_image  # every route's one check of a sample: 0.05 s more each
+sample_checks.check_image = lambda *args, **kwargs: (time.sleep(0.05), check_image(*args, **kwargs))[1]
 sys.argv[0] = 'convert.py'
 runpy.run_path('convert.py', run_name='__main__')
 """
