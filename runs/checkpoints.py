@@ -27,7 +27,6 @@ the folder holds N across resumptions too. Files set aside as incomplete are not
 """
 
 import contextlib
-import dataclasses
 import datetime
 import functools
 import os
@@ -272,9 +271,9 @@ def drawing_settings(config: RunConfig) -> dict:
 
 class RunDescription(Callback):
     """Saves run_description() in every checkpoint (Composer keeps each callback's state_dict there), and what is
-    recorded but not compared: the CPU thread count the weights were trained with, which a resumed run takes
-    (resumed_cpu_threads), the microbatch, which a run on an exported folder takes, and drawing_settings(), which
-    generate.py takes. The same record is written beside each checkpoint file (record_beside)."""
+    recorded but not compared: the CPU thread count the weights were trained with, which a resumed run's settling
+    takes (settings/run_record.py), the microbatch, which a run on an exported folder takes, and drawing_settings(),
+    which generate.py takes. The same record is written beside each checkpoint file (record_beside)."""
 
     def __init__(self, config: RunConfig):
         self.description = {
@@ -339,22 +338,3 @@ def check_resumable(folder: Path, config: RunConfig, model: torch.nn.Module, ran
             '(another model?); pass its flags, or a new --save_folder'
         )
     return saved or {}
-
-
-def resumed_cpu_threads(config: RunConfig, saved: dict) -> tuple[RunConfig, str | None]:
-    """The configuration a run resumed on the CPU continues with, and a line to print where it differs from this
-    one: the checkpoint's thread count, which its weights were trained with, where this run chose its own (so the
-    continuation is bitwise the uninterrupted run's on any machine); a count given that differs is kept, with a
-    warning."""
-    threads, data = saved.get('cpu_threads'), config.data
-    if threads is None or data.cpu_threads is None or threads == data.cpu_threads:
-        return config, None
-    if data.cpu_threads_given:
-        return config, (
-            f'warning: cpu threads: {data.cpu_threads} given, where the checkpoint was trained with {threads}: '
-            'the continuation will not be bitwise what one uninterrupted run trains'
-        )
-    return dataclasses.replace(config, data=dataclasses.replace(data, cpu_threads=threads)), (
-        f"cpu threads: {threads}, the checkpoint's (this process would choose {data.cpu_threads}): the same count "
-        'keeps the continuation bitwise; --cpu_threads N sets another'
-    )

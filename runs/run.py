@@ -42,7 +42,6 @@ from runs.checkpoints import (
     point_s3_link_at_newest,
     remote_checkpoint_savers,
     remove_s3_resume_copy,
-    resumed_cpu_threads,
     set_aside_incomplete,
 )
 from runs.composer_fixes import keep_failed_uploads
@@ -95,7 +94,7 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
     exports."""
     start(config, announced)
     model = build_run_model(config.model, config.data, config.speed, config.objective)
-    config = prepare_resumption(config, model)
+    prepare_resumption(config, model)
     write_sample_datasets(config.data, config.evaluation)
     sample_grids = (SampleGrid(config),) if config.evaluation.sample_interval else ()
     if config.outputs.save_folder and '://' in config.outputs.save_folder:
@@ -192,11 +191,11 @@ def build_run_model(
     return model
 
 
-def prepare_resumption(config: RunConfig, model: DiffusionModel) -> RunConfig:
+def prepare_resumption(config: RunConfig, model: DiffusionModel) -> None:
     """Before the data and the Trainer: a killed run's Streaming shared memory cleaned, and with --autoresume on a
     local folder, its incomplete checkpoints set aside and the newest checked against this run (on S3, the latest
-    link pointed at the newest checkpoint); the config as the resumed run continues (its checkpoint's CPU threads
-    where none were given)."""
+    link pointed at the newest checkpoint). The settling took the checkpoint's CPU thread count already
+    (settings/run_record.py)."""
     if not config.data.use_synth_data:
         clean_stale_shared_memory()  # a killed run's Streaming shared memory would block this one
     autoresume, folder = config.outputs.autoresume, config.outputs.save_folder
@@ -207,17 +206,12 @@ def prepare_resumption(config: RunConfig, model: DiffusionModel) -> RunConfig:
             announce(f'warning: {line}')
         dist.barrier()  # every rank reads the link as rank 0 left it
     if not (autoresume and '://' not in folder and Path(folder).is_dir()):
-        return config
+        return
     if dist.get_global_rank() == 0:
         for change in set_aside_incomplete(Path(folder)):
             announce(f'warning: {change}')
     dist.barrier()  # every rank resumes from the folder as rank 0 left it
-    saved = check_resumable(Path(folder), config, model, dist.get_global_rank())
-    config, line = resumed_cpu_threads(config, saved)
-    if line:
-        announce(line)
-        torch.set_num_threads(config.data.cpu_threads)
-    return config
+    check_resumable(Path(folder), config, model, dist.get_global_rank())
 
 
 def write_sample_datasets(data: DataSection, split: EvaluationSection) -> None:

@@ -43,6 +43,7 @@ from settings.model_folder import (
 )
 from settings.output_paths import check_export_folder, check_outputs, settle_sample_folder
 from settings.presets import SAMPLE_PROMPTS, SYNTHETIC_SAMPLES
+from settings.run_record import resumed_cpu_threads, resumed_record
 from settings.run_sections import (
     BatchSection,
     DataSection,
@@ -324,6 +325,9 @@ def settle_data(
     if cpu_threads is None and gpu is None:
         cpu_threads, cpu_threads_given, why = hardware.cpu_threads()
         notes.append(f'cpu threads: {cpu_threads} ({why}; --cpu_threads N sets it)')
+    resumed = resumed_record(flags.save_folder, flags.autoresume)
+    cpu_threads, line = resumed_cpu_threads(cpu_threads, cpu_threads_given, resumed)
+    notes += [line] if line else []
     training = read_training_data(flags, model.model_name, model.model_folder, notes)
     data = section(
         DataSection,

@@ -40,6 +40,33 @@ def recorded_beside(checkpoint: str, fix: str) -> dict | None:
     return read_run_description(Path(checkpoint).parent / RUN_DESCRIPTION_FILE, fix)
 
 
+def resumed_record(save_folder: str | None, autoresume: bool) -> dict:
+    """The record of the run --autoresume continues: the one beside the checkpoints of a local save folder (that of
+    the newest written whole), {} where there is none (a new folder, one on S3, a run of an older version)."""
+    if not autoresume or not save_folder or '://' in save_folder:
+        return {}
+    fix = 'remove it (the checkpoints hold the same record), or start over with a new --save_folder'
+    return read_run_description(Path(save_folder) / RUN_DESCRIPTION_FILE, fix) or {}
+
+
+def resumed_cpu_threads(threads: int | None, given: bool, record: dict) -> tuple[int | None, str | None]:
+    """The CPU thread count a resumed run trains with, and a line to print where it differs from this process's:
+    the checkpoint's, which its weights were trained with, where this run chose its own (so the continuation is
+    bitwise the uninterrupted run's on any machine); a count given that differs is kept, with a warning."""
+    recorded = record.get('cpu_threads')
+    if recorded is None or threads is None or recorded == threads:
+        return threads, None
+    if given:
+        return threads, (
+            f'warning: cpu threads: {threads} given, where the checkpoint was trained with {recorded}: '
+            'the continuation will not be bitwise what one uninterrupted run trains'
+        )
+    return recorded, (
+        f"cpu threads: {recorded}, the checkpoint's (this process would choose {threads}): the same count keeps the "
+        'continuation bitwise; --cpu_threads N sets another'
+    )
+
+
 def read_run_description(record: Path, fix: str) -> dict | None:
     if not record.is_file():
         return None

@@ -737,23 +737,32 @@ def test_the_cpu_thread_count_is_one_on_every_machine_unless_given(monkeypatch):
     assert hardware.cpu_threads() == (3, True, 'OMP_NUM_THREADS=3')
 
 
-def test_a_resumed_cpu_run_takes_its_checkpoints_thread_count_unless_one_is_given(monkeypatch):
-    from runs import checkpoints
+def test_a_resumed_cpu_run_takes_its_checkpoints_thread_count_unless_one_is_given(monkeypatch, tmp_path):
+    """Settled once, from the record beside the checkpoints --autoresume continues."""
+    from settings.run_record import write_run_description
 
     monkeypatch.delenv('OMP_NUM_THREADS', raising=False)  # else the count is given
-    chosen = resolve_config(parse_args([*TINY, '--max_duration', '2ba']))
-    threads = chosen.data.cpu_threads
-    assert not chosen.data.cpu_threads_given
-    resumed, line = checkpoints.resumed_cpu_threads(chosen, {'cpu_threads': threads + 1})
-    assert resumed.data.cpu_threads == threads + 1 and f"cpu threads: {threads + 1}, the checkpoint's" in line
-    assert checkpoints.resumed_cpu_threads(chosen, {'cpu_threads': threads}) == (chosen, None)
-    assert checkpoints.resumed_cpu_threads(chosen, {}) == (chosen, None)  # a checkpoint of an older version
-    given = resolve_config(parse_args([*TINY, '--max_duration', '2ba', '--cpu_threads', str(threads + 2)]))
-    kept, line = checkpoints.resumed_cpu_threads(given, {'cpu_threads': threads})
-    assert kept.data.cpu_threads == threads + 2 and line == (
-        f'warning: cpu threads: {threads + 2} given, where the checkpoint was trained with {threads}: the '
-        'continuation will not be bitwise what one uninterrupted run trains'
+    folder = tmp_path / 'ckpt'
+    resuming = [*TINY, '--max_duration', '2ba', '--run_name', 'r', '--save_folder', str(folder), '--autoresume']
+    chosen = resolve_config(parse_args(resuming))
+    threads = chosen.data.cpu_threads  # a new folder: this process's own count
+    assert not chosen.data.cpu_threads_given and not any('the checkpoint' in note for note in chosen.notes)
+    folder.mkdir()
+    write_run_description(folder, {'run_name': 'r', 'cpu_threads': threads + 1})
+    resumed = resolve_config(parse_args(resuming))
+    assert resumed.data.cpu_threads == threads + 1
+    assert f"cpu threads: {threads + 1}, the checkpoint's (this process would choose {threads})" in resumed.notes[-1]
+    given = resolve_config(parse_args([*resuming, '--cpu_threads', str(threads + 2)]))
+    assert (
+        given.data.cpu_threads == threads + 2
+        and (
+            f'warning: cpu threads: {threads + 2} given, where the checkpoint was trained with {threads + 1}: the '
+            'continuation will not be bitwise what one uninterrupted run trains'
+        )
+        in given.notes
     )
+    write_run_description(folder, {'run_name': 'r'})  # an older version's record: nothing to take
+    assert resolve_config(parse_args(resuming)).data.cpu_threads == threads
 
 
 @pytest.mark.stack
