@@ -45,6 +45,7 @@ from settings.output_paths import check_export_folder, check_outputs, settle_sam
 from settings.presets import SAMPLE_PROMPTS, SYNTHETIC_SAMPLES
 from settings.run_record import resumed_cpu_threads, resumed_record
 from settings.run_sections import (
+    FLOW_FLAGS,
     BatchSection,
     DataSection,
     EMASection,
@@ -77,7 +78,12 @@ class RunConfig:
         flag_order; derived objects left out."""
         fields = {}
         for section in (getattr(self, field.name) for field in dataclasses.fields(self) if field.name != 'notes'):
-            fields |= {field.name: getattr(section, field.name) for field in dataclasses.fields(section)}
+            listed = getattr(section, 'listed', None)  # a section that lists its fields otherwise
+            fields |= (
+                listed()
+                if listed
+                else {field.name: getattr(section, field.name) for field in dataclasses.fields(section)}
+            )
         del fields['model_folder'], fields['caption_inputs'], fields['memory_plan']
         return {key: json_value(fields[key]) for key in flag_order(fields)}
 
@@ -148,7 +154,7 @@ SECTIONS = (
 def check_placed(args: argparse.Namespace) -> None:
     """Every flag is a field of a section. A flag no section holds is a mistake of this code (a new flag not placed
     in one), not of the user's: it would be dropped from the run without a word."""
-    placed = {field.name for kind in SECTIONS for field in dataclasses.fields(kind)}
+    placed = {field.name for kind in SECTIONS for field in dataclasses.fields(kind)} | set(FLOW_FLAGS)  # in a Recipe
     if unplaced := sorted(set(vars(args)) - placed):
         raise AssertionError(f'flags in no section of RunConfig (settings/run_sections.py): {unplaced}')
 
@@ -216,9 +222,6 @@ def settle_model(flags: Flags, model_dir: Path, model_folder: ModelFolder) -> Mo
     )
 
 
-FLOW_FLAGS = ('timestep_density', 'logit_mean', 'logit_std', 'mode_scale', 'loss_weighting', 'precondition_outputs')
-
-
 def settle_objective(flags: Flags, model: ModelSection) -> tuple[ObjectiveSection, tuple[str, ...]]:
     """A diffusion transformer's training recipe (its family's, families.py) with the flags given applied, and the
     defaults it gives --grad_clip_norm and --caption_dropout; the UNet-only flags refused for it, the flow matching
@@ -236,7 +239,6 @@ def settle_objective(flags: Flags, model: ModelSection) -> tuple[ObjectiveSectio
         grad_clip_norm=flags.grad_clip_norm,
         lr_warmup=flags.lr_warmup,
         caption_dropout=0.0 if flags.caption_dropout is None else flags.caption_dropout,
-        **{flag: getattr(flags, flag) for flag in FLOW_FLAGS},
         flux_guidance=flags.flux_guidance,
         recipe=None,
     )
@@ -252,9 +254,7 @@ def settle_objective(flags: Flags, model: ModelSection) -> tuple[ObjectiveSectio
     if guidance:
         objective['flux_guidance'] = EMBEDDED_GUIDANCE if flags.flux_guidance is None else flags.flux_guidance
         recipe = dataclasses.replace(recipe, flux_guidance=objective['flux_guidance'])
-    objective['recipe'] = recipe
-    if is_flow_matching(folder.family):
-        objective |= {flag: getattr(recipe, flag) for flag in FLOW_FLAGS}
+    objective |= dict(recipe=recipe, learns_flow=is_flow_matching(folder.family))
     if flags.grad_clip_norm is None:
         objective['grad_clip_norm'] = recipe.grad_clip_norm
     if flags.caption_dropout is None:

@@ -2,6 +2,7 @@
 its duration, the EMA, the speed paths, the outputs, the evaluation and the training objective. Each is frozen and
 settled once by config.resolve_config; the builders read the sections they need."""
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,20 +128,30 @@ class EvaluationSection:
     export_pipeline: str | None
 
 
+# The flow matching fields of a Recipe, each also a flag of benchmark.py.
+FLOW_FLAGS = ('timestep_density', 'logit_mean', 'logit_std', 'mode_scale', 'loss_weighting', 'precondition_outputs')
+
+
 @dataclass(frozen=True)
 class ObjectiveSection:
     """What the step optimizes beyond the model's loss: the stability options (runs/stability.py, the learning-rate
-    warmup of runs/training.py), off by default for the UNets, and a diffusion transformer's flow matching recipe
-    (models/diffusion_transformer.py), None for the UNets and PixArt."""
+    warmup of runs/training.py), off by default for the UNets, and a diffusion transformer's training recipe
+    (models/diffusion_transformer.py), None for the UNets."""
 
     grad_clip_norm: float | None
     lr_warmup: str | None
     caption_dropout: float
-    timestep_density: str | None
-    logit_mean: float | None
-    logit_std: float | None
-    mode_scale: float | None
-    loss_weighting: str | None
-    precondition_outputs: bool | None
     flux_guidance: float | None  # the guidance a guidance-distilled Flux embeds in training; None for other models
-    recipe: Recipe | None  # a diffusion transformer's training recipe, with the flags above applied
+    recipe: Recipe | None  # a diffusion transformer's training recipe, with the flags given applied
+    learns_flow: bool = False  # the recipe's flow matching fields apply (Flux, SD3); PixArt's DDPM step reads none
+
+    def listed(self) -> dict:
+        """Its fields as the printed configuration and the results file list them: the recipe's flow matching fields
+        also each under its flag's name, after caption_dropout (None where the model learns no flow)."""
+        listed = {}
+        for field in dataclasses.fields(self):
+            if field.name != 'learns_flow':
+                listed[field.name] = getattr(self, field.name)
+            if field.name == 'caption_dropout':
+                listed |= {flag: getattr(self.recipe, flag) if self.learns_flow else None for flag in FLOW_FLAGS}
+        return listed

@@ -313,7 +313,14 @@ def test_a_transformers_largest_size_is_checked_at_the_size_its_latents_were_pre
 def test_the_recipe_sets_the_defaults_and_flags_override_it():
     config = resolve_config(parse_args(['--model_name', 'tiny-flux-schnell', '--use_synth_data']))
     objective = config.objective
-    assert (objective.grad_clip_norm, objective.caption_dropout, objective.timestep_density) == (1.0, 0.1, 'uniform')
+    assert (objective.grad_clip_norm, objective.caption_dropout, objective.recipe.timestep_density) == (
+        1.0,
+        0.1,
+        'uniform',
+    )
+    assert config.as_dict()['timestep_density'] == 'uniform'  # the recipe's, listed under its flag's name
+    pixart = resolve_config(parse_args(['--model_name', 'tiny-pixart-sigma', '--use_synth_data'])).as_dict()
+    assert pixart['recipe'] is not None and pixart['timestep_density'] is None  # a DDPM step: no flow field applies
     assert objective.recipe.betas == (0.9, 0.95) and objective.recipe.weight_decay == 0.1
     flags = ['--model_name', 'tiny-sd3.5-medium', '--use_synth_data', '--timestep_density', 'mode', '--mode_scale', '2']
     config = resolve_config(parse_args([*flags, '--caption_dropout', '0.2']))
@@ -986,4 +993,4 @@ def test_precondition_outputs_is_a_flow_recipe_option_off_by_default():
     flags = ['--model_name', 'tiny-sd3.5-medium', '--use_synth_data']
     assert resolve_config(parse_args(flags)).objective.recipe.precondition_outputs is False
     config = resolve_config(parse_args([*flags, '--precondition_outputs']))
-    assert config.objective.precondition_outputs is True and config.objective.recipe.precondition_outputs is True
+    assert config.objective.recipe.precondition_outputs is True and config.as_dict()['precondition_outputs'] is True
