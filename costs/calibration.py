@@ -7,6 +7,7 @@ phase's compute by the FLOPs per image. Numbers only: costs/prediction_text.py s
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from costs.measurements import PUBLISHED_MODEL
 from costs.step_model import (
     ADAMW_BYTES,
     EMA_BYTES,
@@ -139,7 +140,7 @@ def prediction_workload(point: MeasuredRun, settings: PredictionSettings) -> tup
         fsdp, precision, fused, ema = 'none', 'amp_fp16', False, True
         gradient_value_bytes = settings.gradient_value_bytes
     else:
-        trained = point.trained_parameters or (SD2_UNET_PARAMETERS if point.model == 'sd2-base' else None)
+        trained = point.trained_parameters or (SD2_UNET_PARAMETERS if point.model == PUBLISHED_MODEL else None)
         if trained is None:
             raise PredictionError(f"{point.source}: no 'trained_parameters' (written by newer benchmark.py runs)")
         batch, microbatch = run.get('batch_size'), run.get('device_train_microbatch_size')

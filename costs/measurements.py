@@ -12,6 +12,9 @@ from costs.results import load_results as read_results
 # "2.9 billion samples" in the published table is exactly 2,867,200,000 samples:
 # 550k steps x 2048 at 256px + 850k steps x 2048 at 512px (SD2-base model card schedule).
 PUBLISHED_SAMPLES = 2_867_200_000
+# The model those samples trained, as benchmark.py's --model_name names it (settings/presets.py's PUBLISHED_MODEL: the
+# report reads results files without the settings).
+PUBLISHED_MODEL = 'sd2-base'
 # The GPU type of a throughput given by hand without --gpu_type.
 UNNAMED_GPU = 'GPU'
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costs.fit import describe_fit
-from costs.measurements import PUBLISHED_SAMPLES, device_word
+from costs.measurements import PUBLISHED_MODEL, PUBLISHED_SAMPLES, device_word
 from costs.prediction import predict
 from costs.prediction_text import describe_prediction
 from costs.results import PEAK_FLOPS
@@ -68,7 +68,7 @@ def measured_notes(label: str, points: list, samples: list[str]) -> list[str]:
             f'{label}: measured on the {tiny[0]!r} smoke-test model, not a real one: these days and costs '
             "are that model's, not what training the real model takes"
         )
-    others = sorted({p.model for p in points if p.model and not p.model.startswith('tiny')} - {'sd2-base'})
+    others = sorted({p.model for p in points if p.model and not p.model.startswith('tiny')} - {PUBLISHED_MODEL})
     if others and samples == [str(PUBLISHED_SAMPLES)]:
         notes.append(
             f"{label}: the budget is SD2 base's published {PUBLISHED_SAMPLES:,} samples, not {others[0]}'s own "

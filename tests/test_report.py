@@ -935,3 +935,13 @@ def test_runs_of_other_settings_at_one_gpu_count_are_not_averaged(tmp_path):
     ((_, rows, _, _),) = run_report(tmp_path, [mb4, again])
     (measured,) = [row for row in rows if row.kind == 'measured']
     assert measured.img_per_sec == pytest.approx(38.0)
+
+
+def test_the_report_names_the_published_model_as_the_settings_do():
+    """The report reads results without the settings, so it keeps the published model's name itself: the one
+    benchmark.py's --model_name and its presets call it, whose results files get SD2's UNet parameters by default."""
+    from costs.measurements import PUBLISHED_MODEL
+    from settings.presets import PRESETS
+    from settings.presets import PUBLISHED_MODEL as SETTINGS_PUBLISHED_MODEL
+
+    assert PUBLISHED_MODEL == SETTINGS_PUBLISHED_MODEL and PUBLISHED_MODEL in PRESETS
