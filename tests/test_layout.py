@@ -366,3 +366,29 @@ def test_an_unknown_or_abbreviated_flag_is_named(script, flags, named, tmp_path)
     )
     assert run.returncode == 2
     assert f'unrecognized arguments: {named}' in run.stderr.splitlines()[-1]
+
+
+def test_the_walk_of_a_runs_values_counts_on_these_floors():
+    """benchmarks/config_walk.py (docs/architecture.md's walk): its floors are these tests' floors, and a walk's
+    climbs and entries to runs/run.py are the steps up and in."""
+    from benchmarks import config_walk
+
+    walked = config_walk.floors(config_walk.repo_modules())
+    floor = floors()
+    assert {name: walked[name] for name in floor if not name.endswith('__init__')} == {
+        name: level for name, level in floor.items() if not name.endswith('__init__')
+    }
+    stays = {
+        ('runs/run.py', 'main'): True,
+        ('runs/training.py', 'build_dataloader'): False,
+        ('runs/run.py', 'train'): True,
+        ('settings/config.py', 'RunConfig.as_dict'): True,
+        ('runs/run.py', 'report'): True,
+    }
+    assert config_walk.figures(stays, walked) == {
+        'stays': 5,
+        'handed the whole RunConfig': 4,
+        'rooms': 3,
+        'climbs back up': 2,  # training.py up to run.py, config.py up to run.py
+        'runs/run.py entered': 2,
+    }
