@@ -31,9 +31,9 @@ MODEL_FOLDER_READS = ('read_model_folder', 'ConfigMixin.load_config', 'Pretraine
 
 
 def repo_modules() -> dict[str, Path]:
-    """The repo's importable modules (dotted name: file), the entry scripts at its top included."""
-    files = [path for path in REPO.rglob('*.py') if not set(path.relative_to(REPO).parts) & {*SKIPPED, 'results'}]
-    files = [path for path in files if not any(part.startswith('.') for part in path.relative_to(REPO).parts)]
+    """The repo's importable modules (dotted name: file): the entry scripts at its top and each package's files."""
+    packages = [path.parent for path in REPO.glob('*/__init__.py') if path.parent.name not in SKIPPED]
+    files = [*REPO.glob('*.py'), *(path for package in packages for path in package.glob('*.py'))]
     return {'.'.join(path.relative_to(REPO).with_suffix('').parts).removesuffix('.__init__'): path for path in files}
 
 

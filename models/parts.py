@@ -78,11 +78,13 @@ def build_part(
         return model_class.from_pretrained(model_dir, subfolder=part, **options), True
     # Initializing SD2 base's 1.3B parameters on the host takes many seconds of CPU and gigabytes of memory per rank;
     # built on the GPU the Trainer would move them to anyway, it is quick.
+    # From the config the folder's description holds (read once, at settling), not read again from its file.
+    config = dict(folder.part_config(part))
     with contextlib.nullcontext() if init_device is None else torch.device(init_device):
         text_encoder = next((pair for pair in TEXT_ENCODERS.values() if pair[0] is model_class), None)
         if text_encoder:  # Transformers' models take a config object
-            return model_class(text_encoder[1].from_pretrained(model_dir, subfolder=part)), False
-        return model_class.from_config(model_class.load_config(model_dir, subfolder=part)), False
+            return model_class(text_encoder[1].from_dict(config)), False
+        return model_class.from_config(config), False
 
 
 def build_frozen_encoders(
