@@ -64,6 +64,8 @@ class StableDiffusion(FrozenEncodersModel):
     deterministic; otherwise each is drawn at random.
     """
 
+    family = None  # a UNet: no diffusion transformer family (a DiffusionTransformer's is its class, families.py)
+
     def __init__(
         self,
         unet: UNet2DConditionModel,

@@ -87,7 +87,7 @@ def build_pipeline(
     with a sampler `scheduler` of its DDPM noise schedule (the flow-matching models sample with their own)."""
     if model.vae is None:
         raise ValueError('a pipeline needs the VAE and text encoder: this model trains on precomputed latents')
-    if isinstance(model, DiffusionTransformer):
+    if model.family is not None:  # a diffusion transformer: its family's pipeline
         return transformer_pipeline(model, scheduler, tokenizer, denoiser)
     return StableDiffusionPipeline(
         vae=model.vae,
@@ -227,9 +227,7 @@ def export_pipeline(
 
 def pipeline_class(model: DiffusionModel) -> str:
     """The Diffusers pipeline class of a model's exports."""
-    if isinstance(model, StableDiffusion):
-        return StableDiffusionPipeline.__name__
-    return FAMILIES[model.family].pipeline
+    return StableDiffusionPipeline.__name__ if model.family is None else FAMILIES[model.family].pipeline
 
 
 def labeled_grid(
