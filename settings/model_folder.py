@@ -12,7 +12,6 @@ take that description, not the path.
 """
 
 import difflib
-import functools
 import json
 import os
 from collections.abc import Mapping
@@ -261,29 +260,9 @@ def as_model_folder(folder: 'ModelFolder | Path | str') -> ModelFolder:
 
 
 def read_model_folder(model_dir: Path) -> ModelFolder:
-    """The description of a model folder whose layout resolve_model_dir has checked; read once per folder, as the
-    scripts and precompute.py's batches ask again and again, and read again only where a config file has changed
-    since (a folder written anew at the same path)."""
+    """The description of a model folder whose layout resolve_model_dir has checked. Read once by whatever settles a
+    script's values, and passed down from there (a path given to a builder is read into one)."""
     path = Path(model_dir).resolve()
-    return read_resolved_folder(path, config_stamps(path))
-
-
-def config_stamps(path: Path) -> tuple:
-    """What tells each config file's version without reading it (inode, size, modification time); None: missing."""
-    stamps = []
-    for name in (TRANSFORMER_CONFIG, *CONFIG_FILES, SECOND_ENCODER_CONFIG, 'text_encoder_3/config.json'):
-        try:
-            stat = (path / name).stat()
-        except OSError:
-            stamps.append(None)
-            continue
-        stamps.append((stat.st_ino, stat.st_size, stat.st_mtime_ns))
-    return tuple(stamps)
-
-
-@functools.lru_cache(maxsize=64)  # bounded: a process that rewrites folders keeps only the recent versions
-def read_resolved_folder(path: Path, stamps: tuple) -> ModelFolder:
-    """The configs of a resolved folder's path; its config_stamps are read by the cache alone, as part of the key."""
 
     def config(name: str) -> Mapping:
         return MappingProxyType(read_config(str(path), path, name))
