@@ -34,11 +34,11 @@ from guards.outputs import staged_file, staged_folder
 from models.diffusion_transformer import DiffusionTransformer
 from models.stable_diffusion import DiffusionModel, StableDiffusion
 from runs.checkpoints import RunDescription
-from settings.config import RunConfig
 from settings.families import EMBEDDED_GUIDANCE, FAMILIES, is_flow_matching
 from settings.model_folder import CAPTION_LENGTH, CLIP_PAD_ID, LATENT_DOWNSAMPLE, caption_pad_ids
 from settings.presets import SAMPLE_SEEDS, SAMPLERS
 from settings.run_record import write_run_description
+from settings.run_sections import DataSection, EvaluationSection, ModelSection
 from settings.tokenizer import CLIP_END, CLIP_START, CaptionTokenizer, build_clip_tokenizer, clean_caption
 
 # Samplers by flag name, built from the training noise schedule (betas, prediction type).
@@ -298,19 +298,22 @@ class SampleGrid(Callback):
     evaluator, with the model's current weights (the averaged ones under 'samples_ema'); rank 0 saves it as PNG and
     logs it to W&B. Every rank generates, so that FSDP's collectives match; the grid is a few images."""
 
-    def __init__(self, config: RunConfig):
-        self.config = config
+    def __init__(
+        self, evaluation: EvaluationSection, data: DataSection, model: ModelSection, flux_guidance: float | None
+    ):
+        self.drawing, self.data, self.flux_guidance = evaluation, data, flux_guidance
         # The UNets' prompts are tokenized here, as training does; a diffusion transformer's pipeline tokenizes its own.
-        pad_id = config.model.caption_inputs.pad_ids[0]
-        self.tokenize = None if config.objective.recipe else CaptionTokenizer(config.data.tokenizer, pad_id)
+        pad_id = model.caption_inputs.pad_ids[0]
+        transformer = model.model_folder.is_transformer
+        self.tokenize = None if transformer else CaptionTokenizer(data.tokenizer, pad_id)
         self.saved: list[Path] = []
 
     def eval_start(self, state: State, logger: Logger) -> None:
         if not str(state.dataloader_label).startswith('samples'):
             return
         model = state.model.module if hasattr(state.model, 'module') else state.model
-        config, drawing = self.config, self.config.evaluation
-        pipeline = build_pipeline(model, drawing.sample_scheduler, config.data.tokenizer)
+        drawing = self.drawing
+        pipeline = build_pipeline(model, drawing.sample_scheduler, self.data.tokenizer)
         pipeline.set_progress_bar_config(disable=True)
         prompts = [prompt for _ in SAMPLE_SEEDS for prompt in drawing.sample_prompts]  # a row of the grid per seed
         seeds = [seed for seed in SAMPLE_SEEDS for _ in drawing.sample_prompts]
@@ -321,9 +324,9 @@ class SampleGrid(Callback):
                 seeds,
                 drawing.sample_steps,
                 drawing.guidance_scale,
-                config.data.image_size,
+                self.data.image_size,
                 self.tokenize,
-                config.objective.flux_guidance,
+                self.flux_guidance,
             )
         if dist.get_global_rank() != 0:
             return

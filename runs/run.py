@@ -96,7 +96,11 @@ def train(config: RunConfig, callbacks: tuple, stop_on_signal: StopOnSignal, ann
     model = build_run_model(config.model, config.data, config.speed, config.objective)
     prepare_resumption(config, model)
     write_sample_datasets(config.data, config.evaluation)
-    sample_grids = (SampleGrid(config),) if config.evaluation.sample_interval else ()
+    sample_grids = (
+        (SampleGrid(config.evaluation, config.data, config.model, config.objective.flux_guidance),)
+        if config.evaluation.sample_interval
+        else ()
+    )
     if config.outputs.save_folder and '://' in config.outputs.save_folder:
         keep_failed_uploads(not_uploaded_folder(config.outputs))
     loader = build_dataloader(config.data, config.batch, config.speed, config.model.caption_inputs, model)
