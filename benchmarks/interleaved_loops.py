@@ -16,7 +16,7 @@ from runs.training import build_dataloader, build_optimizer, build_trainer
 
 def model_of(args):
     return build_model(
-        args.model.model_dir, precomputed=args.data.precomputed_latents, encoders_bf16=args.speed.encoders_bf16
+        args.model.model_folder, precomputed=args.data.precomputed_latents, encoders_bf16=args.speed.encoders_bf16
     )
 
 

@@ -17,7 +17,6 @@ learned variance, left untrained as in Diffusers' PixArt example); where its con
 """
 
 from functools import partial
-from pathlib import Path
 
 import torch
 from diffusers import AutoencoderKL, DDPMScheduler, FlowMatchEulerDiscreteScheduler
@@ -89,9 +88,6 @@ class DiffusionTransformer(FrozenEncodersModel):
         self.latent_shift = vae_config.get('shift_factor') or 0.0
         self.latent_scale = vae_config['scaling_factor']
         self._forward_flops: dict[tuple, dict[str, int]] = {}
-        # Set by build_transformer_model, with its path and the parts whose weights it loaded.
-        self.model_folder: ModelFolder | None = None
-        self.model_dir: Path | None = None
         self.weights_loaded: list[str] = []
 
     @property
@@ -349,6 +345,6 @@ def build_transformer_model(
     if not precomputed:
         vae, text_encoders, loaded = build_frozen_encoders(folder, encoders_bf16, init_device)
     model = DiffusionTransformer(transformer, vae, text_encoders, noise_scheduler, vae_config, recipe)
-    model.model_folder, model.model_dir = folder, folder.path
+    model.model_folder = folder
     model.weights_loaded = ['transformer'] * transformer_loaded + loaded
     return model

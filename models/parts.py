@@ -199,6 +199,12 @@ class FrozenEncodersModel(ComposerModel):
     """A trained denoiser beside frozen encoders, evaluated on the validation loss. Subclasses give
     frozen_encoders() and validation_losses(batch)."""
 
+    model_folder: ModelFolder | None = None  # set by the builder, with the parts whose weights it loaded
+
+    @property
+    def model_dir(self) -> Path | None:
+        return None if self.model_folder is None else self.model_folder.path
+
     def frozen_encoders(self) -> list[torch.nn.Module]:
         raise NotImplementedError
 

@@ -87,9 +87,6 @@ class StableDiffusion(FrozenEncodersModel):
         if self.latent_scale is None:
             raise ValueError("without a VAE, pass latent_scale (the VAE config's scaling_factor)")
         self._forward_flops: dict[tuple, dict[str, int]] = {}
-        # Set by build_model, with its path and the parts whose weights it loaded.
-        self.model_folder: ModelFolder | None = None
-        self.model_dir: Path | None = None
         self.weights_loaded: list[str] = []
 
     denoiser_name = 'unet'
@@ -333,6 +330,6 @@ def build_model(
     else:
         vae, text_encoder, text_encoder_2, encoders_loaded = build_encoders(folder, encoders_bf16, init_device)
         model = StableDiffusion(unet, vae, text_encoder, noise_scheduler, text_encoder_2=text_encoder_2)
-    model.model_folder, model.model_dir = folder, folder.path
+    model.model_folder = folder
     model.weights_loaded = ['unet'] * unet_loaded + encoders_loaded
     return model
