@@ -187,7 +187,7 @@ def settle_checkpoint_flags(settings: GenerateSettings, recorded: dict) -> Gener
         model_dir = resolve_model_dir(settled.model_name)  # once, for the model and its tokenizer's padding
     except ConfigError as error:
         raise GenerateError(str(error))
-    settled = dataclasses.replace(settled, model_dir=model_dir, model_folder=read_model_folder(model_dir))
+    settled = dataclasses.replace(settled, model_folder=read_model_folder(model_dir))
     transformer = settled.model_folder.is_transformer
     if transformer:
         if settled.tokenizer is None:
@@ -287,7 +287,7 @@ def main(args: argparse.Namespace):
 
     # After that import: importing Composer installs its own signal handlers, which exit without a line.
     with stop_on_signals(lambda signum: f'{SIGNALS[signum]}: generate stopped; nothing was written to {args.out}'):
-        if settings.checkpoint and settings.model_dir is None:  # no record beside the checkpoint: the one inside
+        if settings.checkpoint and settings.model_folder is None:  # no record beside the checkpoint: the one inside
             recorded = generation.recorded_in(settings.checkpoint, settings.trust_checkpoint)
             settings = settle_checkpoint_flags(settings, recorded)
         return generation.draw(settings, prompts)

@@ -3,7 +3,6 @@ given, then, for a checkpoint, those its run's record settles (--model_name, --p
 the model folder they name, read once. Facts only (no torch loads here)."""
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from settings.model_folder import ModelFolder
 
@@ -31,5 +30,4 @@ class GenerateSettings:
     clip_model: str | None
     fid_reference: str | None
     fid_weights: str | None
-    model_dir: Path | None = None  # a checkpoint's model folder, once its run's record settles --model_name
-    model_folder: ModelFolder | None = None  # its configs, read with it
+    model_folder: ModelFolder | None = None  # a checkpoint's model folder, once its run's record settles --model_name
