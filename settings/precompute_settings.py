@@ -28,7 +28,6 @@ class PrecomputeSettings:
     local: str | None  # the sample dataset's folder where neither --remote nor --local is given
     out: str
     model_name: str
-    model_dir: Path
     model_folder: ModelFolder  # its configs, read once for the checks and every batch
     image_size: int
     tokenizer: str | None
@@ -75,7 +74,6 @@ def settle_precompute(args: argparse.Namespace) -> PrecomputeSettings:
         **given,
         local=str(SAMPLE_DATASET) if sample_data else args.local,
         model_name=model_name,
-        model_dir=model_dir,
         model_folder=folder,
         image_size=image_size,
         batch_size=args.batch_size or (32 if has_gpu else 16),
