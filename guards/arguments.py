@@ -12,6 +12,7 @@ import difflib
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 # Under Composer's launcher (several GPUs) the launcher's own lines follow the run's last one: a crashed rank's exit
@@ -59,7 +60,11 @@ def did_you_mean(given: str, known) -> str:
 def stop(status: int, message: str):
     """Ends the process with `error: message` as its one line on stderr, and exit status `status`."""
     line = f'error: {message}'
-    # First of the exit's atexit work (last registered, first run): before Composer's close of its trainer.
+    # Now, for the interpreter's exit before the atexit work (threading's shutdown runs its own exit callbacks first,
+    # with Composer's SIGTERM handler still installed), and again first of the atexit work (last registered, first
+    # run), after anything on the way out installed another.
+    if threading.current_thread() is threading.main_thread():
+        end_quietly_on_signals(status)
     atexit.unregister(end_quietly_on_signals)
     atexit.register(end_quietly_on_signals, status)
     # One write: print writes the newline apart where PYTHONUNBUFFERED is set (as in many container images), and

@@ -143,6 +143,16 @@ def pytest_runtest_makereport(item, call):
 COLUMNS = {'jpg': 'bytes', 'caption': 'str'}  # convert.py's columns
 
 
+@pytest.fixture(autouse=True)
+def session_signal_handlers():
+    """Each test starts with the session's Ctrl-C and SIGTERM handlers: a run ended in this process
+    (guards.arguments.stop) leaves those of its exit installed, which a process ending anyway needs."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
 def jpeg(seed=0, size=(80, 64), mode='RGB', exif=None, **save) -> bytes:
     """A JPEG of smooth random color blobs (noise would make large, slow files)."""
     rng = np.random.default_rng(seed)
