@@ -54,10 +54,10 @@ format: install
 # tests are listed at the end.
 TEST_WORKERS ?= 2
 CPU_TESTS = OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --durations=25
-# In CI (CI=true) the tests whose subject is a process run in their own lane instead, as plain processes
-# (test-processes, below), side by side with the other lanes.
+# In CI (CI=true) the tests whose subject is a process (marked `process`) run in their own lane instead, as plain
+# processes (test-processes, below), side by side with the other lanes.
 test: lint
-	$(CPU_TESTS) -m 'not gpu' $(if $(filter true,$(CI)),$(addprefix --ignore=,$(PROCESS_TESTS)))
+	$(CPU_TESTS) -m 'not gpu$(if $(filter true,$(CI)), and not process)'
 
 test-fast: install
 	$(CPU_TESTS) -m 'not slow and not gpu'
@@ -128,13 +128,14 @@ $(VENV)/.spark-installed: $(VENV)/.installed requirements-spark.txt
 	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements-spark.txt
 	touch $@
 
-# CI's lane of the tests whose subject is a process (signals, ranks, two writers, loader workers): in `make test`
-# most of their commands are forked from tests/forkserver.py, which skips an interpreter's start and end; here each
-# is a new interpreter, as a user's is (tests/conftest.py's PLAIN_PROCESSES).
-PROCESS_TESTS ?= tests/test_signals.py tests/test_distributed.py tests/test_two_writers.py tests/test_loader_workers.py
+# CI's lane of the tests whose subject is a process (marked `process`: signals, ranks and their launchers, two
+# writers, loader workers): in `make test` most of their commands are forked from tests/forkserver.py, which skips an
+# interpreter's start and end; here each is a new interpreter, as a user's is (tests/conftest.py's PLAIN_PROCESSES).
+# Tests of what two ranks compute (their batches, a resumed run's weights, FSDP's shards) check outputs: they stay
+# in `make test`, forked.
 .PHONY: test-processes
 test-processes: install
-	SD2_PLAIN_PROCESSES=1 $(CPU_TESTS) -m 'not gpu' $(PROCESS_TESTS)
+	SD2_PLAIN_PROCESSES=1 $(CPU_TESTS) -m 'process and not gpu'
 
 # The second CPU lane, on today's stack rather than the pins (docs/install.md): a separate venv with the newest torch
 # from PyPI (a CUDA build, which loads its nvidia-* libraries even on a CPU, so pip installs them as usual) and

@@ -129,6 +129,7 @@ def test_two_ranks_resume_mid_epoch_on_mds_data_exactly(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_a_failing_rank_ends_the_job_with_an_error(tmp_path):
     """Each rank's stderr in a file of its own: the launcher shows the output of the rank it finds ended first,
     which may be rank 0, ended by its peer's going."""
@@ -154,6 +155,7 @@ def run_benchmark(command, tmp_path, env=None, timeout=300):
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_torchrun_launches_two_ranks_that_train_one_model_on_disjoint_halves(tmp_path):
     """Through torchrun (runs.torchrun) rather than Composer's launcher: one world of two ranks, as DDP trains it:
     each rank a different half of every global batch, the same weights on both, the global samples counted."""
@@ -182,6 +184,7 @@ exit $status
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_slurm_script_starts_one_launcher_per_node(tmp_path):
     """launch/slurm.sbatch on a two-node job simulated on this machine: two Composer launchers, node ranks 0 and 1,
     one process each, meet at the master address and train as one world of 2."""

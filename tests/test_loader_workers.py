@@ -26,6 +26,9 @@ from guards.arguments import ConfigError
 from runs.run import main_reporting_errors
 from settings.flags import parse_args
 
+# Every test here is of processes: CI runs them apart, each command a new interpreter (make test-processes).
+pytestmark = pytest.mark.process
+
 RUN = [*TINY, '--image_size', '32', '--batch_size', '4', '--max_duration', '6ba', '--num_workers', '2']
 
 

@@ -31,6 +31,9 @@ from runs.interrupts import StopOnSignal
 from settings.config import resolve_config
 from settings.flags import parse_args
 
+# Every test here is of processes: CI runs them apart, each command a new interpreter (make test-processes).
+pytestmark = pytest.mark.process
+
 NAMES = {signal.SIGINT: 'Ctrl-C (SIGINT)', signal.SIGTERM: 'SIGTERM'}
 
 

@@ -22,6 +22,9 @@ from guards.writer_lock import LOCK_FILE, WRITE_CHECK_PREFIX, FolderBusy, one_wr
 from settings.config import resolve_config
 from settings.flags import parse_args
 
+# Every test here is of processes: CI runs them apart, each command a new interpreter (make test-processes).
+pytestmark = pytest.mark.process
+
 HOST = socket.gethostname()
 RUN = [*TINY, '--image_size', '32', '--batch_size', '4', '--run_name', 'r']
 RUN_FIX = 'wait for it to end or stop it (then --autoresume continues its run), or pass another --save_folder'
